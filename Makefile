@@ -1,0 +1,27 @@
+# The README's verbs. Everything that touches Docker needs root.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+demo:  ## single-machine demo hub (simulated GPU slices when there is no GPU)
+	bash deploy/demo.sh
+
+down:  ## remove the stack and user servers (PURGE=1: also volumes and secrets)
+	bash deploy/down.sh
+
+images:  ## build the base, single-user and hub images (BASE_IMAGE=... for a public base)
+	$(if $(BASE_IMAGE),GPUHUB_BASE_IMAGE=$(BASE_IMAGE)) bash -c \
+	  '. deploy/lib.sh && load_settings && ensure_root images && ensure_engine && ensure_images'
+
+test:  ## the whole test suite: sets up its own test bed, then unit, integration and browser tests
+	bash tests/run.sh
+
+unit:  ## unit tests only (no Docker needed)
+	bash tests/run.sh unit
+
+lint:  ## ruff lint + format check
+	bash -c '. deploy/lib.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
+
+.PHONY: help demo down images test unit lint

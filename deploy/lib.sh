@@ -1,0 +1,208 @@
+# Shared steps of demo.sh, down.sh and tests/run.sh. Source it; every ensure_* is idempotent.
+# shellcheck shell=bash
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${GPUHUB_VENV:-$REPO/.venv}
+DOCKERD_LOG=/var/log/gpu-jupyterhub-dockerd.log
+_T0=$(date +%s)
+
+log() { printf '[%3ss] %s\n' "$(( $(date +%s) - _T0 ))" "$*"; }
+die() { echo "error: $*" >&2; exit 1; }
+
+# Settings: the environment wins over deploy/settings.env.
+load_settings() {
+  local line key value
+  while IFS= read -r line; do
+    case "$line" in ''|'#'*) continue ;; esac
+    key=${line%%=*}; value=${line#*=}
+    if [ -z "${!key+x}" ]; then
+      eval "export $key=\"$value\""
+    else
+      export "${key?}"
+    fi
+  done < "$REPO/deploy/settings.env"
+}
+
+ensure_root() {
+  [ "$(id -u)" = 0 ] || die "this needs root (Docker engine, swarm, daemon.json); run: sudo make $1"
+}
+
+# Install Debian packages for the commands that are missing: ensure_packages cmd:pkg ...
+ensure_packages() {
+  local want=() pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || want+=("${pair#*:}")
+  done
+  [ ${#want[@]} = 0 ] && return 0
+  command -v apt-get >/dev/null || die "missing ${want[*]}; install them with your package manager (this script knows apt-get only)"
+  log "installing ${want[*]} (apt-get)"
+  local out; out=$(mktemp)
+  { DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}"; } >"$out" 2>&1 \
+    || { tail -20 "$out" >&2; die "apt-get could not install ${want[*]} (output above)"; }
+  rm -f "$out"
+}
+
+ensure_venv() {  # ensure_venv [extras]
+  local extras=${1:-} stamp="$VENV/.installed${1:+-$1}"
+  if [ -f "$stamp" ] && [ "$stamp" -nt "$REPO/pyproject.toml" ]; then return 0; fi
+  python3 -m venv --help >/dev/null 2>&1 || ensure_packages_forced python3-venv
+  [ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV"
+  log "installing the project into $VENV${extras:+ (with $extras)}"
+  local out; out=$(mktemp)
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$REPO${extras:+[$extras]}" >"$out" 2>&1 \
+    || { tail -20 "$out" >&2; die "pip install failed (output above)"; }
+  rm -f "$out"; touch "$stamp"
+}
+
+ensure_packages_forced() {
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1 || die "could not install $*"
+}
+
+engine_up() { docker info >/dev/null 2>&1; }
+
+start_engine() {
+  if [ -d /run/systemd/system ]; then
+    systemctl start docker || die "systemctl start docker failed; see: journalctl -u docker"
+  else
+    # No init system (containers, CI): run dockerd ourselves. Services prefer local images,
+    # so tasks do not wait on a registry that may not exist.
+    rm -f /var/run/docker.pid
+    DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+  fi
+  local i
+  for i in $(seq 1 120); do engine_up && return 0; sleep 0.5; done
+  die "the Docker engine did not start within 60 s; read $DOCKERD_LOG (or journalctl -u docker)"
+}
+
+stop_engine() {
+  if [ -d /run/systemd/system ]; then systemctl stop docker; return; fi
+  local pid; pid=$(cat /var/run/docker.pid 2>/dev/null || true)
+  [ -n "$pid" ] || return 0
+  kill "$pid" 2>/dev/null || true
+  local i; for i in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+  die "dockerd (pid $pid) did not stop within 60 s"
+}
+
+ensure_engine() {
+  engine_up && return 0
+  ensure_packages docker:docker.io dockerd:docker.io
+  log "starting the Docker engine"
+  start_engine
+}
+
+# Advertise this machine's GPUs (or simulated ones) as slices; restart the engine if that changed.
+ensure_gpu_slices() {
+  local rc=0 out
+  out=$("$VENV/bin/python" -m worker_setup.advertise \
+          --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" \
+          --simulate-if-no-gpu "$GPUHUB_SIMULATE_IF_NO_GPU" 2>&1) || rc=$?
+  case $rc in
+    0) ;;
+    3) log "GPU slices changed; restarting the Docker engine"; stop_engine; start_engine ;;
+    *) echo "$out" >&2; exit 1 ;;
+  esac
+  echo "$out" | sed 's/^/      /'
+  if echo "$out" | grep -q SIMULATED; then export GPUHUB_SIMULATED_GPUS=1; else export GPUHUB_SIMULATED_GPUS=0; fi
+}
+
+default_advertise_addr() {
+  ip -4 -o addr show scope global 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}'
+}
+
+ensure_swarm() {
+  local state; state=$(docker info --format '{{.Swarm.LocalNodeState}}')
+  if [ "$state" = inactive ]; then
+    local addr=${GPUHUB_ADVERTISE_ADDR:-$(default_advertise_addr)}
+    log "initialising a swarm on ${addr:-127.0.0.1}"
+    docker swarm init --advertise-addr "${addr:-127.0.0.1}" >/dev/null \
+      || die "docker swarm init failed; set GPUHUB_ADVERTISE_ADDR to this machine's address"
+  elif [ "$state" != active ]; then
+    die "this engine's swarm state is '$state'; wait for it or run: docker swarm leave --force"
+  fi
+  [ "$(docker info --format '{{.Swarm.ControlAvailable}}')" = true ] \
+    || die "this machine is a swarm worker; run this on a manager (or: docker swarm leave)"
+}
+
+ensure_images() {
+  if [ "$GPUHUB_BASE_IMAGE" = gpu-jupyterhub/base:bookworm ]; then
+    ensure_packages debootstrap:debootstrap
+    log "base image (debootstrap; cached after the first build)"
+    bash "$REPO/images/base/build.sh" "$GPUHUB_BASE_IMAGE" | sed 's/^/      /'
+  fi
+  local name dockerfile image
+  for name in singleuser hub; do
+    dockerfile=$REPO/images/$name/Dockerfile
+    image=$([ $name = hub ] && echo "$GPUHUB_HUB_IMAGE" || echo "$GPUHUB_SINGLEUSER_IMAGE")
+    log "image $image"
+    local out; out=$(mktemp)
+    DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE_IMAGE=$GPUHUB_BASE_IMAGE" \
+        -f "$dockerfile" -t "$image" "$REPO" >"$out" 2>&1 \
+      || { tail -30 "$out" >&2; die "building $image failed (output above)"; }
+    rm -f "$out"
+  done
+}
+
+ensure_secrets() {
+  install -d -m 0700 "$GPUHUB_STATE_DIR"
+  local name
+  for name in proxy_token ops_token demo_password; do
+    [ -s "$GPUHUB_STATE_DIR/$name" ] && continue
+    ( umask 077; openssl rand -hex 16 >"$GPUHUB_STATE_DIR/$name" )
+  done
+}
+
+# The published port must be free, or already ours (a re-run).
+check_port() {
+  local port=$GPUHUB_HTTP_PORT
+  if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
+    docker service inspect "${GPUHUB_STACK}_proxy" >/dev/null 2>&1 && return 0
+    die "port $port is already in use by another program; free it or choose another: GPUHUB_HTTP_PORT=8080 make demo"
+  fi
+}
+
+deploy_stack() {
+  log "deploying stack $GPUHUB_STACK"
+  # Image ids go into container labels: a rebuilt image under the same tag then rolls the
+  # services forward, and an unchanged one leaves them alone.
+  GPUHUB_HUB_IMAGE_ID=$(docker image inspect -f '{{.Id}}' "$GPUHUB_HUB_IMAGE")
+  GPUHUB_SINGLEUSER_IMAGE_ID=$(docker image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE")
+  export GPUHUB_HUB_IMAGE_ID GPUHUB_SINGLEUSER_IMAGE_ID
+  local out; out=$(mktemp)
+  docker stack deploy --resolve-image never -c "$REPO/deploy/stack.yml" "$GPUHUB_STACK" >"$out" 2>&1 \
+    || { cat "$out" >&2; die "docker stack deploy failed (output above); remove what exists with: make down"; }
+  rm -f "$out"
+}
+
+hub_url() { echo "http://127.0.0.1:$GPUHUB_HTTP_PORT"; }
+
+wait_hub() {
+  local url; url=$(hub_url)/hub/api/
+  local i
+  for i in $(seq 1 240); do
+    if curl -sf -o /dev/null "$url"; then log "hub answers at $(hub_url)"; return 0; fi
+    [ $((i % 20)) = 0 ] && log "waiting for the hub ($((i / 2)) s)..."
+    sleep 0.5
+  done
+  docker service ps --no-trunc "${GPUHUB_STACK}_hub" "${GPUHUB_STACK}_proxy" >&2 || true
+  docker service logs --tail 30 "${GPUHUB_STACK}_hub" >&2 || true
+  die "the hub did not answer at $url within 120 s (state and logs above); remove the stack with: make down"
+}
+
+# Remove the user servers this stack created, then the stack itself.
+remove_stack() {
+  local ids
+  ids=$(docker service ls -q --filter "label=gpu-jupyterhub.stack=$GPUHUB_STACK" 2>/dev/null || true)
+  [ -n "$ids" ] && { log "removing user servers"; docker service rm $ids >/dev/null; }
+  if docker stack ls --format '{{.Name}}' 2>/dev/null | grep -qx "$GPUHUB_STACK"; then
+    log "removing stack $GPUHUB_STACK"
+    docker stack rm "$GPUHUB_STACK" >/dev/null
+  fi
+  local i
+  for i in $(seq 1 60); do  # the network goes last, once its tasks are gone
+    docker network inspect "$GPUHUB_NETWORK" >/dev/null 2>&1 || return 0
+    docker network rm "$GPUHUB_NETWORK" >/dev/null 2>&1 || true
+    sleep 1
+  done
+  die "network $GPUHUB_NETWORK is still in use; see: docker network inspect $GPUHUB_NETWORK"
+}

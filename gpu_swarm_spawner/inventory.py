@@ -1,0 +1,131 @@
+"""The GPU inventory of a swarm, computed from what the Docker API reports.
+
+Pure functions over the plain dicts that ``docker.APIClient.nodes()`` and
+``docker.APIClient.tasks()`` return; no I/O here, so every cluster shape can be unit-tested.
+
+How GPUs appear in Swarm (see worker_setup/ for the advertising side): every physical GPU of a
+node is advertised as one *discrete* generic resource whose kind is the GPU's UUID and whose value
+is the number of slices that GPU is split into, e.g. ``GPU-8d2c...=3`` in the node's
+``node-generic-resources``. Swarm itself refuses to place more reservations of a kind on a node
+than the node advertises, so the slice accounting lives in Swarm; this module only reads it back
+to choose a GPU and to explain a refusal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Kinds that start with this are GPUs. NVIDIA GPU UUIDs look like ``GPU-<hex groups>``.
+DEFAULT_KIND_PREFIX = "GPU-"
+
+#: Simulated GPUs (machines without an NVIDIA GPU: demo, tests) carry this after the prefix.
+SIMULATED_MARKER = "simulated-"
+
+#: Task states in which a task holds (or is about to hold) its reservation on a node.
+_LIVE_TASK_STATES = frozenset(
+    {"new", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running"}
+)
+
+
+def is_simulated(uuid: str, kind_prefix: str = DEFAULT_KIND_PREFIX) -> bool:
+    """True when a GPU UUID names a simulated GPU rather than a real one."""
+    return uuid.startswith(kind_prefix + SIMULATED_MARKER)
+
+
+def simulated_uuid(machine_id: str, index: int, kind_prefix: str = DEFAULT_KIND_PREFIX) -> str:
+    """The UUID given to simulated GPU number ``index`` of a machine.
+
+    ``machine_id`` is any stable per-machine string (hex is kept short and lower case).
+    """
+    short = "".join(ch for ch in machine_id.lower() if ch in "0123456789abcdef")[:8] or "0"
+    return f"{kind_prefix}{SIMULATED_MARKER}{short}-{index}"
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One physical (or simulated) GPU and how many of its slices are taken."""
+
+    uuid: str
+    node_id: str
+    node_name: str
+    slices: int
+    used: int
+
+    @property
+    def free(self) -> int:
+        return max(self.slices - self.used, 0)
+
+    @property
+    def simulated(self) -> bool:
+        return is_simulated(self.uuid)
+
+
+def gpu_kinds(node: dict, kind_prefix: str = DEFAULT_KIND_PREFIX) -> dict[str, int]:
+    """The GPU kinds a node advertises, as ``{uuid: slices}``."""
+    resources = node.get("Description", {}).get("Resources", {}) or {}
+    kinds = {}
+    for res in resources.get("GenericResources") or []:
+        spec = res.get("DiscreteResourceSpec")
+        if spec and spec.get("Kind", "").startswith(kind_prefix):
+            kinds[spec["Kind"]] = int(spec.get("Value", 0))
+    return kinds
+
+
+def node_is_schedulable(node: dict) -> bool:
+    """Ready and active: drained, paused or down nodes never get new servers."""
+    return (
+        node.get("Status", {}).get("State") == "ready"
+        and node.get("Spec", {}).get("Availability") == "active"
+    )
+
+
+def task_reservations(task: dict, kind_prefix: str = DEFAULT_KIND_PREFIX) -> dict[str, int]:
+    """The GPU slices a task reserves, as ``{uuid: slices}``."""
+    resources = task.get("Spec", {}).get("Resources", {}) or {}
+    reservations = resources.get("Reservations", {}) or {}
+    held = {}
+    for res in reservations.get("GenericResources") or []:
+        spec = res.get("DiscreteResourceSpec")
+        if spec and spec.get("Kind", "").startswith(kind_prefix):
+            held[spec["Kind"]] = held.get(spec["Kind"], 0) + int(spec.get("Value", 0))
+    return held
+
+
+def task_is_live(task: dict) -> bool:
+    """A task that Swarm still counts against its node's resources."""
+    return (
+        task.get("DesiredState") in ("running", "ready", "accepted")
+        and bool(task.get("NodeID"))
+        and task.get("Status", {}).get("State") in _LIVE_TASK_STATES
+    )
+
+
+def build_inventory(
+    nodes: list[dict], tasks: list[dict], kind_prefix: str = DEFAULT_KIND_PREFIX
+) -> list[GPU]:
+    """Every GPU on a schedulable node, with the slices live tasks hold on it.
+
+    Sorted by node name then UUID, so callers get a stable order.
+    """
+    used: dict[tuple[str, str], int] = {}
+    for task in tasks:
+        if not task_is_live(task):
+            continue
+        for uuid, count in task_reservations(task, kind_prefix).items():
+            key = (task["NodeID"], uuid)
+            used[key] = used.get(key, 0) + count
+
+    gpus = []
+    for node in nodes:
+        if not node_is_schedulable(node):
+            continue
+        name = node.get("Description", {}).get("Hostname") or node["ID"][:12]
+        for uuid, slices in gpu_kinds(node, kind_prefix).items():
+            gpus.append(GPU(uuid, node["ID"], name, slices, used.get((node["ID"], uuid), 0)))
+    gpus.sort(key=lambda g: (g.node_name, g.uuid))
+    return gpus
+
+
+def totals(gpus: list[GPU]) -> tuple[int, int]:
+    """(slices in use, slices in all) over an inventory."""
+    return sum(min(g.used, g.slices) for g in gpus), sum(g.slices for g in gpus)

@@ -1,0 +1,61 @@
+"""Which GPU a new server gets: pure placement policies over an inventory.
+
+``spread`` (the default) gives a newcomer the GPU with the most free slices, so participants
+share GPUs as little as possible. ``pack`` fills the busiest GPU that still fits first, so whole
+machines can be emptied and switched off. A request is always satisfied from a single GPU.
+"""
+
+from __future__ import annotations
+
+from .inventory import GPU
+
+POLICIES = ("spread", "pack")
+
+
+def candidates(gpus: list[GPU], slices: int, policy: str = "spread") -> list[GPU]:
+    """GPUs that can hold ``slices`` slices, best first under ``policy``.
+
+    The order is total and deterministic (ties broken by node name, then UUID), so the same
+    inventory always yields the same choice. An empty list means nothing fits.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown placement policy {policy!r}; use one of {', '.join(POLICIES)}")
+    if slices < 1:
+        raise ValueError(f"a server needs at least 1 GPU slice, not {slices}")
+    fitting = [g for g in gpus if g.free >= slices]
+    if policy == "spread":
+        return sorted(fitting, key=lambda g: (-g.free, g.node_name, g.uuid))
+    return sorted(fitting, key=lambda g: (g.free, g.node_name, g.uuid))
+
+
+def choose(gpus: list[GPU], slices: int, policy: str = "spread") -> GPU | None:
+    """The best GPU for a request of ``slices`` slices, or None when no GPU has room."""
+    ranked = candidates(gpus, slices, policy)
+    return ranked[0] if ranked else None
+
+
+def refusal_message(gpus: list[GPU], slices: int) -> str:
+    """What a participant reads when no GPU has ``slices`` free slices."""
+    if not gpus:
+        return (
+            "No GPU is available in this hub right now (no GPU machine is connected). "
+            "Please tell an organizer."
+        )
+    total = sum(g.slices for g in gpus)
+    free = sum(g.free for g in gpus)
+    biggest = max(g.slices for g in gpus)
+    if slices > biggest:
+        return (
+            f"This server option needs {slices} GPU slices on one GPU, but the largest GPU here "
+            f"has {biggest}. Choose a smaller option or ask an organizer."
+        )
+    if free == 0:
+        return (
+            f"All GPU slices are in use ({total}/{total}). "
+            "Try again in a few minutes or ask an organizer."
+        )
+    return (
+        f"No single GPU has {slices} free slices right now ({free} of {total} slices are free, "
+        "spread over several GPUs). Try again in a few minutes, choose a smaller option, "
+        "or ask an organizer."
+    )

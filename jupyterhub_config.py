@@ -1,0 +1,73 @@
+# JupyterHub configuration of the GPU hub. It runs inside the hub service of deploy/stack.yml.
+#
+# This file only maps settings onto `c.`; it holds no logic. The settings come from the
+# environment of the hub service (deploy/stack.yml, filled from deploy/settings.env or the
+# caller's environment) and from Docker secrets under /run/secrets. See README, "Configuration".
+import os
+from pathlib import Path
+
+c = get_config()  # noqa: F821  (provided by JupyterHub)
+
+SECRETS = Path(os.environ.get("GPUHUB_SECRETS_DIR", "/run/secrets"))
+DATA = Path(os.environ.get("GPUHUB_DATA_DIR", "/srv/jupyterhub/data"))
+
+
+def setting(name, default):
+    return os.environ.get(f"GPUHUB_{name}", default)
+
+
+def secret(name):
+    return (SECRETS / name).read_text().strip()
+
+
+STACK = setting("STACK", "gpuhub")
+SIMULATED = setting("SIMULATED_GPUS", "0") == "1"
+
+# ---- hub, proxy, database ------------------------------------------------------------------
+c.JupyterHub.hub_bind_url = "http://0.0.0.0:8081"
+c.JupyterHub.hub_connect_url = "http://hub:8081"  # the hub's name on the overlay network
+c.JupyterHub.db_url = f"sqlite:///{DATA}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = str(DATA / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(DATA / "jupyterhub.pid")
+c.ConfigurableHTTPProxy.should_start = False  # the proxy is its own service
+c.ConfigurableHTTPProxy.api_url = "http://proxy:8001"
+c.ConfigurableHTTPProxy.auth_token = secret("proxy_token")
+c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
+c.JupyterHub.log_level = setting("LOG_LEVEL", "INFO")
+
+# ---- login ----------------------------------------------------------------------------------
+c.JupyterHub.authenticator_class = setting("AUTHENTICATOR", "dummy")
+c.Authenticator.allow_all = True
+c.Authenticator.admin_users = set(filter(None, setting("ADMIN_USERS", "admin").split(",")))
+c.DummyAuthenticator.password = secret("demo_password")
+
+# The operations token: `make status` and the tests use it through the REST API.
+c.JupyterHub.services = [{"name": "ops", "api_token": secret("ops_token")}]
+c.JupyterHub.load_roles = [
+    {
+        "name": "ops",
+        "services": ["ops"],
+        "scopes": ["admin:users", "admin:servers", "list:users", "read:users", "access:servers"],
+    }
+]
+
+if SIMULATED:
+    c.JupyterHub.template_vars = {
+        "announcement": (
+            "Demo mode: the GPU slices of this hub are <b>simulated</b> "
+            "(this machine has no NVIDIA GPU). Servers start, but hold no real GPU."
+        )
+    }
+
+# ---- user servers -----------------------------------------------------------------------------
+c.JupyterHub.spawner_class = "gpu_swarm_spawner.GPUSwarmSpawner"
+c.GPUSwarmSpawner.image = setting("SINGLEUSER_IMAGE", "gpu-jupyterhub/singleuser:latest")
+c.GPUSwarmSpawner.cmd = ["jupyterhub-singleuser"]
+c.GPUSwarmSpawner.network_name = setting("NETWORK", "jhub")
+c.GPUSwarmSpawner.gpu_slices = int(setting("GPU_SLICES", "1"))
+c.GPUSwarmSpawner.placement_policy = setting("PLACEMENT", "spread")
+c.GPUSwarmSpawner.service_labels = {"gpu-jupyterhub.stack": STACK}
+c.GPUSwarmSpawner.volumes = {"jy-home-{username}": "/home/jovyan"}
+c.GPUSwarmSpawner.start_timeout = int(setting("START_TIMEOUT", "120"))
+c.GPUSwarmSpawner.http_timeout = 60
+c.GPUSwarmSpawner.default_url = "/lab"

@@ -1,0 +1,83 @@
+from gpu_swarm_spawner import inventory
+from gpu_swarm_spawner.inventory import GPU, build_inventory, totals
+
+from .clusters import node, task
+
+A0, A1, B0 = "GPU-aaaa-0", "GPU-aaaa-1", "GPU-bbbb-0"
+
+
+def by_uuid(gpus):
+    return {g.uuid: g for g in gpus}
+
+
+def test_counts_live_reservations_per_gpu():
+    nodes = [node("n1", "alpha", {A0: 3, A1: 3}), node("n2", "beta", {B0: 4})]
+    tasks = [task("n1", {A0: 1}), task("n1", {A0: 1}), task("n2", {B0: 3})]
+    gpus = by_uuid(build_inventory(nodes, tasks))
+    assert (gpus[A0].used, gpus[A0].free) == (2, 1)
+    assert (gpus[A1].used, gpus[A1].free) == (0, 3)
+    assert (gpus[B0].used, gpus[B0].free) == (3, 1)
+    assert gpus[B0].node_name == "beta" and gpus[B0].node_id == "n2"
+
+
+def test_non_gpu_kinds_are_ignored():
+    gpus = build_inventory([node("n1", "alpha", {A0: 3})], [task("n1", {"fpga": 1})])
+    assert [g.uuid for g in gpus] == [A0]
+    assert gpus[0].used == 0
+
+
+def test_finished_and_unplaced_tasks_hold_nothing():
+    tasks = [
+        task("n1", {A0: 1}, state="complete", desired="shutdown"),
+        task("n1", {A0: 1}, state="failed", desired="shutdown"),
+        task("n1", {A0: 1}, state="rejected"),
+        task("", {A0: 1}, state="pending"),  # not placed: Swarm has not reserved anything
+        task("n1", {A0: 1}, state="starting"),
+    ]
+    (gpu,) = build_inventory([node("n1", "alpha", {A0: 3})], tasks)
+    assert gpu.used == 1
+
+
+def test_drained_paused_and_down_nodes_are_left_out():
+    nodes = [
+        node("n1", "drained", {A0: 3}, availability="drain"),
+        node("n2", "paused", {A1: 3}, availability="pause"),
+        node("n3", "down", {B0: 3}, state="down"),
+        node("n4", "ok", {"GPU-cccc-0": 2}),
+    ]
+    assert [g.node_name for g in build_inventory(nodes, [])] == ["ok"]
+
+
+def test_heterogeneous_slices_and_stable_order():
+    nodes = [node("n2", "zulu", {B0: 7}), node("n1", "alpha", {A1: 2, A0: 3})]
+    gpus = build_inventory(nodes, [])
+    assert [(g.node_name, g.uuid, g.slices) for g in gpus] == [
+        ("alpha", A0, 3),
+        ("alpha", A1, 2),
+        ("zulu", B0, 7),
+    ]
+    assert totals(gpus) == (0, 12)
+
+
+def test_overcommitted_gpu_reports_no_free_slices():
+    gpu = GPU(A0, "n1", "alpha", slices=3, used=5)
+    assert gpu.free == 0
+    assert totals([gpu]) == (3, 3)
+
+
+def test_node_without_resources_has_no_gpus():
+    bare = {"ID": "n9", "Spec": {"Availability": "active"}, "Status": {"State": "ready"}}
+    assert build_inventory([bare], []) == []
+
+
+def test_custom_kind_prefix():
+    nodes = [node("n1", "alpha", {"MIG-1": 1, A0: 3})]
+    assert [g.uuid for g in build_inventory(nodes, [], kind_prefix="MIG-")] == ["MIG-1"]
+
+
+def test_simulated_uuids_are_marked_and_stable():
+    uuid = inventory.simulated_uuid("3D1219C7aa55-host", 1)
+    assert uuid == "GPU-simulated-3d1219c7-1"
+    assert inventory.is_simulated(uuid)
+    assert not inventory.is_simulated("GPU-8d2c6f1e-1b7a-4c55-9d3e-000000000000")
+    assert GPU(uuid, "n", "h", 3, 0).simulated

@@ -1,0 +1,70 @@
+import pytest
+
+from gpu_swarm_spawner.inventory import GPU
+from gpu_swarm_spawner.placement import candidates, choose, refusal_message
+
+
+def gpu(uuid, node, slices, used):
+    return GPU(uuid, node, node, slices, used)
+
+
+CLUSTER = [
+    gpu("GPU-a0", "alpha", 3, 1),
+    gpu("GPU-a1", "alpha", 3, 2),
+    gpu("GPU-b0", "beta", 3, 0),
+    gpu("GPU-b1", "beta", 8, 8),
+]
+
+
+def test_spread_picks_the_gpu_with_most_free_slices():
+    assert choose(CLUSTER, 1, "spread").uuid == "GPU-b0"
+
+
+def test_pack_picks_the_busiest_gpu_that_still_fits():
+    assert choose(CLUSTER, 1, "pack").uuid == "GPU-a1"
+    assert choose(CLUSTER, 2, "pack").uuid == "GPU-a0"
+
+
+def test_spread_is_the_default_and_ties_break_by_node_then_uuid():
+    tied = [gpu("GPU-z", "beta", 3, 0), gpu("GPU-y", "alpha", 3, 0), gpu("GPU-x", "alpha", 3, 0)]
+    assert [g.uuid for g in candidates(tied, 1)] == ["GPU-x", "GPU-y", "GPU-z"]
+
+
+def test_a_request_is_served_from_one_gpu_only():
+    # 4 slices are free in all, but no single GPU has 3
+    split = [gpu("GPU-a0", "alpha", 3, 1), gpu("GPU-a1", "alpha", 3, 1)]
+    assert choose(split, 3, "spread") is None
+    assert choose(split, 2, "spread").uuid == "GPU-a0"
+
+
+def test_full_gpu_request_needs_an_empty_gpu():
+    assert choose(CLUSTER, 3, "spread").uuid == "GPU-b0"
+    assert choose(CLUSTER, 3, "pack").uuid == "GPU-b0"
+
+
+def test_nothing_free():
+    full = [gpu("GPU-a0", "alpha", 3, 3)]
+    assert choose(full, 1) is None
+    assert choose([], 1) is None
+
+
+def test_bad_arguments_say_what_to_write():
+    with pytest.raises(ValueError, match="spread, pack"):
+        choose(CLUSTER, 1, "random")
+    with pytest.raises(ValueError, match="at least 1"):
+        choose(CLUSTER, 0)
+
+
+@pytest.mark.parametrize(
+    "gpus, slices, expected",
+    [
+        ([], 1, "no GPU machine is connected"),
+        ([gpu("GPU-a0", "alpha", 3, 3), gpu("GPU-a1", "alpha", 3, 3)], 1, "(6/6)"),
+        ([gpu("GPU-a0", "alpha", 3, 0)], 4, "largest GPU here has 3"),
+        ([gpu("GPU-a0", "alpha", 3, 1), gpu("GPU-a1", "alpha", 3, 1)], 3, "4 of 6 slices are free"),
+    ],
+)
+def test_refusal_messages_explain_the_situation(gpus, slices, expected):
+    message = refusal_message(gpus, slices)
+    assert expected in message
+    assert "organizer" in message

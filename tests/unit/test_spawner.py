@@ -1,0 +1,113 @@
+"""GPUSwarmSpawner logic that needs no Docker daemon: traits, env, state, the service spec."""
+
+from types import SimpleNamespace
+
+import pytest
+from jupyterhub.objects import Hub
+from traitlets import TraitError
+
+from gpu_swarm_spawner import GPUSwarmSpawner, NoGPUSliceAvailable
+
+from .clusters import node, task
+
+
+def make_spawner(**kwargs):
+    user = SimpleNamespace(name="alice-smith", id=1, url="/user/alice-smith/")
+    return GPUSwarmSpawner(user=user, hub=Hub(), **kwargs)
+
+
+class FakeDockerSpawner(GPUSwarmSpawner):
+    """Answers the Docker calls from canned nodes/tasks and records create_service."""
+
+    nodes: list = []
+    tasks: list = []
+
+    async def docker(self, method, *args, **kwargs):
+        if method == "nodes":
+            return self.nodes
+        if method == "tasks":
+            return self.tasks
+        raise AssertionError(f"unexpected Docker call {method}")
+
+
+@pytest.mark.parametrize(
+    "trait, value, advice",
+    [
+        ("gpu_slices", 0, "1 or more"),
+        ("placement_policy", "roundrobin", "spread, pack"),
+        ("gpu_kind_prefix", " ", "must not be empty"),
+    ],
+)
+def test_bad_settings_are_refused_with_advice(trait, value, advice):
+    with pytest.raises(TraitError, match=advice):
+        make_spawner(**{trait: value})
+
+
+def test_service_name_is_jy_and_escaped_username():
+    spawner = make_spawner()
+    assert spawner.object_name == "jy-alice-2dsmith"
+    assert spawner.extra_endpoint_spec == {"mode": "dnsrr"}
+    assert spawner.use_internal_ip is True
+
+
+def test_env_names_exactly_one_gpu():
+    spawner = make_spawner()
+    spawner.gpu_uuid, spawner.gpu_node, spawner.gpu_slices_held = "GPU-simulated-ab-1", "n1", 2
+    env = spawner.get_env()
+    assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == "GPU-simulated-ab-1"
+    assert env["GPU_SLICES"] == "2"
+    assert env["GPU_SIMULATED"] == "1"
+    assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+
+
+def test_env_without_gpu_has_no_device():
+    assert "NVIDIA_VISIBLE_DEVICES" not in make_spawner().get_env()
+
+
+def test_state_round_trip_keeps_the_gpu():
+    spawner = make_spawner()
+    spawner.object_id = "svc123"
+    spawner.gpu_uuid, spawner.gpu_node, spawner.gpu_slices_held = "GPU-x", "beta", 1
+    state = spawner.get_state()
+    restored = make_spawner()
+    restored.load_state(state)
+    assert (restored.gpu_uuid, restored.gpu_node, restored.gpu_slices_held) == ("GPU-x", "beta", 1)
+    restored.clear_state()
+    assert restored.gpu_uuid == "" and restored.gpu_slices_held == 0
+
+
+def test_resources_add_the_gpu_kind_to_configured_ones():
+    spawner = make_spawner(extra_resources_spec={"generic_resources": {"fpga": 1}, "mem_limit": 1})
+    spawner.gpu_uuid, spawner.gpu_slices_held = "GPU-a", 3
+    assert spawner._resources_with_gpu() == {
+        "generic_resources": {"fpga": 1, "GPU-a": 3},
+        "mem_limit": 1,
+    }
+
+
+def test_mounts_use_volumes_for_names_and_binds_for_paths():
+    spawner = make_spawner(
+        volumes={
+            "jy-home-{username}": "/home/jovyan",
+            "/srv/tutorials": {"bind": "/t", "mode": "ro"},
+        },
+        service_labels={"gpu-jupyterhub.stack": "s"},
+    )
+    mounts = {m["Target"]: m for m in spawner.mounts}
+    assert mounts["/home/jovyan"]["Type"] == "volume"
+    assert mounts["/home/jovyan"]["Source"] == "jy-home-alice-2dsmith"
+    assert mounts["/home/jovyan"]["VolumeOptions"]["Labels"] == {"gpu-jupyterhub.stack": "s"}
+    assert mounts["/t"]["Type"] == "bind" and mounts["/t"]["ReadOnly"] is True
+
+
+async def test_reserve_gpu_spreads_and_refuses_when_full():
+    spawner = FakeDockerSpawner(user=SimpleNamespace(name="bob", id=2, url="/user/bob/"))
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3, "GPU-a1": 3})]
+    spawner.tasks = [task("n1", {"GPU-a0": 1})]
+    assert (await spawner.reserve_gpu()).uuid == "GPU-a1"
+
+    spawner.tasks = [task("n1", {"GPU-a0": 3}), task("n1", {"GPU-a1": 3})]
+    with pytest.raises(NoGPUSliceAvailable) as refused:
+        await spawner.reserve_gpu()
+    assert refused.value.jupyterhub_message.startswith("All GPU slices are in use (6/6)")
+    assert "alpha:GPU-a0=3/3" in str(refused.value)

@@ -1,0 +1,1 @@
+"""Publish tutorials from git onto shared storage, read-only in every user container."""
