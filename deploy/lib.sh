@@ -103,7 +103,14 @@ ensure_gpu_slices() {
     *) echo "$out" >&2; exit 1 ;;
   esac
   echo "$out" | sed 's/^/      /'
-  if echo "$out" | grep -q SIMULATED; then export GPUHUB_SIMULATED_GPUS=1; else export GPUHUB_SIMULATED_GPUS=0; fi
+}
+
+# 1 when any node of the swarm advertises simulated GPUs (the hub then says so on every page).
+simulated_gpus_in_swarm() {
+  local ids; ids=$(docker node ls -q)
+  # shellcheck disable=SC2086
+  docker node inspect $ids --format '{{json .Description.Resources.GenericResources}}' \
+    | grep -q '"Kind":"GPU-simulated-' && echo 1 || echo 0
 }
 
 default_advertise_addr() {
@@ -167,7 +174,8 @@ deploy_stack() {
   # services forward, and an unchanged one leaves them alone.
   GPUHUB_HUB_IMAGE_ID=$(docker image inspect -f '{{.Id}}' "$GPUHUB_HUB_IMAGE")
   GPUHUB_SINGLEUSER_IMAGE_ID=$(docker image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE")
-  export GPUHUB_HUB_IMAGE_ID GPUHUB_SINGLEUSER_IMAGE_ID
+  GPUHUB_SIMULATED_GPUS=$(simulated_gpus_in_swarm)
+  export GPUHUB_HUB_IMAGE_ID GPUHUB_SINGLEUSER_IMAGE_ID GPUHUB_SIMULATED_GPUS
   local out; out=$(mktemp)
   docker stack deploy --resolve-image never -c "$REPO/deploy/stack.yml" "$GPUHUB_STACK" >"$out" 2>&1 \
     || { cat "$out" >&2; die "docker stack deploy failed (output above); remove what exists with: make down"; }

@@ -1,0 +1,39 @@
+import os
+
+import pytest
+
+# The stack under test never touches the demo's: its own name, port and network.
+os.environ.setdefault("GPUHUB_STACK", "gpuhub-test")
+os.environ.setdefault("GPUHUB_HTTP_PORT", "18000")
+os.environ.setdefault("GPUHUB_NETWORK", "jhub-test")
+
+from .hub import Hub, dump_logs, lib, settings, state_file
+
+
+@pytest.fixture(scope="session")
+def hub_settings():
+    return settings()
+
+
+@pytest.fixture(scope="session")
+def hub(hub_settings):
+    """The stack under test, deployed once for the session and removed afterwards."""
+    lib("ensure_secrets", "check_port", "deploy_stack", "wait_hub")
+    port = hub_settings["GPUHUB_HTTP_PORT"]
+    yield Hub(
+        f"http://127.0.0.1:{port}",
+        token=state_file(hub_settings, "ops_token"),
+        password=state_file(hub_settings, "demo_password"),
+        stack=hub_settings["GPUHUB_STACK"],
+    )
+    lib("remove_stack")
+
+
+@pytest.fixture(autouse=True)
+def logs_on_failure(request):
+    """A red integration test prints the hub log and the stack's service states."""
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed and "hub" in request.fixturenames:
+        stack = request.getfixturevalue("hub_settings")["GPUHUB_STACK"]
+        print(dump_logs(stack))

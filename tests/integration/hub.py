@@ -1,0 +1,124 @@
+"""Test helpers: deploy the stack under test, talk to its hub, inspect Swarm."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import docker
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def lib(*steps: str) -> None:
+    """Run deploy/lib.sh steps in bash with the test settings; output shown on failure."""
+    script = f". {REPO}/deploy/lib.sh && load_settings && " + " && ".join(steps)
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' && '.join(steps)} failed:\n{result.stdout}\n{result.stderr}")
+
+
+def settings() -> dict[str, str]:
+    """deploy/settings.env with the environment's overrides, as the scripts see them."""
+    keys = [
+        line.split("=", 1)[0]
+        for line in (REPO / "deploy/settings.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    out = subprocess.run(
+        ["bash", "-c", f". {REPO}/deploy/lib.sh && load_settings && env"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return {k: env[k] for k in keys}
+
+
+class Hub:
+    """The hub's REST API, authenticated with the operations token."""
+
+    def __init__(self, url: str, token: str, password: str, stack: str):
+        self.url = url
+        self.password = password
+        self.stack = stack
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"token {token}"
+
+    def api(self, method: str, path: str, **kwargs) -> requests.Response:
+        return self.session.request(method, f"{self.url}/hub/api{path}", timeout=30, **kwargs)
+
+    def server(self, user: str) -> dict | None:
+        r = self.api("GET", f"/users/{user}")
+        r.raise_for_status()
+        return r.json()["servers"].get("")
+
+    def wait_ready(self, user: str, timeout: float = 120) -> float:
+        """Seconds until the user's server is ready; the last state goes into the error."""
+        start = time.monotonic()
+        delay = 0.2
+        server = None
+        while time.monotonic() - start < timeout:
+            server = self.server(user)
+            if server and server["ready"]:
+                return time.monotonic() - start
+            time.sleep(delay)
+            delay = min(delay * 1.5, 2)
+        raise TimeoutError(f"server of {user} not ready after {timeout} s; last state {server}")
+
+    def wait_stopped(self, user: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.server(user) is None:
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"server of {user} still there after {timeout} s: {self.server(user)}")
+
+    def stop(self, user: str) -> None:
+        r = self.api("DELETE", f"/users/{user}/server")
+        assert r.status_code in (202, 204, 400), r.text  # 400: not running
+        self.wait_stopped(user)
+
+
+def dump_logs(stack: str) -> str:
+    """What a red test needs: hub log, and the state of every service of this stack."""
+    client = docker.from_env()
+    parts = []
+    for service in client.services.list():
+        labels = service.attrs["Spec"].get("Labels", {})
+        ours = labels.get("com.docker.stack.namespace") == stack or (
+            labels.get("gpu-jupyterhub.stack") == stack
+        )
+        if not ours:
+            continue
+        tasks = [(t["Status"]["State"], t["Status"].get("Err", "")) for t in service.tasks()]
+        parts.append(f"--- service {service.name}: tasks {tasks}")
+        logs = b"".join(service.logs(stdout=True, stderr=True, tail=60))
+        parts.append(logs.decode(errors="replace"))
+    return "\n".join(parts)
+
+
+def container_of(service_name: str) -> docker.models.containers.Container:
+    """The running container of a single-task service on this engine."""
+    client = docker.from_env()
+    (service,) = client.services.list(filters={"name": service_name})
+    running = [t for t in service.tasks() if t["Status"]["State"] == "running"]
+    assert len(running) == 1, f"{service_name}: tasks {[t['Status'] for t in service.tasks()]}"
+    return client.containers.get(running[0]["Status"]["ContainerStatus"]["ContainerID"])
+
+
+def container_env(container) -> dict[str, str]:
+    result = container.exec_run(["env"])
+    assert result.exit_code == 0, result.output
+    return dict(line.split("=", 1) for line in result.output.decode().splitlines() if "=" in line)
+
+
+def state_file(settings: dict[str, str], name: str) -> str:
+    return Path(settings["GPUHUB_STATE_DIR"], name).read_text().strip()
+
+
+def in_ci() -> bool:
+    return bool(os.environ.get("CI"))

@@ -1,0 +1,82 @@
+"""The deployed stack on a real swarm: a user's server holds exactly one GPU slice."""
+
+import docker
+import pytest
+
+from gpu_swarm_spawner.inventory import build_inventory
+
+from .hub import container_env, container_of
+
+pytestmark = pytest.mark.integration
+
+USER = "ci-alice"
+SERVICE = "jy-ci-2dalice"  # jy-<escaped username>; '-' is escaped as -2d
+
+
+@pytest.fixture
+def client():
+    return docker.from_env()
+
+
+def gpu_reservations(service) -> dict[str, int]:
+    spec = service.attrs["Spec"]["TaskTemplate"]["Resources"]["Reservations"]
+    return {
+        r["DiscreteResourceSpec"]["Kind"]: r["DiscreteResourceSpec"]["Value"]
+        for r in spec.get("GenericResources", [])
+    }
+
+
+def test_hub_serves_its_api_and_login_page(hub):
+    r = hub.api("GET", "/")
+    assert r.status_code == 200 and "version" in r.json()
+    page = hub.session.get(f"{hub.url}/hub/login", timeout=30)
+    assert page.status_code == 200
+    assert "simulated" in page.text, "the demo must say its GPU slices are simulated"
+
+
+def test_stack_services_run_with_dnsrr_and_the_network_anchor(hub, client):
+    services = {
+        s.name: s
+        for s in client.services.list(filters={"label": f"com.docker.stack.namespace={hub.stack}"})
+    }
+    assert set(services) == {f"{hub.stack}_{n}" for n in ("hub", "proxy", "net-anchor")}
+    for service in services.values():
+        assert service.attrs["Spec"]["EndpointSpec"]["Mode"] == "dnsrr"
+    assert "Global" in services[f"{hub.stack}_net-anchor"].attrs["Spec"]["Mode"]
+
+
+def test_server_holds_exactly_one_gpu_slice_and_is_removed_on_stop(hub, client):
+    assert hub.api("POST", f"/users/{USER}").status_code in (201, 409)
+    r = hub.api("POST", f"/users/{USER}/server")
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready(USER)
+
+    (service,) = client.services.list(filters={"name": SERVICE})
+    assert service.name == SERVICE
+    held = gpu_reservations(service)
+    assert len(held) == 1, f"one GPU kind reserved, got {held}"
+    ((uuid, slices),) = held.items()
+    assert slices == 1
+    assert service.attrs["Spec"]["Labels"]["gpu-jupyterhub.stack"] == hub.stack
+
+    # Swarm counts the slice against that GPU
+    gpus = {g.uuid: g for g in build_inventory(client.api.nodes(), client.api.tasks())}
+    assert gpus[uuid].used >= 1
+
+    # inside the container: exactly that GPU, and nothing else
+    env = container_env(container_of(SERVICE))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert env["CUDA_VISIBLE_DEVICES"] == uuid
+    assert env["GPU_UUID"] == uuid and env["GPU_SLICES"] == "1"
+    assert env["GPU_SIMULATED"] == ("1" if uuid.startswith("GPU-simulated-") else "0")
+    other_gpus = [g for g in gpus if g != uuid and any(g in v for v in env.values())]
+    assert not other_gpus, f"container env mentions other GPUs: {other_gpus}"
+    info = container_of(SERVICE).exec_run(["gpu-info"])
+    assert info.exit_code == 0 and uuid in info.output.decode()
+
+    # the server answers through the proxy
+    status = hub.session.get(f"{hub.url}/user/{USER}/api/status", timeout=30)
+    assert status.status_code == 200, status.text
+
+    hub.stop(USER)
+    assert client.services.list(filters={"name": SERVICE}) == []

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# `make test`: lint, unit tests, then set up the test bed (idempotent: Docker engine, swarm with
+# simulated GPU slices, images, Chromium) and run the integration and browser tests against a
+# real hub stack. The stack under test is separate from the demo's (own name, port, network:
+# tests/integration/conftest.py) and is removed afterwards.
+#
+#   tests/run.sh [unit|all] [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. deploy/lib.sh
+
+what=${1:-all}; [ $# -gt 0 ] && shift
+
+ensure_venv test
+log "lint (ruff)"
+"$VENV/bin/ruff" check . && "$VENV/bin/ruff" format --check . >/dev/null \
+  || die "ruff found problems; fix them or run: .venv/bin/ruff format ."
+
+if [ "$what" = unit ]; then
+  exec "$VENV/bin/python" -m pytest tests/unit "$@"
+fi
+
+load_settings
+ensure_root test
+ensure_packages curl:curl openssl:openssl ss:iproute2 ip:iproute2 chromium:chromium
+ensure_engine
+ensure_gpu_slices
+ensure_swarm
+ensure_images
+
+log "pytest"
+exec "$VENV/bin/python" -m pytest tests "$@"
