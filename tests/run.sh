@@ -20,13 +20,17 @@ if [ "$what" = unit ]; then
   exec "$VENV/bin/python" -m pytest tests/unit "$@"
 fi
 
-load_settings
-ensure_root test
-ensure_packages curl:curl openssl:openssl ss:iproute2 ip:iproute2 chromium:chromium
-ensure_engine
-ensure_gpu_slices
-ensure_swarm
-ensure_images
+# The bed steps run in a subshell: the demo settings they load must not reach pytest, whose
+# integration conftest picks the test stack's own name, port and network.
+(
+  load_settings
+  ensure_root test
+  ensure_packages curl:curl openssl:openssl ss:iproute2 ip:iproute2 chromium:chromium
+  ensure_engine
+  ensure_gpu_slices
+  ensure_swarm
+  ensure_images
+)
 
 log "pytest"
 exec "$VENV/bin/python" -m pytest tests "$@"
