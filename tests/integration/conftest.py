@@ -2,12 +2,13 @@ import os
 
 import pytest
 
+from .hub import Hub, dump_logs, lib, settings, state_file
+
 # The stack under test never touches the demo's: its own name, port and network, whatever the
 # caller's environment says (GPUHUB_TEST_STACK / _HTTP_PORT / _NETWORK choose others).
 for _name, _value in {"STACK": "gpuhub-test", "HTTP_PORT": "18000", "NETWORK": "jhub-test"}.items():
     os.environ[f"GPUHUB_{_name}"] = os.environ.get(f"GPUHUB_TEST_{_name}", _value)
 
-from .hub import Hub, dump_logs, lib, settings, state_file
 
 
 @pytest.fixture(scope="session")
