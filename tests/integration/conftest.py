@@ -10,7 +10,6 @@ for _name, _value in {"STACK": "gpuhub-test", "HTTP_PORT": "18000", "NETWORK": "
     os.environ[f"GPUHUB_{_name}"] = os.environ.get(f"GPUHUB_TEST_{_name}", _value)
 
 
-
 @pytest.fixture(scope="session")
 def hub_settings():
     return settings()
