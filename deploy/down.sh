@@ -10,14 +10,7 @@ engine_up || { log "the Docker engine is not running: nothing deployed to remove
   || { log "no swarm on this machine: nothing deployed to remove"; exit 0; }
 remove_stack
 if [ "${PURGE:-0}" = 1 ]; then
-  vols=$(docker volume ls -q --filter "label=gpu-jupyterhub.stack=$GPUHUB_STACK"; \
-         docker volume ls -q --filter "label=com.docker.stack.namespace=$GPUHUB_STACK")
-  if [ -n "$vols" ]; then
-    for i in $(seq 1 30); do docker volume rm $vols >/dev/null 2>&1 && break; sleep 1; done
-    log "removed volumes: $(echo $vols)"
-  fi
-  rm -rf "$GPUHUB_STATE_DIR"
-  log "removed generated secrets in $GPUHUB_STATE_DIR"
+  purge_stack_data
 else
   log "kept the hub database and user homes (volumes); remove them too with: make down PURGE=1"
 fi

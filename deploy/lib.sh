@@ -3,7 +3,8 @@
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${GPUHUB_VENV:-$REPO/.venv}
-DOCKERD_LOG=/var/log/gpu-jupyterhub-dockerd.log
+DOCKERD_LOG=${GPUHUB_DOCKERD_LOG:-/var/log/gpu-jupyterhub-dockerd.log}
+DOCKERD_PIDFILE=${GPUHUB_DOCKERD_PIDFILE:-/var/run/docker.pid}
 _T0=$(date +%s)
 
 log() { printf '[%3ss] %s\n' "$(( $(date +%s) - _T0 ))" "$*"; }
@@ -67,17 +68,18 @@ start_engine() {
   else
     # No init system (containers, CI): run dockerd ourselves. Services prefer local images,
     # so tasks do not wait on a registry that may not exist.
-    rm -f /var/run/docker.pid
-    DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+    rm -f "$DOCKERD_PIDFILE"
+    DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 setsid nohup dockerd --pidfile "$DOCKERD_PIDFILE" \
+      >>"$DOCKERD_LOG" 2>&1 </dev/null &
   fi
-  local i
-  for i in $(seq 1 120); do engine_up && return 0; sleep 0.5; done
-  die "the Docker engine did not start within 60 s; read $DOCKERD_LOG (or journalctl -u docker)"
+  local i wait=${GPUHUB_ENGINE_WAIT:-60}
+  for i in $(seq 1 $((wait * 2))); do engine_up && return 0; sleep 0.5; done
+  die "the Docker engine did not start within $wait s; read $DOCKERD_LOG (or journalctl -u docker)"
 }
 
 stop_engine() {
   if [ -d /run/systemd/system ]; then systemctl stop docker; return; fi
-  local pid; pid=$(cat /var/run/docker.pid 2>/dev/null || true)
+  local pid; pid=$(cat "$DOCKERD_PIDFILE" 2>/dev/null || true)
   [ -n "$pid" ] || return 0
   kill "$pid" 2>/dev/null || true
   local i; for i in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
@@ -213,4 +215,19 @@ remove_stack() {
     sleep 1
   done
   die "network $GPUHUB_NETWORK is still in use; see: docker network inspect $GPUHUB_NETWORK"
+}
+
+# Remove the volumes (hub database, user homes) and generated secrets of a removed stack.
+purge_stack_data() {
+  local vols i
+  vols=$(docker volume ls -q --filter "label=gpu-jupyterhub.stack=$GPUHUB_STACK"; \
+         docker volume ls -q --filter "label=com.docker.stack.namespace=$GPUHUB_STACK")
+  if [ -n "$vols" ]; then
+    # a stack's containers take a few seconds to go; their volumes are busy until then
+    # shellcheck disable=SC2086
+    for i in $(seq 1 30); do docker volume rm $vols >/dev/null 2>&1 && break; sleep 1; done
+    log "removed volumes: $(echo $vols)"
+  fi
+  rm -rf "$GPUHUB_STATE_DIR"
+  log "removed generated secrets in $GPUHUB_STATE_DIR"
 }

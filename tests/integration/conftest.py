@@ -26,7 +26,7 @@ def hub(hub_settings):
         password=state_file(hub_settings, "demo_password"),
         stack=hub_settings["GPUHUB_STACK"],
     )
-    lib("remove_stack")
+    lib("remove_stack", "purge_stack_data")
 
 
 @pytest.fixture(autouse=True)
