@@ -13,6 +13,7 @@ to choose a GPU and to explain a refusal.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 #: Kinds that start with this are GPUs. NVIDIA GPU UUIDs look like ``GPU-<hex groups>``.
@@ -35,9 +36,10 @@ def is_simulated(uuid: str, kind_prefix: str = DEFAULT_KIND_PREFIX) -> bool:
 def simulated_uuid(machine_id: str, index: int, kind_prefix: str = DEFAULT_KIND_PREFIX) -> str:
     """The UUID given to simulated GPU number ``index`` of a machine.
 
-    ``machine_id`` is any stable per-machine string (hex is kept short and lower case).
+    ``machine_id`` is any stable per-machine string; machines with different ids get different
+    UUIDs, so simulated GPUs of several machines never share a generic-resource kind.
     """
-    short = "".join(ch for ch in machine_id.lower() if ch in "0123456789abcdef")[:8] or "0"
+    short = hashlib.sha256(machine_id.encode()).hexdigest()[:8]
     return f"{kind_prefix}{SIMULATED_MARKER}{short}-{index}"
 
 

@@ -20,6 +20,9 @@ if [ "$what" = unit ]; then
   exec "$VENV/bin/python" -m pytest tests/unit "$@"
 fi
 
+# the worker machines go when the tests end, pass or fail
+trap 'bash tests/bed/workers.sh down >/dev/null 2>&1 || true' EXIT
+
 # The bed steps run in a subshell: the demo settings they load must not reach pytest, whose
 # integration conftest picks the test stack's own name, port and network.
 (
@@ -28,9 +31,11 @@ fi
   ensure_packages curl:curl openssl:openssl ss:iproute2 ip:iproute2 chromium:chromium
   ensure_engine
   ensure_gpu_slices
-  ensure_swarm
+  bash tests/bed/workers.sh bridge
+  GPUHUB_ADVERTISE_ADDR=10.199.0.1 ensure_swarm
   ensure_images
+  bash tests/bed/workers.sh up 2
 )
 
 log "pytest"
-exec "$VENV/bin/python" -m pytest tests "$@"
+"$VENV/bin/python" -m pytest tests "$@"

@@ -22,20 +22,21 @@ CHANGED = 3
 
 
 def choose_gpus(args) -> list[gpus.GPUInfo]:
+    machine = args.machine_id or gpus.machine_id()
     if args.simulate_gpus:
-        return gpus.simulated(args.simulate_gpus, gpus.machine_id())
+        return gpus.simulated(args.simulate_gpus, machine)
     try:
         found = gpus.discover(gpus.load_nvml())
     except gpus.NVMLUnavailable as e:
         if args.simulate_if_no_gpu:
             print(f"no NVIDIA GPU usable here ({e}); advertising SIMULATED GPUs")
-            return gpus.simulated(args.simulate_if_no_gpu, gpus.machine_id())
+            return gpus.simulated(args.simulate_if_no_gpu, machine)
         raise SystemExit(
             f"{e}. Install the NVIDIA driver, or pass --simulate-gpus N for a test machine."
         ) from None
     if not found:
         if args.simulate_if_no_gpu:
-            return gpus.simulated(args.simulate_if_no_gpu, gpus.machine_id())
+            return gpus.simulated(args.simulate_if_no_gpu, machine)
         raise SystemExit("NVML reports no GPU on this machine; pass --simulate-gpus N to test.")
     return found
 
@@ -46,6 +47,11 @@ def main(argv=None) -> int:
     parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N")
     parser.add_argument("--simulate-if-no-gpu", type=int, default=0, metavar="N")
     parser.add_argument("--daemon-json", default="/etc/docker/daemon.json")
+    parser.add_argument(
+        "--machine-id",
+        default="",
+        help="seed for simulated GPU UUIDs (default: /etc/machine-id); differs per machine",
+    )
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
     if args.slices_per_gpu < 1:

@@ -65,5 +65,7 @@ def test_nvml_that_fails_to_initialise_is_reported():
 
 def test_simulated_gpus_are_marked():
     sim = gpus.simulated(2, "abcdef0123456789")
-    assert [g.uuid for g in sim] == ["GPU-simulated-abcdef01-0", "GPU-simulated-abcdef01-1"]
+    assert [g.index for g in sim] == [0, 1]
+    assert sim[0].uuid[:-1] == sim[1].uuid[:-1]
+    assert [g.uuid[-2:] for g in sim] == ["-0", "-1"]
     assert all(g.simulated for g in sim)

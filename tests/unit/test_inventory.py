@@ -76,8 +76,10 @@ def test_custom_kind_prefix():
 
 
 def test_simulated_uuids_are_marked_and_stable():
-    uuid = inventory.simulated_uuid("3D1219C7aa55-host", 1)
-    assert uuid == "GPU-simulated-3d1219c7-1"
+    uuid = inventory.simulated_uuid("3d1219c7aa55", 1)
+    assert uuid == inventory.simulated_uuid("3d1219c7aa55", 1)
+    assert uuid.startswith("GPU-simulated-") and uuid.endswith("-1")
+    assert inventory.simulated_uuid("w1", 0) != inventory.simulated_uuid("w2", 0)
     assert inventory.is_simulated(uuid)
     assert not inventory.is_simulated("GPU-8d2c6f1e-1b7a-4c55-9d3e-000000000000")
     assert GPU(uuid, "n", "h", 3, 0).simulated

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Extra worker *machines* for the test bed: each is a dockerd in its own network namespace
+# (wN at 10.199.0.1N on the bridge jhbr0), advertising simulated GPUs, joined to this swarm,
+# with the single-user image loaded.
+#
+#   tests/bed/workers.sh bridge     only the bridge jhbr0 (10.199.0.1), to advertise a swarm on
+#   tests/bed/workers.sh up [N]     start/join N workers (default 2); idempotent
+#   tests/bed/workers.sh down       leave, stop and remove every worker and its namespace; the
+#                                   bridge stays (the swarm is advertised on its address)
+#   tests/bed/workers.sh stop wN    kill one worker's dockerd (a machine that disappears)
+#
+# Settings: GPUHUB_BED_GPUS (simulated GPUs per worker, 2), GPUHUB_SLICES_PER_GPU (3),
+#           GPUHUB_SINGLEUSER_IMAGE.
+set -euo pipefail
+. "$(dirname "$0")/../../deploy/lib.sh"
+load_settings
+
+NET=10.199.0
+BR=jhbr0
+MGR=$NET.1
+GPUS=${GPUHUB_BED_GPUS:-2}
+
+sock() { echo "unix:///var/run/docker-$1.sock"; }
+wdocker() { local w=$1; shift; docker -H "$(sock "$w")" "$@"; }
+
+ensure_bridge() {
+  ip link show $BR >/dev/null 2>&1 || ip link add $BR type bridge
+  ip addr show dev $BR | grep -q "$MGR/24" || ip addr add $MGR/24 dev $BR
+  ip link set $BR up
+  # Docker sets FORWARD to DROP with br_netfilter; frames between workers cross this bridge
+  iptables -C FORWARD -i $BR -o $BR -j ACCEPT 2>/dev/null || iptables -I FORWARD 1 -i $BR -o $BR -j ACCEPT
+}
+
+ensure_netns() {
+  local w=$1 addr=$2
+  ip netns list | grep -qw "$w" && return 0
+  ip netns add "$w"
+  ip link add "vh-$w" type veth peer name "ve-$w"
+  ip link set "vh-$w" master $BR up
+  ip link set "ve-$w" netns "$w"
+  ip netns exec "$w" ip link set lo up
+  ip netns exec "$w" ip link set "ve-$w" name eth0
+  ip netns exec "$w" ip addr add "$addr/24" dev eth0
+  ip netns exec "$w" ip link set eth0 up
+  ip netns exec "$w" ip route add default via $MGR
+}
+
+ensure_worker_engine() {
+  local w=$1 cfg=/etc/docker/$1.json
+  mkdir -p "/var/lib/docker-$w" "/var/run/docker-$w" /etc/docker
+  if [ ! -s "$cfg" ]; then
+    cat >"$cfg" <<JSON
+{
+  "data-root": "/var/lib/docker-$w",
+  "exec-root": "/var/run/docker-$w",
+  "pidfile": "/var/run/docker-$w.pid",
+  "hosts": ["$(sock "$w")"],
+  "dns": ["$MGR"]
+}
+JSON
+  fi
+  local rc=0
+  "$VENV/bin/python" -m worker_setup.advertise --daemon-json "$cfg" --simulate-gpus "$GPUS" \
+    --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" --machine-id "bed-$w" >/dev/null || rc=$?
+  [ $rc = 0 ] || [ $rc = 3 ] || die "could not write the GPU slices of $w"
+  if [ $rc = 3 ] && wdocker "$w" info >/dev/null 2>&1; then stop_worker "$w"; fi
+  wdocker "$w" info >/dev/null 2>&1 && return 0
+  rm -f "/var/run/docker-$w.pid"
+  DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 setsid nohup nsenter --net="/var/run/netns/$w" -- \
+    unshare --uts -- sh -c "hostname $w && exec dockerd --config-file $cfg" \
+    >"/var/log/dockerd-$w.log" 2>&1 </dev/null &
+  local i
+  for i in $(seq 1 120); do wdocker "$w" info >/dev/null 2>&1 && return 0; sleep 0.5; done
+  die "worker $w's dockerd did not start; read /var/log/dockerd-$w.log"
+}
+
+ensure_joined() {
+  local w=$1 addr=$2
+  [ "$(wdocker "$w" info --format '{{.Swarm.LocalNodeState}}')" = active ] && return 0
+  wdocker "$w" swarm join --token "$(docker swarm join-token -q worker)" \
+    --advertise-addr "$addr" "$MGR:2377" >/dev/null
+}
+
+ensure_image() {
+  local w=$1 tar=$2
+  local want; want=$(docker image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE")
+  [ "$(wdocker "$w" image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE" 2>/dev/null)" = "$want" ] && return 0
+  [ -s "$tar" ] || docker save "$GPUHUB_SINGLEUSER_IMAGE" >"$tar"
+  wdocker "$w" load -q <"$tar" >/dev/null
+}
+
+stop_worker() {
+  local w=$1 pidf=/var/run/docker-$1.pid pid
+  pid=$(cat "$pidf" 2>/dev/null || true)
+  [ -n "$pid" ] || return 0
+  kill "$pid" 2>/dev/null || true
+  local i; for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+  kill -9 "$pid" 2>/dev/null || true
+}
+
+wait_ready() {
+  local n=$1 i ready
+  for i in $(seq 1 120); do
+    ready=$(docker node ls --format '{{.Hostname}} {{.Status}}' | grep -c '^w[0-9]* Ready' || true)
+    [ "$ready" -ge "$n" ] && return 0
+    sleep 0.5
+  done
+  docker node ls >&2
+  die "only $ready of $n workers are Ready"
+}
+
+# Overlay traffic between the manager and the namespaced workers only flows when the manager
+# advertises the bridge address (its VXLAN packets leave from that address).
+check_swarm_address() {
+  local addr; addr=$(docker info --format '{{.Swarm.NodeAddr}}')
+  [ "$addr" = "$MGR" ] || die "the multi-node test bed needs the swarm advertised on $MGR, \
+but it is on $addr; on a test machine: make down && docker swarm leave --force, then make test"
+}
+
+up() {
+  local n=${1:-2} i w tar
+  ensure_bridge
+  check_swarm_address
+  tar=$(mktemp --suffix=.tar); rm -f "$tar"
+  for i in $(seq 1 "$n"); do
+    w=w$i
+    ensure_netns "$w" "$NET.$((10 + i))"
+    ensure_worker_engine "$w"
+    ensure_joined "$w" "$NET.$((10 + i))"
+    ensure_image "$w" "$tar"
+  done
+  rm -f "$tar"
+  wait_ready "$n"
+  log "$n worker(s) ready, $GPUS simulated GPU(s) x $GPUHUB_SLICES_PER_GPU slices each"
+}
+
+down() {
+  local pidf w id
+  for pidf in /var/run/docker-w*.pid; do
+    [ -e "$pidf" ] || continue
+    w=$(basename "$pidf" .pid); w=${w#docker-}
+    wdocker "$w" swarm leave --force >/dev/null 2>&1 || true
+    stop_worker "$w"
+    rm -rf "/var/lib/docker-$w" "/var/run/docker-$w" "/etc/docker/$w.json"
+  done
+  # nodes that left (or vanished) are removed from the manager's list
+  for id in $(docker node ls --filter role=worker -q 2>/dev/null); do
+    docker node rm --force "$id" >/dev/null 2>&1 || true
+  done
+  for w in $(ip netns list | awk '/^w[0-9]+/{print $1}'); do ip netns del "$w"; done
+  log "workers removed"
+}
+
+case "${1:-}" in
+  bridge) ensure_bridge ;;
+  up) up "${2:-2}" ;;
+  down) down ;;
+  stop) stop_worker "${2:?which worker, e.g. w1}" ;;
+  *) echo "usage: $0 up [N] | down | stop wN" >&2; exit 2 ;;
+esac
