@@ -94,12 +94,12 @@ def task_reservations(task: dict, kind_prefix: str = DEFAULT_KIND_PREFIX) -> dic
 
 
 def task_is_live(task: dict) -> bool:
-    """A task that Swarm still counts against its node's resources."""
-    return (
-        task.get("DesiredState") in ("running", "ready", "accepted")
-        and bool(task.get("NodeID"))
-        and task.get("Status", {}).get("State") in _LIVE_TASK_STATES
-    )
+    """A task that Swarm still counts against its node's resources.
+
+    What counts is the task's actual state, not the desired one: the task of a service that
+    was just removed keeps its reservation until its container has really stopped.
+    """
+    return bool(task.get("NodeID")) and task.get("Status", {}).get("State") in _LIVE_TASK_STATES
 
 
 def build_inventory(

@@ -7,30 +7,46 @@ machines can be emptied and switched off. A request is always satisfied from a s
 
 from __future__ import annotations
 
+import hashlib
+
 from .inventory import GPU
 
 POLICIES = ("spread", "pack")
 
 
-def candidates(gpus: list[GPU], slices: int, policy: str = "spread") -> list[GPU]:
+def _tiebreak(gpu: GPU, seed: str) -> tuple:
+    if not seed:
+        return (gpu.node_name, gpu.uuid)
+    return (hashlib.sha256(f"{seed}/{gpu.uuid}".encode()).hexdigest(), gpu.uuid)
+
+
+def candidates(gpus: list[GPU], slices: int, policy: str = "spread", seed: str = "") -> list[GPU]:
     """GPUs that can hold ``slices`` slices, best first under ``policy``.
 
-    The order is total and deterministic (ties broken by node name, then UUID), so the same
-    inventory always yields the same choice. An empty list means nothing fits.
+    Between GPUs with equally many free slices, ``spread`` prefers the node with fewer slices
+    in use and ``pack`` the node with more (so pack fills a machine before starting the next).
+    Remaining ties are ordered by node name and UUID, or, given a ``seed`` (the user's name),
+    by a hash of seed and UUID: still deterministic, but users who spawn at the same moment
+    from the same inventory spread over the tied GPUs instead of racing for one.
+    An empty list means nothing fits.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown placement policy {policy!r}; use one of {', '.join(POLICIES)}")
     if slices < 1:
         raise ValueError(f"a server needs at least 1 GPU slice, not {slices}")
+    node_used: dict[str, int] = {}
+    for g in gpus:
+        node_used[g.node_id] = node_used.get(g.node_id, 0) + g.used
     fitting = [g for g in gpus if g.free >= slices]
-    if policy == "spread":
-        return sorted(fitting, key=lambda g: (-g.free, g.node_name, g.uuid))
-    return sorted(fitting, key=lambda g: (g.free, g.node_name, g.uuid))
+    sign = -1 if policy == "spread" else 1
+    return sorted(
+        fitting, key=lambda g: (sign * g.free, -sign * node_used[g.node_id], *_tiebreak(g, seed))
+    )
 
 
-def choose(gpus: list[GPU], slices: int, policy: str = "spread") -> GPU | None:
+def choose(gpus: list[GPU], slices: int, policy: str = "spread", seed: str = "") -> GPU | None:
     """The best GPU for a request of ``slices`` slices, or None when no GPU has room."""
-    ranked = candidates(gpus, slices, policy)
+    ranked = candidates(gpus, slices, policy, seed)
     return ranked[0] if ranked else None
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from docker.types import Mount
 from dockerspawner import SwarmSpawner
-from traitlets import Dict, Integer, TraitError, Unicode, default, validate
+from traitlets import Dict, Float, Integer, List, TraitError, Unicode, default, validate
 
 from . import inventory, placement
 
@@ -17,6 +20,27 @@ class NoGPUSliceAvailable(RuntimeError):
     def __init__(self, message: str, log_message: str):
         super().__init__(log_message)
         self.jupyterhub_message = message
+
+
+class SliceTaken(RuntimeError):
+    """Swarm could not place the service: another server took the slice first."""
+
+
+#: Swarm's words for a task it cannot place (e.g. "no suitable node (insufficient resources
+#: on 3 nodes)"); the task then stays pending until something frees up.
+UNPLACEABLE = "no suitable node"
+
+#: Task states on the way to running, and what the participant is told about each.
+STAGES = {
+    "new": (35, "Waiting for Swarm to place the server"),
+    "pending": (35, "Waiting for Swarm to place the server"),
+    "assigned": (40, "Swarm assigned the server to {node}"),
+    "accepted": (45, "{node} accepted the server"),
+    "preparing": (55, "Preparing the container on {node} (pulling the image if it is missing)"),
+    "ready": (65, "Container ready on {node}"),
+    "starting": (75, "Container starting on {node}"),
+    "running": (90, "Container running on {node}; waiting for JupyterLab to answer"),
+}
 
 
 class GPUSwarmSpawner(SwarmSpawner):
@@ -85,6 +109,52 @@ class GPUSwarmSpawner(SwarmSpawner):
             )
         return proposal.value
 
+    placement_attempts = Integer(
+        5,
+        config=True,
+        help="""
+        How many GPUs a spawn tries when it loses the race for a slice (another server took it
+        between reading the inventory and Swarm placing the service) before it gives up with
+        the "no slice free" message. Each lost race costs about the task poll interval.
+        """,
+    )
+
+    @validate("placement_attempts")
+    def _validate_placement_attempts(self, proposal):
+        if proposal.value < 1:
+            raise TraitError(
+                f"GPUSwarmSpawner.placement_attempts must be 1 or more, got {proposal.value}"
+            )
+        return proposal.value
+
+    task_poll_interval = Float(
+        0.2,
+        config=True,
+        help="""
+        Seconds between the first checks of a new service's task (the delay then grows by half
+        each time, up to 2 s). Small values notice a lost slice race or a started container
+        sooner, at the cost of more Docker API calls. Default 0.2.
+        """,
+    )
+
+    docker_api_threads = Integer(
+        16,
+        config=True,
+        help="""
+        Threads for blocking Docker API calls, shared by all servers of the hub. dockerspawner
+        uses a single thread, which serialises every call when many participants start at
+        once (a workshop's first minute). Takes effect at hub start.
+        """,
+    )
+
+    @validate("docker_api_threads")
+    def _validate_docker_api_threads(self, proposal):
+        if proposal.value < 1:
+            raise TraitError(
+                f"GPUSwarmSpawner.docker_api_threads must be 1 or more, got {proposal.value}"
+            )
+        return proposal.value
+
     service_labels = Dict(
         config=True,
         help="""
@@ -113,18 +183,60 @@ class GPUSwarmSpawner(SwarmSpawner):
     gpu_node = Unicode("")
     gpu_slices_held = Integer(0)
 
+    _gpu_executor = None
+
+    @property
+    def executor(self):
+        """One thread pool for the Docker calls of all servers (dockerspawner's has 1 thread)."""
+        cls = GPUSwarmSpawner
+        if cls._gpu_executor is None:
+            cls._gpu_executor = ThreadPoolExecutor(
+                self.docker_api_threads, thread_name_prefix="docker-api"
+            )
+        return cls._gpu_executor
+
+    # ---- progress ---------------------------------------------------------------------------
+
+    # this spawn's stages, newest last: {"progress": percent, "message": text}
+    _progress_events = List()
+
+    def _report(self, progress: int, message: str) -> None:
+        """Record a stage of the spawn for the progress bar (and the log)."""
+        events = self._progress_events
+        if events and events[-1]["message"] == message:
+            return
+        events.append({"progress": progress, "message": message})
+        self.log.debug("Spawn progress of %s: %s%% %s", self._log_name, progress, message)
+
+    async def progress(self):
+        """The stages of this spawn, as they happen (JupyterHub stops reading at the end)."""
+        seen = 0
+        while True:
+            events = self._progress_events
+            while seen < len(events):
+                yield events[seen]
+                seen += 1
+            await asyncio.sleep(0.2)
+
     # ---- choosing a GPU --------------------------------------------------------------------
 
     async def gpu_inventory(self) -> list[inventory.GPU]:
         """The swarm's GPUs and their used slices, read from the Docker API."""
         nodes = await self.docker("nodes")
-        tasks = await self.docker("tasks", filters={"desired-state": "running"})
+        # all tasks: those of a service being removed still hold their slices until they stop
+        tasks = await self.docker("tasks")
         return inventory.build_inventory(nodes, tasks, self.gpu_kind_prefix)
 
-    async def reserve_gpu(self) -> inventory.GPU:
-        """Pick the GPU for this server, or refuse at once with a message people understand."""
-        gpus = await self.gpu_inventory()
-        gpu = placement.choose(gpus, self.gpu_slices, self.placement_policy)
+    async def reserve_gpu(self, exclude: frozenset = frozenset()) -> inventory.GPU:
+        """Pick the GPU for this server, or refuse at once with a message people understand.
+
+        ``exclude``: GPUs this spawn already lost a race for; they count as full.
+        """
+        gpus = [
+            dataclasses.replace(g, used=g.slices) if g.uuid in exclude else g
+            for g in await self.gpu_inventory()
+        ]
+        gpu = placement.choose(gpus, self.gpu_slices, self.placement_policy, seed=self.user.name)
         if gpu is None:
             used, total = inventory.totals(gpus)
             detail = ", ".join(f"{g.node_name}:{g.uuid}={g.used}/{g.slices}" for g in gpus)
@@ -136,43 +248,135 @@ class GPUSwarmSpawner(SwarmSpawner):
         return gpu
 
     async def start(self):
-        gpu = await self.reserve_gpu()
-        self.gpu_uuid, self.gpu_node, self.gpu_slices_held = (
-            gpu.uuid,
-            gpu.node_name,
-            self.gpu_slices,
+        self._progress_events = []  # this spawn's stages (progress() reads them)
+        lost = set()
+        for attempt in range(1, self.placement_attempts + 1):
+            gpu = await self.reserve_gpu(frozenset(lost))
+            self.gpu_uuid, self.gpu_node = gpu.uuid, gpu.node_name
+            self.gpu_slices_held = self.gpu_slices
+            kind = "SIMULATED GPU" if gpu.simulated else "GPU"
+            self.log.info(
+                "Reserving %d slice(s) of %s %s on %s for %s (%d/%d free, attempt %d)",
+                self.gpu_slices,
+                kind,
+                gpu.uuid,
+                gpu.node_name,
+                self._log_name,
+                gpu.free,
+                gpu.slices,
+                attempt,
+            )
+            self._report(
+                20,
+                f"Reserving {self.gpu_slices} slice(s) of {kind} {gpu.uuid} on {gpu.node_name}",
+            )
+            try:
+                return await super().start()
+            except SliceTaken as e:
+                lost.add(gpu.uuid)
+                self.log.info("%s lost the race for %s: %s", self._log_name, gpu.uuid, e)
+                self._report(15, f"{gpu.uuid} was taken a moment ago; trying another GPU")
+                await self.remove_object()
+                self.object_id = ""
+                self.clear_gpu()
+        # Every attempt lost a race. If the GPUs are now full, reserve_gpu says so; otherwise
+        # many servers are starting at this very moment.
+        await self.reserve_gpu()
+        raise NoGPUSliceAvailable(
+            "Many servers are starting at this moment and the GPU slices chosen for yours were "
+            "taken first. Please try again in a few seconds.",
+            f"{self._log_name}: gave up after {self.placement_attempts} lost slice races "
+            f"({', '.join(sorted(lost))})",
         )
-        self.log.info(
-            "Reserving %d slice(s) of %sGPU %s on %s for %s (%d/%d slices were free)",
-            self.gpu_slices,
-            "SIMULATED " if gpu.simulated else "",
-            gpu.uuid,
-            gpu.node_name,
-            self._log_name,
-            gpu.free,
-            gpu.slices,
-        )
-        return await super().start()
+
+    async def start_object(self):
+        """Wait for the service's task to run; a task Swarm cannot place means a lost race.
+
+        Replaces SwarmSpawner's wait, which polls every 1-11 s and waits on an unplaceable
+        task until the hub's start_timeout.
+        """
+        delay = self.task_poll_interval
+        while True:
+            task = await self.get_task()
+            if not task:
+                raise RuntimeError(f"Service {self.service_name} has no task")
+            status = task["Status"]
+            state = status["State"].lower()
+            if state == "pending" and UNPLACEABLE in status.get("Err", ""):
+                raise SliceTaken(status["Err"])
+            if state in STAGES:
+                progress, message = STAGES[state]
+                self._report(progress, message.format(node=self.gpu_node))
+            if state == "running":
+                return
+            if state not in STAGES and state != "rejected":
+                # failed, shutdown, complete, orphaned, remove: it will not come up
+                raise RuntimeError(
+                    f"Service {self.service_name} did not start: task {state}: "
+                    f"{status.get('Err') or status.get('Message')}"
+                )
+            # "rejected" is retried by Swarm with a new task (Docker 20.10 network bug)
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 2.0)
+
+    async def poll(self):
+        """Running, or why not: a server whose node is gone counts as stopped.
+
+        Swarm leaves the task of a vanished node "running" and queues a replacement that can
+        never be placed (its GPU lived on that node); both mean the user should start again.
+        """
+        task = await self.get_task()
+        if not task:
+            return 0
+        status = task["Status"]
+        state = status["State"].lower()
+        if state == "pending" and UNPLACEABLE in status.get("Err", ""):
+            return f"cannot be placed: {status['Err']}"
+        if state not in STAGES:
+            return f"task {state}: {status.get('Err') or status.get('Message')}"
+        if task.get("NodeID"):
+            node = await self.docker("inspect_node", task["NodeID"])
+            node_state = node.get("Status", {}).get("State")
+            if node_state != "ready":
+                self.log.warning(
+                    "Server %s is on node %s, which is %s: reporting it stopped",
+                    self._log_name,
+                    node.get("Description", {}).get("Hostname", task["NodeID"][:7]),
+                    node_state,
+                )
+                return f"node {node_state}"
+        return None
 
     # ---- what goes into the service ----------------------------------------------------------
 
-    def _resources_with_gpu(self) -> dict:
-        generic = dict(self.extra_resources_spec.get("generic_resources") or {})
-        generic[self.gpu_uuid] = self.gpu_slices_held
-        return {**self.extra_resources_spec, "generic_resources": generic}
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # The base class reads the service's resources and create arguments from these two
+        # traits, so create_object sets them per spawn, always derived from the configured
+        # values: never from the previous spawn's (another GPU, or a lost race).
+        self._configured_resources_spec = dict(self.extra_resources_spec)
+        self._configured_create_kwargs = dict(self.extra_create_kwargs)
 
-    async def create_object(self):
-        # extra_resources_spec / extra_create_kwargs are read by the base class; this instance
-        # serves one user, so setting them here affects only this server.
-        self.extra_resources_spec = self._resources_with_gpu()
+    def _resources_with_gpu(self) -> dict:
+        configured = self._configured_resources_spec
+        generic = dict(configured.get("generic_resources") or {})
+        generic[self.gpu_uuid] = self.gpu_slices_held
+        return {**configured, "generic_resources": generic}
+
+    def _create_kwargs_with_labels(self) -> dict:
+        configured = self._configured_create_kwargs
         labels = {
             **self.service_labels,
-            **(self.extra_create_kwargs.get("labels") or {}),
+            **(configured.get("labels") or {}),
             "gpu-jupyterhub.user": self.user.name,
             "gpu-jupyterhub.gpu": self.gpu_uuid,
             "gpu-jupyterhub.slices": str(self.gpu_slices_held),
         }
-        self.extra_create_kwargs = {**self.extra_create_kwargs, "labels": labels}
+        return {**configured, "labels": labels}
+
+    async def create_object(self):
+        self.extra_resources_spec = self._resources_with_gpu()
+        self.extra_create_kwargs = self._create_kwargs_with_labels()
         return await super().create_object()
 
     def get_env(self):
@@ -236,8 +440,11 @@ class GPUSwarmSpawner(SwarmSpawner):
         self.gpu_node = state.get("gpu_node", "")
         self.gpu_slices_held = state.get("gpu_slices", 0)
 
-    def clear_state(self):
-        super().clear_state()
+    def clear_gpu(self):
         self.gpu_uuid = ""
         self.gpu_node = ""
         self.gpu_slices_held = 0
+
+    def clear_state(self):
+        super().clear_state()
+        self.clear_gpu()

@@ -26,7 +26,8 @@ def hub(hub_settings):
         password=state_file(hub_settings, "demo_password"),
         stack=hub_settings["GPUHUB_STACK"],
     )
-    lib("remove_stack", "purge_stack_data")
+    if os.environ.get("GPUHUB_TEST_KEEP_STACK") != "1":  # kept for a quicker next run
+        lib("remove_stack", "purge_stack_data")
 
 
 @pytest.fixture(autouse=True)

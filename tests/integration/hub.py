@@ -101,13 +101,24 @@ def dump_logs(stack: str) -> str:
     return "\n".join(parts)
 
 
+def engine_of(node_id: str) -> docker.DockerClient:
+    """The engine of a swarm node: this one, or a bed worker's (tests/bed/workers.sh)."""
+    client = docker.from_env()
+    hostname = client.nodes.get(node_id).attrs["Description"]["Hostname"]
+    worker_socket = Path(f"/var/run/docker-{hostname}.sock")
+    if worker_socket.exists():
+        return docker.DockerClient(base_url=f"unix://{worker_socket}")
+    return client
+
+
 def container_of(service_name: str) -> docker.models.containers.Container:
-    """The running container of a single-task service on this engine."""
+    """The running container of a single-task service, on whichever node runs it."""
     client = docker.from_env()
     (service,) = client.services.list(filters={"name": service_name})
     running = [t for t in service.tasks() if t["Status"]["State"] == "running"]
     assert len(running) == 1, f"{service_name}: tasks {[t['Status'] for t in service.tasks()]}"
-    return client.containers.get(running[0]["Status"]["ContainerStatus"]["ContainerID"])
+    container_id = running[0]["Status"]["ContainerStatus"]["ContainerID"]
+    return engine_of(running[0]["NodeID"]).containers.get(container_id)
 
 
 def container_env(container) -> dict[str, str]:

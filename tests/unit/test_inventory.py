@@ -26,8 +26,9 @@ def test_non_gpu_kinds_are_ignored():
     assert gpus[0].used == 0
 
 
-def test_finished_and_unplaced_tasks_hold_nothing():
+def test_finished_and_unplaced_tasks_hold_nothing_but_stopping_ones_do():
     tasks = [
+        task("n1", {A0: 1}, state="running", desired="shutdown"),  # being removed: still held
         task("n1", {A0: 1}, state="complete", desired="shutdown"),
         task("n1", {A0: 1}, state="failed", desired="shutdown"),
         task("n1", {A0: 1}, state="rejected"),
@@ -35,7 +36,7 @@ def test_finished_and_unplaced_tasks_hold_nothing():
         task("n1", {A0: 1}, state="starting"),
     ]
     (gpu,) = build_inventory([node("n1", "alpha", {A0: 3})], tasks)
-    assert gpu.used == 1
+    assert gpu.used == 2
 
 
 def test_drained_paused_and_down_nodes_are_left_out():

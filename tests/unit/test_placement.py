@@ -8,6 +8,26 @@ def gpu(uuid, node, slices, used):
     return GPU(uuid, node, node, slices, used)
 
 
+def test_pack_fills_the_next_gpu_on_the_same_node():
+    # alpha's first GPU is full: pack continues on alpha, spread goes to the idle node
+    cluster = [
+        gpu("GPU-a0", "alpha", 3, 3),
+        gpu("GPU-a1", "alpha", 3, 0),
+        gpu("GPU-b0", "beta", 3, 0),
+        gpu("GPU-b1", "beta", 3, 0),
+    ]
+    for n in range(10):
+        assert choose(cluster, 1, "pack", seed=f"u{n}").uuid == "GPU-a1"
+        assert choose(cluster, 1, "spread", seed=f"u{n}").node_name == "beta"
+
+
+def test_heterogeneous_gpus_spread_by_free_slices():
+    cluster = [gpu("GPU-k80", "old", 2, 0), gpu("GPU-h100", "new", 7, 3)]
+    assert choose(cluster, 1, "spread").uuid == "GPU-h100"  # 4 free beats 2 free
+    assert choose(cluster, 1, "pack").uuid == "GPU-k80"
+    assert choose(cluster, 3, "pack").uuid == "GPU-h100"  # the K80 cannot hold 3
+
+
 CLUSTER = [
     gpu("GPU-a0", "alpha", 3, 1),
     gpu("GPU-a1", "alpha", 3, 2),
@@ -68,3 +88,18 @@ def test_refusal_messages_explain_the_situation(gpus, slices, expected):
     message = refusal_message(gpus, slices)
     assert expected in message
     assert "organizer" in message
+
+
+def test_a_seed_spreads_simultaneous_users_over_tied_gpus():
+    tied = [gpu(f"GPU-{i}", "alpha", 3, 0) for i in range(6)]
+    picks = {choose(tied, 1, "spread", seed=f"user{n}").uuid for n in range(30)}
+    assert len(picks) >= 4, picks
+    # but the same user always gets the same answer from the same inventory
+    assert choose(tied, 1, seed="ann") == choose(list(reversed(tied)), 1, seed="ann")
+
+
+def test_a_seed_never_overrides_the_policy():
+    cluster = [gpu("GPU-a", "alpha", 3, 2), gpu("GPU-b", "beta", 3, 0)]
+    for n in range(20):
+        assert choose(cluster, 1, "spread", seed=f"u{n}").uuid == "GPU-b"
+        assert choose(cluster, 1, "pack", seed=f"u{n}").uuid == "GPU-a"

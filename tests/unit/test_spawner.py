@@ -3,6 +3,7 @@
 from types import SimpleNamespace
 
 import pytest
+from dockerspawner import SwarmSpawner
 from jupyterhub.objects import Hub
 from traitlets import TraitError
 
@@ -76,13 +77,24 @@ def test_state_round_trip_keeps_the_gpu():
     assert restored.gpu_uuid == "" and restored.gpu_slices_held == 0
 
 
-def test_resources_add_the_gpu_kind_to_configured_ones():
-    spawner = make_spawner(extra_resources_spec={"generic_resources": {"fpga": 1}, "mem_limit": 1})
-    spawner.gpu_uuid, spawner.gpu_slices_held = "GPU-a", 3
-    assert spawner._resources_with_gpu() == {
-        "generic_resources": {"fpga": 1, "GPU-a": 3},
-        "mem_limit": 1,
-    }
+async def test_each_spawn_reserves_only_its_own_gpu(monkeypatch):
+    """A second spawn (a lost race, or the user's next server) must not keep the first GPU."""
+    spawner = make_spawner(
+        extra_resources_spec={"generic_resources": {"fpga": 1}, "mem_limit": 1},
+        extra_create_kwargs={"labels": {"course": "gpu101"}},
+    )
+
+    async def base_create_object(self):
+        return {"resources": self.extra_resources_spec, "kwargs": self.extra_create_kwargs}
+
+    monkeypatch.setattr(SwarmSpawner, "create_object", base_create_object)
+    for uuid, slices in [("GPU-a", 3), ("GPU-b", 1)]:
+        spawner.gpu_uuid, spawner.gpu_slices_held = uuid, slices
+        created = await spawner.create_object()
+    assert created["resources"] == {"generic_resources": {"fpga": 1, "GPU-b": 1}, "mem_limit": 1}
+    labels = created["kwargs"]["labels"]
+    assert labels["course"] == "gpu101"
+    assert (labels["gpu-jupyterhub.gpu"], labels["gpu-jupyterhub.slices"]) == ("GPU-b", "1")
 
 
 def test_mounts_use_volumes_for_names_and_binds_for_paths():

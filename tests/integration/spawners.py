@@ -1,0 +1,62 @@
+"""GPUSwarmSpawner instances driven directly against the real swarm (no hub in between).
+
+Their services run ``sleep`` instead of a notebook server: placement, reservations and the
+container environment are what these tests look at.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from types import SimpleNamespace
+
+import docker
+from jupyterhub.objects import Hub
+
+from gpu_swarm_spawner import GPUSwarmSpawner
+from gpu_swarm_spawner.inventory import build_inventory
+
+_ids = itertools.count(1000)
+
+
+def make_spawner(name: str, settings: dict, **traits) -> GPUSwarmSpawner:
+    user = SimpleNamespace(name=name, id=next(_ids), url=f"/user/{name}/")
+    traits.setdefault("network_name", settings["GPUHUB_NETWORK"])
+    return GPUSwarmSpawner(
+        user=user,
+        hub=Hub(),
+        api_token="unused",
+        image=settings["GPUHUB_SINGLEUSER_IMAGE"],
+        # extra arguments (--port=...) land in $1.. of sh and are ignored
+        cmd=["sh", "-c", "exec sleep infinity", "sleep"],
+        service_labels={"gpu-jupyterhub.stack": settings["GPUHUB_STACK"]},
+        **traits,
+    )
+
+
+def inventory():
+    client = docker.from_env()
+    return {g.uuid: g for g in build_inventory(client.api.nodes(), client.api.tasks())}
+
+
+def services_of(stack: str) -> list:
+    client = docker.from_env()
+    return client.services.list(filters={"label": f"gpu-jupyterhub.stack={stack}"})
+
+
+def remove_services(stack: str, timeout: float = 60) -> None:
+    """Remove the stack's user services and wait until their tasks have stopped.
+
+    Until then Swarm still counts their slices, and so does the inventory.
+    """
+    client = docker.from_env()
+    removed = {service.id for service in services_of(stack)}
+    for service in services_of(stack):
+        service.remove()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [t for t in client.api.tasks() if t["ServiceID"] in removed]
+        if not any(t["Status"]["State"] in ("running", "starting", "preparing") for t in left):
+            return
+        time.sleep(0.3)
+    raise TimeoutError(f"tasks of removed services still running after {timeout} s")

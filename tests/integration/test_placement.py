@@ -1,0 +1,119 @@
+"""Placement on the multi-node bed (manager + 2 workers, 2 simulated GPUs x 3 slices each)."""
+
+import asyncio
+import time
+from collections import Counter
+
+import pytest
+
+from gpu_swarm_spawner import NoGPUSliceAvailable
+
+from .hub import container_env, container_of
+from .spawners import inventory, make_spawner, remove_services, services_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def stack(hub, hub_settings):
+    """The test stack's network exists; every service a test made is gone afterwards."""
+    remove_services(hub.stack)
+    yield hub_settings
+    remove_services(hub.stack)
+
+
+def gpus_with_room(slices=1):
+    return [g for g in inventory().values() if g.free >= slices]
+
+
+async def start_all(spawners):
+    return await asyncio.gather(*(s.start() for s in spawners))
+
+
+def held(spawners):
+    return [(s.gpu_node, s.gpu_uuid) for s in spawners]
+
+
+def test_the_bed_has_several_nodes_with_several_gpus(stack):
+    per_node = Counter(g.node_name for g in inventory().values())
+    assert len(per_node) >= 3 and all(n >= 2 for n in per_node.values()), per_node
+    assert all(g.slices == 3 for g in inventory().values())
+
+
+async def test_spread_puts_the_first_users_on_distinct_gpus(stack):
+    count = len(gpus_with_room())
+    spawners = [make_spawner(f"ci-spread-{i}", stack) for i in range(count)]
+    for spawner in spawners:  # participants arriving one after another
+        await spawner.start()
+    uuids = [s.gpu_uuid for s in spawners]
+    assert len(set(uuids)) == count, held(spawners)
+    # what Swarm accounts matches what the spawner chose
+    assert all(inventory()[u].used == 1 for u in uuids)
+
+
+async def test_pack_fills_one_gpu_then_the_next_on_the_same_node(stack):
+    spawners = [make_spawner(f"ci-pack-{i}", stack, placement_policy="pack") for i in range(4)]
+    for spawner in spawners:  # one after the other: pack is about order
+        await spawner.start()
+    first, second = spawners[0].gpu_uuid, spawners[3].gpu_uuid
+    assert [s.gpu_uuid for s in spawners[:3]] == [first] * 3
+    assert second != first
+    assert spawners[3].gpu_node == spawners[0].gpu_node, held(spawners)
+
+
+async def test_full_gpu_profile_gets_all_slices_of_one_gpu(stack):
+    full = make_spawner("ci-full", stack, gpu_slices=3)
+    await full.start()
+    gpu = inventory()[full.gpu_uuid]
+    assert (gpu.used, gpu.free) == (3, 0)
+    env = container_env(container_of(full.object_name))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == full.gpu_uuid and env["GPU_SLICES"] == "3"
+
+
+async def test_a_lost_race_moves_on_to_another_gpu_and_leaves_nothing_pending(stack):
+    # fill every GPU but one with full-GPU servers
+    gpus = list(inventory().values())
+    fillers = [make_spawner(f"ci-fill-{i}", stack, gpu_slices=3) for i in range(len(gpus) - 1)]
+    await start_all(fillers)
+    (free_gpu,) = gpus_with_room()
+    full_gpu = fillers[0].gpu_uuid
+
+    # a spawner whose first look at the swarm is stale: it sees a full GPU as empty
+    late = make_spawner("ci-late", stack)
+    real_inventory = late.gpu_inventory
+    stale = [g for g in await real_inventory() if g.uuid == full_gpu]
+    reads = []
+
+    async def stale_then_real():
+        reads.append(1)
+        if len(reads) == 1:
+            return [type(g)(g.uuid, g.node_id, g.node_name, g.slices, 0) for g in stale]
+        return await real_inventory()
+
+    late.gpu_inventory = stale_then_real
+    t0 = time.monotonic()
+    await late.start()
+    elapsed = time.monotonic() - t0
+    assert late.gpu_uuid == free_gpu.uuid
+    assert elapsed < 5, f"recovering from a lost race took {elapsed:.1f} s"
+    assert any("was taken" in e["message"] for e in late._progress_events)
+    states = [t["Status"]["State"] for s in services_of(stack["GPUHUB_STACK"]) for t in s.tasks()]
+    assert "pending" not in states
+
+
+async def test_capacity_plus_one_is_refused_at_once_without_leftovers(stack):
+    gpus = list(inventory().values())
+    await start_all([make_spawner(f"ci-cap-{i}", stack, gpu_slices=3) for i in range(len(gpus))])
+    assert gpus_with_room() == []
+    before = {s.name for s in services_of(stack["GPUHUB_STACK"])}
+
+    extra = make_spawner("ci-cap-extra", stack)
+    t0 = time.monotonic()
+    with pytest.raises(NoGPUSliceAvailable) as refused:
+        await extra.start()
+    assert time.monotonic() - t0 < 2
+    total = sum(g.slices for g in gpus)
+    assert refused.value.jupyterhub_message.startswith(
+        f"All GPU slices are in use ({total}/{total})"
+    )
+    assert {s.name for s in services_of(stack["GPUHUB_STACK"])} == before
