@@ -63,6 +63,10 @@ if SIMULATED:
 c.JupyterHub.spawner_class = "gpu_swarm_spawner.GPUSwarmSpawner"
 c.GPUSwarmSpawner.image = setting("SINGLEUSER_IMAGE", "gpu-jupyterhub/singleuser:latest")
 c.GPUSwarmSpawner.cmd = ["jupyterhub-singleuser"]
+# Servers reach the hub's API through the proxy: unlike the hub, it keeps its address when the
+# hub restarts, and answers at once (503) while the hub is away instead of leaving connections
+# to a vanished address hanging.
+c.GPUSwarmSpawner.hub_connect_url = "http://proxy:8000"
 c.GPUSwarmSpawner.network_name = setting("NETWORK", "jhub")
 c.GPUSwarmSpawner.gpu_slices = int(setting("GPU_SLICES", "1"))
 c.GPUSwarmSpawner.placement_policy = setting("PLACEMENT", "spread")
@@ -70,4 +74,5 @@ c.GPUSwarmSpawner.service_labels = {"gpu-jupyterhub.stack": STACK}
 c.GPUSwarmSpawner.volumes = {"jy-home-{username}": "/home/jovyan"}
 c.GPUSwarmSpawner.start_timeout = int(setting("START_TIMEOUT", "120"))
 c.GPUSwarmSpawner.http_timeout = 60
+c.GPUSwarmSpawner.poll_interval = int(setting("POLL_INTERVAL", "30"))
 c.GPUSwarmSpawner.default_url = "/lab"

@@ -186,9 +186,29 @@ deploy_stack() {
 
 hub_url() { echo "http://127.0.0.1:$GPUHUB_HTTP_PORT"; }
 
+# Until a service runs exactly its current spec: after a deploy that changed it, the old task
+# may still answer for a few seconds.
+wait_converged() {
+  local service=$1 i old new
+  for i in $(seq 1 240); do
+    new=$(docker service ps -q --filter desired-state=running "$service" 2>/dev/null | wc -l)
+    old=$(docker service ps --filter desired-state=shutdown --format '{{.CurrentState}}' "$service" \
+          2>/dev/null | grep -c '^Running' || true)
+    if [ "$new" -ge 1 ] && [ "$old" = 0 ] \
+       && ! docker service ps --filter desired-state=running --format '{{.CurrentState}}' "$service" \
+            | grep -vq '^Running'; then
+      return 0
+    fi
+    sleep 0.5
+  done
+  die "service $service did not converge within 120 s; see: docker service ps $service"
+}
+
 wait_hub() {
   local url; url=$(hub_url)/hub/api/
   local i
+  wait_converged "${GPUHUB_STACK}_proxy"
+  wait_converged "${GPUHUB_STACK}_hub"
   for i in $(seq 1 240); do
     if curl -sf -o /dev/null "$url"; then log "hub answers at $(hub_url)"; return 0; fi
     [ $((i % 20)) = 0 ] && log "waiting for the hub ($((i / 2)) s)..."

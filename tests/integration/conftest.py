@@ -2,11 +2,14 @@ import os
 
 import pytest
 
-from .hub import Hub, dump_logs, lib, settings, state_file
+from .hub import REPO, Hub, dump_logs, lib, settings, state_file
 
 # The stack under test never touches the demo's: its own name, port and network, whatever the
 # caller's environment says (GPUHUB_TEST_STACK / _HTTP_PORT / _NETWORK choose others).
-for _name, _value in {"STACK": "gpuhub-test", "HTTP_PORT": "18000", "NETWORK": "jhub-test"}.items():
+_TEST_STACK = {"STACK": "gpuhub-test", "HTTP_PORT": "18000", "NETWORK": "jhub-test"}
+# servers of a machine that disappears are noticed within seconds, not the default 30
+_TEST_STACK["POLL_INTERVAL"] = "5"
+for _name, _value in _TEST_STACK.items():
     os.environ[f"GPUHUB_{_name}"] = os.environ.get(f"GPUHUB_TEST_{_name}", _value)
 
 
@@ -38,3 +41,13 @@ def logs_on_failure(request):
     if report is not None and report.failed and "hub" in request.fixturenames:
         stack = request.getfixturevalue("hub_settings")["GPUHUB_STACK"]
         print(dump_logs(stack))
+
+
+@pytest.fixture(scope="session")
+def bed():
+    """Drive tests/bed/workers.sh: bed("stop", "w1"), bed("up", "2")."""
+
+    def run(*args):
+        lib(f"bash {REPO}/tests/bed/workers.sh {' '.join(args)}")
+
+    return run
