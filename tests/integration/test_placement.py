@@ -3,7 +3,9 @@
 import asyncio
 import time
 from collections import Counter
+from types import SimpleNamespace
 
+import docker
 import pytest
 
 from gpu_swarm_spawner import NoGPUSliceAvailable
@@ -117,3 +119,25 @@ async def test_capacity_plus_one_is_refused_at_once_without_leftovers(stack):
         f"All GPU slices are in use ({total}/{total})"
     )
     assert {s.name for s in services_of(stack["GPUHUB_STACK"])} == before
+
+
+async def test_per_user_cpu_and_memory_limits_reach_the_service(stack):
+    def memory_for(spawner):  # callables are allowed, as in dockerspawner
+        return "768M" if spawner.user.name.endswith("big") else "256M"
+
+    spawner = make_spawner("ci-limits-big", stack, mem_limit=memory_for, cpu_limit=1.5)
+    await spawner.start()
+    client = docker.from_env()
+    limits = client.services.get(spawner.object_name).attrs["Spec"]["TaskTemplate"]["Resources"]
+    assert limits["Limits"] == {"MemoryBytes": 768 * 1024**2, "NanoCPUs": 1_500_000_000}
+
+
+async def test_named_servers_get_their_own_service(stack):
+    default = make_spawner("ci-named", stack)
+    named = make_spawner(
+        "ci-named", stack, orm_spawner=SimpleNamespace(name="gpu2", server=None, state=None)
+    )
+    await asyncio.gather(default.start(), named.start())
+    assert (default.object_name, named.object_name) == ("jy-ci-2dnamed", "jy-ci-2dnamed--gpu2")
+    names = {s.name for s in services_of(stack["GPUHUB_STACK"])}
+    assert {"jy-ci-2dnamed", "jy-ci-2dnamed--gpu2"} <= names
