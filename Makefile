@@ -18,10 +18,13 @@ images:  ## build the base, single-user and hub images (BASE_IMAGE=... for a pub
 test:  ## the whole test suite: sets up its own test bed, then unit, integration and browser tests
 	bash tests/run.sh
 
+bench:  ## benchmarks against stock dockerspawner.SwarmSpawner and bare Swarm (prints figures)
+	bash tests/bench/run.sh
+
 unit:  ## unit tests only (no Docker needed)
 	bash tests/run.sh unit
 
 lint:  ## ruff lint + format check
 	bash -c '. deploy/lib.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
-.PHONY: help demo down images test unit lint
+.PHONY: help demo down images test bench unit lint

@@ -60,19 +60,33 @@ if SIMULATED:
     }
 
 # ---- user servers -----------------------------------------------------------------------------
-c.JupyterHub.spawner_class = "gpu_swarm_spawner.GPUSwarmSpawner"
-c.GPUSwarmSpawner.image = setting("SINGLEUSER_IMAGE", "gpu-jupyterhub/singleuser:latest")
-c.GPUSwarmSpawner.cmd = ["jupyterhub-singleuser"]
+# Shared by GPUSwarmSpawner and the stock SwarmSpawner baseline (a subclass reads these too).
+c.SwarmSpawner.image = setting("SINGLEUSER_IMAGE", "gpu-jupyterhub/singleuser:latest")
+c.SwarmSpawner.cmd = ["jupyterhub-singleuser"]
 # Servers reach the hub's API through the proxy: unlike the hub, it keeps its address when the
 # hub restarts, and answers at once (503) while the hub is away instead of leaving connections
 # to a vanished address hanging.
-c.GPUSwarmSpawner.hub_connect_url = "http://proxy:8000"
-c.GPUSwarmSpawner.network_name = setting("NETWORK", "jhub")
-c.GPUSwarmSpawner.gpu_slices = int(setting("GPU_SLICES", "1"))
-c.GPUSwarmSpawner.placement_policy = setting("PLACEMENT", "spread")
-c.GPUSwarmSpawner.service_labels = {"gpu-jupyterhub.stack": STACK}
-c.GPUSwarmSpawner.volumes = {"jy-home-{username}": "/home/jovyan"}
-c.GPUSwarmSpawner.start_timeout = int(setting("START_TIMEOUT", "120"))
-c.GPUSwarmSpawner.http_timeout = 60
-c.GPUSwarmSpawner.poll_interval = int(setting("POLL_INTERVAL", "30"))
-c.GPUSwarmSpawner.default_url = "/lab"
+c.SwarmSpawner.hub_connect_url = "http://proxy:8000"
+c.SwarmSpawner.network_name = setting("NETWORK", "jhub")
+c.SwarmSpawner.start_timeout = int(setting("START_TIMEOUT", "120"))
+c.SwarmSpawner.http_timeout = 60
+c.SwarmSpawner.poll_interval = int(setting("POLL_INTERVAL", "30"))
+c.SwarmSpawner.default_url = "/lab"
+
+if setting("SPAWNER", "gpu") == "stock-swarm":
+    # The benchmark's baseline: dockerspawner as the original workshop ran it, one named slot.
+    c.JupyterHub.spawner_class = "dockerspawner.SwarmSpawner"
+    c.SwarmSpawner.prefix = "jy"
+    c.SwarmSpawner.use_internal_ip = True
+    c.SwarmSpawner.extra_endpoint_spec = {"mode": "dnsrr"}
+    c.SwarmSpawner.extra_resources_spec = {
+        "generic_resources": {setting("NAMED_SLOTS", "NVIDIA-GPU"): 1}
+    }
+    c.SwarmSpawner.extra_create_kwargs = {"labels": {"gpu-jupyterhub.stack": STACK}}
+else:
+    c.JupyterHub.spawner_class = "gpu_swarm_spawner.GPUSwarmSpawner"
+    c.GPUSwarmSpawner.gpu_slices = int(setting("GPU_SLICES", "1"))
+    c.GPUSwarmSpawner.placement_policy = setting("PLACEMENT", "spread")
+    c.GPUSwarmSpawner.docker_api_threads = int(setting("DOCKER_API_THREADS", "16"))
+    c.GPUSwarmSpawner.service_labels = {"gpu-jupyterhub.stack": STACK}
+    c.GPUSwarmSpawner.volumes = {"jy-home-{username}": "/home/jovyan"}

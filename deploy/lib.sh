@@ -98,7 +98,8 @@ ensure_gpu_slices() {
   local rc=0 out
   out=$("$VENV/bin/python" -m worker_setup.advertise \
           --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" \
-          --simulate-if-no-gpu "$GPUHUB_SIMULATE_IF_NO_GPU" 2>&1) || rc=$?
+          --simulate-if-no-gpu "$GPUHUB_SIMULATE_IF_NO_GPU" \
+          ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} 2>&1) || rc=$?
   case $rc in
     0) ;;
     3) log "GPU slices changed; restarting the Docker engine"; stop_engine; start_engine ;;
@@ -111,8 +112,9 @@ ensure_gpu_slices() {
 simulated_gpus_in_swarm() {
   local ids; ids=$(docker node ls -q)
   # shellcheck disable=SC2086
+  # (grep without -q: with pipefail, -q's early exit can fail the pipeline on a match)
   docker node inspect $ids --format '{{json .Description.Resources.GenericResources}}' \
-    | grep -q '"Kind":"GPU-simulated-' && echo 1 || echo 0
+    | grep -c '"Kind":"GPU-simulated-' >/dev/null && echo 1 || echo 0
 }
 
 default_advertise_addr() {
@@ -164,7 +166,7 @@ ensure_secrets() {
 # The published port must be free, or already ours (a re-run).
 check_port() {
   local port=$GPUHUB_HTTP_PORT
-  if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
+  if [ -n "$(ss -Hltn "sport = :$port" 2>/dev/null)" ]; then
     docker service inspect "${GPUHUB_STACK}_proxy" >/dev/null 2>&1 && return 0
     die "port $port is already in use by another program; free it or choose another: GPUHUB_HTTP_PORT=8080 make demo"
   fi
@@ -224,7 +226,7 @@ remove_stack() {
   local ids
   ids=$(docker service ls -q --filter "label=gpu-jupyterhub.stack=$GPUHUB_STACK" 2>/dev/null || true)
   [ -n "$ids" ] && { log "removing user servers"; docker service rm $ids >/dev/null; }
-  if docker stack ls --format '{{.Name}}' 2>/dev/null | grep -qx "$GPUHUB_STACK"; then
+  if docker stack ls --format '{{.Name}}' 2>/dev/null | grep -x "$GPUHUB_STACK" >/dev/null; then
     log "removing stack $GPUHUB_STACK"
     docker stack rm "$GPUHUB_STACK" >/dev/null
   fi

@@ -9,7 +9,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 from docker.types import Mount
 from dockerspawner import SwarmSpawner
-from traitlets import Dict, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets import (
+    Bool,
+    Dict,
+    Float,
+    Integer,
+    List,
+    TraitError,
+    Unicode,
+    default,
+    validate,
+)
 
 from . import inventory, placement
 
@@ -39,7 +49,7 @@ STAGES = {
     "preparing": (55, "Preparing the container on {node} (pulling the image if it is missing)"),
     "ready": (65, "Container ready on {node}"),
     "starting": (75, "Container starting on {node}"),
-    "running": (90, "Container running on {node}; waiting for JupyterLab to answer"),
+    "running": (90, "Container running on {node}"),
 }
 
 
@@ -154,6 +164,17 @@ class GPUSwarmSpawner(SwarmSpawner):
                 f"GPUSwarmSpawner.docker_api_threads must be 1 or more, got {proposal.value}"
             )
         return proposal.value
+
+    probe_server = Bool(
+        True,
+        config=True,
+        help="""
+        After the container runs, wait until the server accepts connections on its service
+        name before handing it to the hub (probes every 0.1 s, at most ``http_timeout``).
+        Spawns then finish as soon as the server listens, instead of after the hub's backed-off
+        checks. Turn off only where the hub cannot reach servers by service name.
+        """,
+    )
 
     service_labels = Dict(
         config=True,
@@ -308,6 +329,8 @@ class GPUSwarmSpawner(SwarmSpawner):
                 progress, message = STAGES[state]
                 self._report(progress, message.format(node=self.gpu_node))
             if state == "running":
+                if self.probe_server:
+                    await self.wait_for_port()
                 return
             if state not in STAGES and state != "rejected":
                 # failed, shutdown, complete, orphaned, remove: it will not come up
@@ -318,6 +341,27 @@ class GPUSwarmSpawner(SwarmSpawner):
             # "rejected" is retried by Swarm with a new task (Docker 20.10 network bug)
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 2.0)
+
+    async def wait_for_port(self) -> None:
+        """Until the server accepts connections on its service name (or http_timeout passes).
+
+        The hub's own readiness check backs off up to a second between tries, and its first
+        tries come before the name resolves on the overlay; cheap TCP probes every 0.1 s let
+        its first check succeed instead. A server that never listens is left to that check.
+        """
+        self._report(95, "Waiting for JupyterLab to answer")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.http_timeout
+        while loop.time() < deadline:
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.service_name, self.port), timeout=1
+                )
+            except (OSError, asyncio.TimeoutError):
+                await asyncio.sleep(0.1)
+                continue
+            writer.close()
+            return
 
     async def poll(self):
         """Running, or why not: a server whose node is gone counts as stopped.

@@ -23,19 +23,9 @@ fi
 # the worker machines go when the tests end, pass or fail
 trap 'bash tests/bed/workers.sh down >/dev/null 2>&1 || true' EXIT
 
-# The bed steps run in a subshell: the demo settings they load must not reach pytest, whose
+# The bed runs in its own process: the demo settings it loads must not reach pytest, whose
 # integration conftest picks the test stack's own name, port and network.
-(
-  load_settings
-  ensure_root test
-  ensure_packages curl:curl openssl:openssl ss:iproute2 ip:iproute2 chromium:chromium
-  ensure_engine
-  ensure_gpu_slices
-  bash tests/bed/workers.sh bridge
-  GPUHUB_ADVERTISE_ADDR=10.199.0.1 ensure_swarm
-  ensure_images
-  bash tests/bed/workers.sh up 2
-)
+bash tests/bed/up.sh
 
 log "pytest"
 "$VENV/bin/python" -m pytest tests "$@"

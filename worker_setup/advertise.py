@@ -19,6 +19,8 @@ from pathlib import Path
 from . import daemon_config, gpus
 
 CHANGED = 3
+#: The named generic resource of the original workshop's stock SwarmSpawner setup.
+NAMED_KIND = "NVIDIA-GPU"
 
 
 def choose_gpus(args) -> list[gpus.GPUInfo]:
@@ -52,6 +54,13 @@ def main(argv=None) -> int:
         default="",
         help="seed for simulated GPU UUIDs (default: /etc/machine-id); differs per machine",
     )
+    parser.add_argument(
+        "--named-kind",
+        default="",
+        metavar="KIND",
+        help=f"also advertise each slice as a named {NAMED_KIND} slot, for a stock "
+        "SwarmSpawner asking for {'generic_resources': {'" + NAMED_KIND + "': 1}}",
+    )
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
     if args.slices_per_gpu < 1:
@@ -64,8 +73,10 @@ def main(argv=None) -> int:
         print(e, file=sys.stderr)
         return 1
     found = choose_gpus(args)
-    entries = daemon_config.slice_resources([g.uuid for g in found], args.slices_per_gpu)
-    wanted = daemon_config.merge(current, entries)
+    entries = daemon_config.slice_resources(
+        [g.uuid for g in found], args.slices_per_gpu, args.named_kind
+    )
+    wanted = daemon_config.merge(current, entries, named_kind=NAMED_KIND)
     for g in found:
         tag = " (SIMULATED)" if g.simulated else ""
         slices = args.slices_per_gpu

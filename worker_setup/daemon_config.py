@@ -33,16 +33,39 @@ def parse(text: str, path: str = "daemon.json") -> dict:
     return config
 
 
-def slice_resources(gpu_uuids: list[str], slices_per_gpu: int) -> list[str]:
-    """The generic-resource entries advertising each GPU as ``slices_per_gpu`` slices."""
+def slice_resources(gpu_uuids: list[str], slices_per_gpu: int, named_kind: str = "") -> list[str]:
+    """The generic-resource entries advertising each GPU as ``slices_per_gpu`` slices.
+
+    One discrete kind per GPU (``<uuid>=<slices>``), which GPUSwarmSpawner reserves. With
+    ``named_kind``, also one named slot per slice (``<named_kind>=<uuid>/<n>``): the form a
+    stock SwarmSpawner asks for with ``{"generic_resources": {named_kind: 1}}``, as in the
+    original workshop. Swarm accounts the two forms separately: let one hub use them, not two.
+    """
     if slices_per_gpu < 1:
         raise ValueError(f"slices per GPU must be 1 or more, got {slices_per_gpu}")
-    return [f"{uuid}={slices_per_gpu}" for uuid in gpu_uuids]
+    entries = [f"{uuid}={slices_per_gpu}" for uuid in gpu_uuids]
+    if named_kind:
+        entries += [f"{named_kind}={uuid}/{n}" for uuid in gpu_uuids for n in range(slices_per_gpu)]
+    return entries
 
 
-def merge(config: dict, entries: list[str], kind_prefix: str = DEFAULT_KIND_PREFIX) -> dict:
-    """A copy of ``config`` whose GPU generic resources are exactly ``entries``."""
-    kept = [e for e in config.get(KEY, []) if not e.startswith(kind_prefix)]
+def _is_gpu_entry(entry: str, kind_prefix: str, named_kind: str) -> bool:
+    kind = entry.split("=", 1)[0]
+    return kind.startswith(kind_prefix) or (bool(named_kind) and kind == named_kind)
+
+
+def merge(
+    config: dict,
+    entries: list[str],
+    kind_prefix: str = DEFAULT_KIND_PREFIX,
+    named_kind: str = "",
+) -> dict:
+    """A copy of ``config`` whose GPU generic resources are exactly ``entries``.
+
+    GPU entries are the discrete kinds starting with ``kind_prefix`` and, when given, the
+    named ``named_kind`` slots; every other entry and key is kept.
+    """
+    kept = [e for e in config.get(KEY, []) if not _is_gpu_entry(e, kind_prefix, named_kind)]
     merged = dict(config)
     merged[KEY] = kept + list(entries)
     if not merged[KEY]:

@@ -25,7 +25,7 @@ wdocker() { local w=$1; shift; docker -H "$(sock "$w")" "$@"; }
 
 ensure_bridge() {
   ip link show $BR >/dev/null 2>&1 || ip link add $BR type bridge
-  ip addr show dev $BR | grep -q "$MGR/24" || ip addr add $MGR/24 dev $BR
+  [[ "$(ip addr show dev $BR)" == *"inet $MGR/24"* ]] || ip addr add $MGR/24 dev $BR
   ip link set $BR up
   # Docker sets FORWARD to DROP with br_netfilter; frames between workers cross this bridge
   iptables -C FORWARD -i $BR -o $BR -j ACCEPT 2>/dev/null || iptables -I FORWARD 1 -i $BR -o $BR -j ACCEPT
@@ -33,7 +33,7 @@ ensure_bridge() {
 
 ensure_netns() {
   local w=$1 addr=$2
-  ip netns list | grep -qw "$w" && return 0
+  [ -e "/var/run/netns/$w" ] && return 0
   ip netns add "$w"
   ip link add "vh-$w" type veth peer name "ve-$w"
   ip link set "vh-$w" master $BR up
@@ -61,7 +61,8 @@ JSON
   fi
   local rc=0
   "$VENV/bin/python" -m worker_setup.advertise --daemon-json "$cfg" --simulate-gpus "$GPUS" \
-    --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" --machine-id "bed-$w" >/dev/null || rc=$?
+    --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" --machine-id "bed-$w" \
+    ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} >/dev/null || rc=$?
   [ $rc = 0 ] || [ $rc = 3 ] || die "could not write the GPU slices of $w"
   if [ $rc = 3 ] && wdocker "$w" info >/dev/null 2>&1; then stop_worker "$w"; fi
   wdocker "$w" info >/dev/null 2>&1 && return 0

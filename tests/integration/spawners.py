@@ -29,6 +29,7 @@ def make_spawner(name: str, settings: dict, **traits) -> GPUSwarmSpawner:
         image=settings["GPUHUB_SINGLEUSER_IMAGE"],
         # extra arguments (--port=...) land in $1.. of sh and are ignored
         cmd=["sh", "-c", "exec sleep infinity", "sleep"],
+        probe_server=False,  # nothing listens, and the host cannot resolve service names
         service_labels={"gpu-jupyterhub.stack": settings["GPUHUB_STACK"]},
         **traits,
     )
@@ -42,6 +43,16 @@ def inventory():
 def services_of(stack: str) -> list:
     client = docker.from_env()
     return client.services.list(filters={"label": f"gpu-jupyterhub.stack={stack}"})
+
+
+def wait_slices_free(timeout: float = 120) -> None:
+    """Until no task holds a GPU slice: servers stopped just before have really gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(g.used == 0 for g in inventory().values()):
+            return
+        time.sleep(0.3)
+    raise TimeoutError(f"GPU slices still held after {timeout} s: {inventory()}")
 
 
 def remove_services(stack: str, timeout: float = 60) -> None:

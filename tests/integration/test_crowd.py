@@ -12,7 +12,7 @@ import docker
 import pytest
 
 from .hub import container_env, container_of
-from .spawners import inventory, remove_services
+from .spawners import inventory, remove_services, wait_slices_free
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +45,7 @@ def servers_by_service(stack):
 @pytest.fixture(scope="module")
 def crowd(hub):
     remove_services(hub.stack)
+    wait_slices_free()  # servers of earlier tests may still be shutting down
     r = hub.api("POST", "/users", json={"usernames": CROWD})
     assert r.status_code in (201, 409), r.text
     capacity = sum(g.free for g in inventory().values())

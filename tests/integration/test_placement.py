@@ -11,7 +11,7 @@ import pytest
 from gpu_swarm_spawner import NoGPUSliceAvailable
 
 from .hub import container_env, container_of
-from .spawners import inventory, make_spawner, remove_services, services_of
+from .spawners import inventory, make_spawner, remove_services, services_of, wait_slices_free
 
 pytestmark = pytest.mark.integration
 
@@ -20,6 +20,7 @@ pytestmark = pytest.mark.integration
 def stack(hub, hub_settings):
     """The test stack's network exists; every service a test made is gone afterwards."""
     remove_services(hub.stack)
+    wait_slices_free()  # servers of earlier tests may still be shutting down
     yield hub_settings
     remove_services(hub.stack)
 

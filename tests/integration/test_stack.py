@@ -6,6 +6,7 @@ import pytest
 from gpu_swarm_spawner.inventory import build_inventory
 
 from .hub import container_env, container_of
+from .spawners import wait_slices_free
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +47,7 @@ def test_stack_services_run_with_dnsrr_and_the_network_anchor(hub, client):
 
 
 def test_server_holds_exactly_one_gpu_slice_and_is_removed_on_stop(hub, client):
+    wait_slices_free()  # servers of earlier tests may still be shutting down
     assert hub.api("POST", f"/users/{USER}").status_code in (201, 409)
     r = hub.api("POST", f"/users/{USER}/server")
     assert r.status_code in (201, 202), r.text

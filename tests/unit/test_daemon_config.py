@@ -85,3 +85,15 @@ def test_advertise_dry_run_changes_nothing(tmp_path, capsys):
 def test_render_round_trips():
     config = {"b": 1, "node-generic-resources": ["GPU-a=1"]}
     assert json.loads(daemon_config.render(config)) == config
+
+
+def test_named_slots_for_a_stock_spawner_are_added_and_replaced():
+    entries = slice_resources(["GPU-a"], 2, named_kind="NVIDIA-GPU")
+    assert entries == ["GPU-a=2", "NVIDIA-GPU=GPU-a/0", "NVIDIA-GPU=GPU-a/1"]
+    old = {KEY_: ["fpga=1", "NVIDIA-GPU=GPU-old/0", "GPU-old=1"]}
+    assert merge(old, entries, named_kind="NVIDIA-GPU")[KEY_] == ["fpga=1", *entries]
+    # without named slots wanted, the old ones are still recognised and dropped
+    assert merge(old, ["GPU-a=2"], named_kind="NVIDIA-GPU")[KEY_] == ["fpga=1", "GPU-a=2"]
+
+
+KEY_ = daemon_config.KEY

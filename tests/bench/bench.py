@@ -1,0 +1,264 @@
+"""Spawn benchmarks: GPUSwarmSpawner vs stock dockerspawner.SwarmSpawner vs bare Swarm.
+
+Run by `make bench` on the multi-node test bed. Each hub is its own stack (own port and
+network); only one is measured at a time. Figures are printed, never asserted.
+
+    python -m tests.bench.bench [--repeats 10] [--crowd 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import docker
+
+from tests.integration.hub import REPO, Hub, state_file
+from tests.integration.spawners import inventory, wait_slices_free
+
+VARIANTS = {
+    # name: settings of its stack
+    "gpu": {"STACK": "bench-gpu", "HTTP_PORT": "18100", "NETWORK": "bench-gpu"},
+    "stock": {
+        "STACK": "bench-stock",
+        "HTTP_PORT": "18200",
+        "NETWORK": "bench-stock",
+        "SPAWNER": "stock-swarm",
+    },
+    "gpu-1thread": {
+        "STACK": "bench-gpu1",
+        "HTTP_PORT": "18300",
+        "NETWORK": "bench-gpu1",
+        "DOCKER_API_THREADS": "1",
+    },
+}
+COMMON = {"START_TIMEOUT": "60", "POLL_INTERVAL": "30", "NAMED_SLOTS": "NVIDIA-GPU"}
+
+
+def env_of(variant: str) -> dict[str, str]:
+    settings = {**COMMON, **VARIANTS[variant]}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUHUB_")}
+    return {**clean, **{f"GPUHUB_{k}": v for k, v in settings.items()}}
+
+
+def lib(variant: str, *steps: str) -> str:
+    script = f". {REPO}/deploy/lib.sh && load_settings && " + " && ".join(steps)
+    result = subprocess.run(
+        ["bash", "-c", script], env=env_of(variant), capture_output=True, text=True
+    )
+    if result.returncode:
+        raise RuntimeError(f"{variant}: {' && '.join(steps)}:\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def deploy(variant: str) -> Hub:
+    lib(variant, "ensure_secrets", "check_port", "deploy_stack", "wait_hub")
+    state = {"GPUHUB_STATE_DIR": lib(variant, 'echo "$GPUHUB_STATE_DIR"').strip()}
+    settings = VARIANTS[variant]
+    return Hub(
+        f"http://127.0.0.1:{settings['HTTP_PORT']}",
+        state_file(state, "ops_token"),
+        state_file(state, "demo_password"),
+        settings["STACK"],
+    )
+
+
+def remove(variant: str) -> None:
+    lib(variant, "remove_stack", "purge_stack_data")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def fmt(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return (
+        f"p50 {statistics.median(values):6.2f} s  p95 {pct(values, 0.95):6.2f} s  (n={len(values)})"
+    )
+
+
+# ---- 1. one spawn, warm image ----------------------------------------------------------------
+
+
+def spawn_once(hub: Hub, user: str) -> float:
+    hub.api("POST", f"/users/{user}")
+    t0 = time.monotonic()
+    r = hub.api("POST", f"/users/{user}/server")
+    if r.status_code not in (201, 202):
+        raise RuntimeError(f"spawn of {user} failed: {r.status_code} {r.text}")
+    while not (hub.server(user) or {}).get("ready"):
+        if time.monotonic() - t0 > 120:
+            raise TimeoutError(f"{user} not ready after 120 s")
+        time.sleep(0.05)
+    elapsed = time.monotonic() - t0
+    hub.stop(user)
+    return elapsed
+
+
+PROBE = """
+import sys, time, urllib.request, urllib.error
+name, deadline = sys.argv[1], time.time() + 120
+while time.time() < deadline:
+    try:
+        urllib.request.urlopen(f"http://{name}:8888/api/status", timeout=1)
+        break
+    except urllib.error.HTTPError:
+        break  # the server answers (even 403 is an answer)
+    except Exception:
+        time.sleep(0.05)
+print(time.time())
+"""
+
+
+def bare_once(hub_container, network: str, image: str, n: int) -> float:
+    """docker service create (same image, network, one GPU slice, dnsrr) + server answering."""
+    client = docker.from_env()
+    gpu = max(inventory().values(), key=lambda g: g.free)
+    name = f"bench-bare-{n}"
+    result = {}
+
+    def probe():
+        out = hub_container.exec_run(["python3", "-c", PROBE, name])
+        result["t"] = float(out.output.decode().strip().splitlines()[-1])
+
+    prober = threading.Thread(target=probe)
+    t0 = time.time()
+    prober.start()
+    service = client.services.create(
+        image,
+        command=["jupyter", "server", "--ip=0.0.0.0", "--port=8888", "--IdentityProvider.token="],
+        name=name,
+        networks=[network],
+        endpoint_spec=docker.types.EndpointSpec(mode="dnsrr"),
+        resources=docker.types.Resources(generic_resources={gpu.uuid: 1}),
+        labels={"gpu-jupyterhub.stack": "bench-bare"},
+    )
+    prober.join()
+    service.remove()
+    return result["t"] - t0
+
+
+def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {"bare": [], "stock": [], "gpu": []}
+    client = docker.from_env()
+    hub_container = client.containers.list(filters={"name": f"{hubs['gpu'].stack}_hub"})[0]
+    image = lib("gpu", 'echo "$GPUHUB_SINGLEUSER_IMAGE"').strip()
+    for name in ("bare", "stock", "gpu"):  # one warm-up each, not counted
+        for i in range(repeats + 1):
+            wait_slices_free()
+            if name == "bare":
+                t = bare_once(hub_container, VARIANTS["gpu"]["NETWORK"], image, i)
+            else:
+                t = spawn_once(hubs[name], f"bench-one-{i}")
+            if i:
+                times[name].append(t)
+        print(f"  single spawn  {name:12s} {fmt(times[name])}", flush=True)
+    return times
+
+
+# ---- 2 and 3. a crowd at once; refusals ----------------------------------------------------------
+
+
+def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
+    users = [f"bench-crowd-{i:02d}" for i in range(size)]
+    hub.api("POST", "/users", json={"usernames": users})
+    t0 = time.monotonic()
+
+    def one(user: str):
+        r = hub.api("POST", f"/users/{user}/server")
+        if r.status_code not in (201, 202):
+            return "refused", time.monotonic() - t0
+        while time.monotonic() - t0 < timeout:
+            server = hub.server(user)
+            if server is None:  # the spawn failed after the request was accepted
+                return "refused", time.monotonic() - t0
+            if server["ready"]:
+                return "ready", time.monotonic() - t0
+            time.sleep(0.1)
+        return "timeout", time.monotonic() - t0
+
+    with ThreadPoolExecutor(size) as pool:
+        outcomes = list(pool.map(one, users))
+    for user in users:
+        hub.api("DELETE", f"/users/{user}/server")
+    for user in users:
+        hub.wait_stopped(user, timeout=180)
+    result: dict[str, list[float]] = {"ready": [], "refused": [], "timeout": []}
+    for outcome, t in outcomes:
+        result[outcome].append(t)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--crowd", type=int, default=50)
+    args = parser.parse_args()
+
+    slices = sum(g.slices for g in inventory().values())
+    nodes = len({g.node_name for g in inventory().values()})
+    print(f"bed: {nodes} nodes, {len(inventory())} simulated GPUs, {slices} slices")
+    print("deploying the hubs (GPUSwarmSpawner, stock SwarmSpawner, GPUSwarmSpawner 1 thread)")
+    hubs = {}
+    try:
+        for variant in VARIANTS:
+            hubs[variant] = deploy(variant)
+
+        print(f"\n1. one spawn, warm image, POST -> ready ({args.repeats} runs each)")
+        single = bench_single(hubs, args.repeats)
+
+        print(f"\n2. {args.crowd} participants at once ({slices} slices)")
+        crowds = {}
+        for variant in ("stock", "gpu", "gpu-1thread"):
+            wait_slices_free()
+            crowds[variant] = crowd(hubs[variant], args.crowd, timeout=150)
+            c = crowds[variant]
+            print(
+                f"  {variant:12s} ready {len(c['ready']):2d}  refused {len(c['refused']):2d}  "
+                f"stuck {len(c['timeout']):2d}   ready: {fmt(c['ready'])}",
+                flush=True,
+            )
+    finally:
+        for variant in hubs:
+            remove(variant)
+
+    bare, stock, gpu = (statistics.median(single[k]) for k in ("bare", "stock", "gpu"))
+    print("\nsummary (medians; ratios against the same run's baselines)")
+    print(
+        f"  single spawn: GPUSwarmSpawner {gpu:.2f} s = {gpu / bare:.2f}x bare ({bare:.2f} s), "
+        f"{gpu / stock:.2f}x stock ({stock:.2f} s)   goal <= 1.2x bare"
+    )
+    s_ready, g_ready = crowds["stock"]["ready"], crowds["gpu"]["ready"]
+    if s_ready and g_ready:
+        print(
+            f"  {args.crowd} at once: p95 to ready GPUSwarmSpawner {pct(g_ready, 0.95):.2f} s vs "
+            f"stock {pct(s_ready, 0.95):.2f} s ({pct(g_ready, 0.95) / pct(s_ready, 0.95):.2f}x)"
+            f"   goal <= stock"
+        )
+    g1 = crowds["gpu-1thread"]["ready"]
+    if g1 and g_ready:
+        print(
+            f"  Docker API threads: 16 -> p95 {pct(g_ready, 0.95):.2f} s, "
+            f"1 (dockerspawner's) -> p95 {pct(g1, 0.95):.2f} s"
+        )
+    g_ref = crowds["gpu"]["refused"]
+    s_ref = crowds["stock"]["refused"] + crowds["stock"]["timeout"]
+    if g_ref:
+        stock_ref = f"{statistics.median(s_ref):.1f} s" if s_ref else "-"
+        print(
+            f"  no slice free: GPUSwarmSpawner refuses in p50 {statistics.median(g_ref):.2f} s "
+            f"(max {max(g_ref):.2f} s); stock in p50 {stock_ref} (its start_timeout is "
+            f"{COMMON['START_TIMEOUT']} s)   goal < 2 s"
+        )
+
+
+if __name__ == "__main__":
+    main()
