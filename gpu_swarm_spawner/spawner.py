@@ -32,6 +32,15 @@ class NoGPUSliceAvailable(RuntimeError):
         self.jupyterhub_message = message
 
 
+def task_address(task: dict, network_name: str) -> str:
+    """The task's IP address on ``network_name``, or "" when it has none there."""
+    for attachment in task.get("NetworksAttachments") or []:
+        if attachment.get("Network", {}).get("Spec", {}).get("Name") == network_name:
+            addresses = attachment.get("Addresses") or [""]
+            return addresses[0].split("/", 1)[0]
+    return ""
+
+
 class SliceTaken(RuntimeError):
     """Swarm could not place the service: another server took the slice first."""
 
@@ -330,7 +339,7 @@ class GPUSwarmSpawner(SwarmSpawner):
                 self._report(progress, message.format(node=self.gpu_node))
             if state == "running":
                 if self.probe_server:
-                    await self.wait_for_port()
+                    await self.wait_for_port(task_address(task, self.network_name))
                 return
             if state not in STAGES and state != "rejected":
                 # failed, shutdown, complete, orphaned, remove: it will not come up
@@ -342,12 +351,14 @@ class GPUSwarmSpawner(SwarmSpawner):
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 2.0)
 
-    async def wait_for_port(self) -> None:
-        """Until the server accepts connections on its service name (or http_timeout passes).
+    async def wait_for_port(self, address: str) -> None:
+        """Until the server accepts connections (or http_timeout passes).
 
         The hub's own readiness check backs off up to a second between tries, and its first
-        tries come before the name resolves on the overlay; cheap TCP probes every 0.1 s let
-        its first check succeed instead. A server that never listens is left to that check.
+        tries come before the service name resolves on the overlay; cheap TCP probes every
+        0.1 s let its first check succeed instead. The probes go to the task's overlay address:
+        a name not yet registered would fall through to the upstream DNS and block a resolver
+        thread for seconds. A server that never listens is left to the hub's check.
         """
         self._report(95, "Waiting for JupyterLab to answer")
         loop = asyncio.get_running_loop()
@@ -355,7 +366,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         while loop.time() < deadline:
             try:
                 _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.service_name, self.port), timeout=1
+                    asyncio.open_connection(address or self.service_name, self.port), timeout=1
                 )
             except (OSError, asyncio.TimeoutError):
                 await asyncio.sleep(0.1)

@@ -123,3 +123,17 @@ async def test_reserve_gpu_spreads_and_refuses_when_full():
         await spawner.reserve_gpu()
     assert refused.value.jupyterhub_message.startswith("All GPU slices are in use (6/6)")
     assert "alpha:GPU-a0=3/3" in str(refused.value)
+
+
+def test_task_address_is_read_from_the_attachment_on_the_servers_network():
+    from gpu_swarm_spawner.spawner import task_address
+
+    task = {
+        "NetworksAttachments": [
+            {"Network": {"Spec": {"Name": "ingress"}}, "Addresses": ["10.255.0.9/16"]},
+            {"Network": {"Spec": {"Name": "jhub"}}, "Addresses": ["10.0.8.5/24"]},
+        ]
+    }
+    assert task_address(task, "jhub") == "10.0.8.5"
+    assert task_address(task, "other") == ""
+    assert task_address({}, "jhub") == ""
