@@ -138,14 +138,6 @@ class GPUSwarmSpawner(SwarmSpawner):
         """,
     )
 
-    @validate("placement_attempts")
-    def _validate_placement_attempts(self, proposal):
-        if proposal.value < 1:
-            raise TraitError(
-                f"GPUSwarmSpawner.placement_attempts must be 1 or more, got {proposal.value}"
-            )
-        return proposal.value
-
     task_poll_interval = Float(
         0.2,
         config=True,
@@ -166,11 +158,11 @@ class GPUSwarmSpawner(SwarmSpawner):
         """,
     )
 
-    @validate("docker_api_threads")
-    def _validate_docker_api_threads(self, proposal):
+    @validate("placement_attempts", "docker_api_threads")
+    def _validate_at_least_one(self, proposal):
         if proposal.value < 1:
             raise TraitError(
-                f"GPUSwarmSpawner.docker_api_threads must be 1 or more, got {proposal.value}"
+                f"GPUSwarmSpawner.{proposal.trait.name} must be 1 or more, got {proposal.value}"
             )
         return proposal.value
 
