@@ -49,6 +49,12 @@ class SliceTaken(RuntimeError):
 #: on 3 nodes)"); the task then stays pending until something frees up.
 UNPLACEABLE = "no suitable node"
 
+
+def unplaceable(status: dict) -> bool:
+    """A task status saying Swarm cannot place the task (no node has the resources)."""
+    return status["State"].lower() == "pending" and UNPLACEABLE in status.get("Err", "")
+
+
 #: Task states on the way to running, and what the participant is told about each.
 STAGES = {
     "new": (35, "Waiting for Swarm to place the server"),
@@ -170,10 +176,10 @@ class GPUSwarmSpawner(SwarmSpawner):
         True,
         config=True,
         help="""
-        After the container runs, wait until the server accepts connections on its service
-        name before handing it to the hub (probes every 0.1 s, at most ``http_timeout``).
-        Spawns then finish as soon as the server listens, instead of after the hub's backed-off
-        checks. Turn off only where the hub cannot reach servers by service name.
+        After the container runs, wait until the server accepts connections on its address on
+        the overlay network before handing it to the hub (probes every 0.1 s, at most
+        ``http_timeout``). Spawns then finish as soon as the server listens, instead of after
+        the hub's backed-off checks. Turn off only where the hub is not on that network.
         """,
     )
 
@@ -324,7 +330,7 @@ class GPUSwarmSpawner(SwarmSpawner):
                 raise RuntimeError(f"Service {self.service_name} has no task")
             status = task["Status"]
             state = status["State"].lower()
-            if state == "pending" and UNPLACEABLE in status.get("Err", ""):
+            if unplaceable(status):
                 raise SliceTaken(status["Err"])
             if state in STAGES:
                 progress, message = STAGES[state]
@@ -377,7 +383,7 @@ class GPUSwarmSpawner(SwarmSpawner):
             return 0
         status = task["Status"]
         state = status["State"].lower()
-        if state == "pending" and UNPLACEABLE in status.get("Err", ""):
+        if unplaceable(status):
             return f"cannot be placed: {status['Err']}"
         if state not in STAGES:
             return f"task {state}: {status.get('Err') or status.get('Message')}"
