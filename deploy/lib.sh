@@ -191,14 +191,13 @@ hub_url() { echo "http://127.0.0.1:$GPUHUB_HTTP_PORT"; }
 # Until a service runs exactly its current spec: after a deploy that changed it, the old task
 # may still answer for a few seconds.
 wait_converged() {
-  local service=$1 i old new
+  local service=$1 i tasks
   for i in $(seq 1 240); do
-    new=$(docker service ps -q --filter desired-state=running "$service" 2>/dev/null | wc -l)
-    old=$(docker service ps --filter desired-state=shutdown --format '{{.CurrentState}}' "$service" \
-          2>/dev/null | grep -c '^Running' || true)
-    if [ "$new" -ge 1 ] && [ "$old" = 0 ] \
-       && ! docker service ps --filter desired-state=running --format '{{.CurrentState}}' "$service" \
-            | grep -vq '^Running'; then
+    # one line per task: "<desired> <current state...>", e.g. "Running Running 3 seconds ago"
+    tasks=$(docker service ps --format '{{.DesiredState}} {{.CurrentState}}' "$service" 2>/dev/null || true)
+    # converged: a task meant to run runs, none meant to run is elsewhere, no old one still runs
+    if [[ "$tasks" =~ (^|$'\n')"Running Running" ]] \
+       && ! grep -E '^Running [^R]|^Shutdown Running' <<<"$tasks" >/dev/null; then
       return 0
     fi
     sleep 0.5
