@@ -14,6 +14,7 @@ to choose a GPU and to explain a refusal.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 #: Kinds that start with this are GPUs. NVIDIA GPU UUIDs look like ``GPU-<hex groups>``.
@@ -102,20 +103,44 @@ def task_is_live(task: dict) -> bool:
     return bool(task.get("NodeID")) and task.get("Status", {}).get("State") in _LIVE_TASK_STATES
 
 
-def build_inventory(
-    nodes: list[dict], tasks: list[dict], kind_prefix: str = DEFAULT_KIND_PREFIX
-) -> list[GPU]:
-    """Every GPU on a schedulable node, with the slices live tasks hold on it.
+@dataclass(frozen=True)
+class Claim:
+    """Slices this hub has just asked Swarm for, on a GPU Swarm has not yet counted them on.
 
+    Between a spawn choosing a GPU and Swarm placing that spawn's task (a few hundred
+    milliseconds, seconds under a burst), the task list does not show the reservation yet; a
+    spawn choosing in that window would aim at the same slice and lose the race. Claims fill
+    the window. They only steer the choice: Swarm still enforces the slice count.
+    ``service_id`` is empty until the service exists.
+    """
+
+    uuid: str
+    slices: int
+    service_id: str = ""
+
+
+def build_inventory(
+    nodes: list[dict],
+    tasks: list[dict],
+    kind_prefix: str = DEFAULT_KIND_PREFIX,
+    claims: Iterable[Claim] = (),
+) -> list[GPU]:
+    """Every GPU on a schedulable node, with the slices live tasks (and ``claims``) hold on it.
+
+    A claim whose service already has a live task in ``tasks`` is not counted twice.
     Sorted by node name then UUID, so callers get a stable order.
     """
-    used: dict[tuple[str, str], int] = {}
+    used: dict[str, int] = {}  # kinds are GPU UUIDs: each lives on exactly one node
+    counted_services = set()
     for task in tasks:
         if not task_is_live(task):
             continue
+        counted_services.add(task.get("ServiceID"))
         for uuid, count in task_reservations(task, kind_prefix).items():
-            key = (task["NodeID"], uuid)
-            used[key] = used.get(key, 0) + count
+            used[uuid] = used.get(uuid, 0) + count
+    for claim in claims:
+        if not claim.service_id or claim.service_id not in counted_services:
+            used[claim.uuid] = used.get(claim.uuid, 0) + claim.slices
 
     gpus = []
     for node in nodes:
@@ -123,7 +148,7 @@ def build_inventory(
             continue
         name = node.get("Description", {}).get("Hostname") or node["ID"][:12]
         for uuid, slices in gpu_kinds(node, kind_prefix).items():
-            gpus.append(GPU(uuid, node["ID"], name, slices, used.get((node["ID"], uuid), 0)))
+            gpus.append(GPU(uuid, node["ID"], name, slices, used.get(uuid, 0)))
     gpus.sort(key=lambda g: (g.node_name, g.uuid))
     return gpus
 

@@ -7,7 +7,7 @@ import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from docker.types import Mount
+from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, TaskTemplate
 from dockerspawner import SwarmSpawner
 from traitlets import (
     Bool,
@@ -248,12 +248,40 @@ class GPUSwarmSpawner(SwarmSpawner):
 
     # ---- choosing a GPU --------------------------------------------------------------------
 
-    async def gpu_inventory(self) -> list[inventory.GPU]:
-        """The swarm's GPUs and their used slices, read from the Docker API."""
+    # Slices spawns of this hub have asked for that Swarm does not show as placed yet, by
+    # spawner (see inventory.Claim); shared by all spawners of the hub process.
+    _claims: dict[int, inventory.Claim] = {}
+    # The read of the swarm in flight, shared by spawns that start while it runs: (loop, future)
+    _swarm_read: tuple | None = None
+
+    async def _read_swarm(self) -> tuple[list[dict], list[dict]]:
         nodes = await self.docker("nodes")
         # all tasks: those of a service being removed still hold their slices until they stop
         tasks = await self.docker("tasks")
-        return inventory.build_inventory(nodes, tasks, self.gpu_kind_prefix)
+        return nodes, tasks
+
+    async def gpu_inventory(self) -> list[inventory.GPU]:
+        """The swarm's GPUs and their used slices, read from the Docker API.
+
+        Spawns that ask while a read is in flight share it: under a burst of 50 spawns the
+        manager answers a few reads instead of 50. Claims are added after the read, so a
+        shared read still counts every slice this hub has asked for.
+        """
+        cls = GPUSwarmSpawner
+        loop = asyncio.get_running_loop()
+        if cls._swarm_read is None or cls._swarm_read[0] is not loop or cls._swarm_read[1].done():
+            cls._swarm_read = (loop, asyncio.ensure_future(self._read_swarm()))
+        nodes, tasks = await asyncio.shield(cls._swarm_read[1])
+        return inventory.build_inventory(
+            nodes, tasks, self.gpu_kind_prefix, claims=list(cls._claims.values())
+        )
+
+    def _claim(self, claim: inventory.Claim | None) -> None:
+        """Record (or, given None, drop) the slices this spawn has asked Swarm for."""
+        if claim is None:
+            self._claims.pop(id(self), None)
+        else:
+            self._claims[id(self)] = claim
 
     async def reserve_gpu(self, exclude: frozenset = frozenset()) -> inventory.GPU:
         """Pick the GPU for this server, or refuse at once with a message people understand.
@@ -265,7 +293,10 @@ class GPUSwarmSpawner(SwarmSpawner):
             for g in await self.gpu_inventory()
         ]
         gpu = placement.choose(gpus, self.gpu_slices, self.placement_policy, seed=self.user.name)
-        if gpu is None:
+        if gpu is not None:
+            # no await since the inventory was built: no other spawn of this hub chose meanwhile
+            self._claim(inventory.Claim(gpu.uuid, self.gpu_slices))
+        else:
             used, total = inventory.totals(gpus)
             detail = ", ".join(f"{g.node_name}:{g.uuid}={g.used}/{g.slices}" for g in gpus)
             raise NoGPUSliceAvailable(
@@ -277,6 +308,12 @@ class GPUSwarmSpawner(SwarmSpawner):
 
     async def start(self):
         self._progress_events = []  # this spawn's stages (progress() reads them)
+        try:
+            return await self._start_on_a_gpu()
+        finally:
+            self._claim(None)
+
+    async def _start_on_a_gpu(self):
         lost = set()
         for attempt in range(1, self.placement_attempts + 1):
             gpu = await self.reserve_gpu(frozenset(lost))
@@ -317,54 +354,87 @@ class GPUSwarmSpawner(SwarmSpawner):
             f"({', '.join(sorted(lost))})",
         )
 
+    async def _current_task(self) -> dict | None:
+        """The service's newest task (one API call; SwarmSpawner.get_task makes two)."""
+        tasks = await self.docker("tasks", filters={"service": self.object_id})
+        if not tasks:
+            return None
+        return max(tasks, key=lambda t: (t.get("DesiredState") == "running", t["CreatedAt"]))
+
     async def start_object(self):
-        """Wait for the service's task to run; a task Swarm cannot place means a lost race.
+        """Wait until the server listens; a task Swarm cannot place means a lost race.
 
         Replaces SwarmSpawner's wait, which polls every 1-11 s and waits on an unplaceable
-        task until the hub's start_timeout.
+        task until the hub's start_timeout. As soon as Swarm has given the task its address on
+        the network, the server's port is probed every 0.1 s alongside the task polls, so the
+        spawn ends when the server listens rather than at the next (backed-off) task poll.
         """
+        self._claim(inventory.Claim(self.gpu_uuid, self.gpu_slices_held, self.object_id))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.start_timeout
         delay = self.task_poll_interval
-        while True:
-            task = await self.get_task()
-            if not task:
-                raise RuntimeError(f"Service {self.service_name} has no task")
-            status = task["Status"]
-            state = status["State"].lower()
-            if unplaceable(status):
-                raise SliceTaken(status["Err"])
-            if state in STAGES:
-                progress, message = STAGES[state]
-                self._report(progress, message.format(node=self.gpu_node))
-            if state == "running":
-                if self.probe_server:
-                    await self.wait_for_port(task_address(task, self.network_name))
-                return
-            if state not in STAGES and state != "rejected":
-                # failed, shutdown, complete, orphaned, remove: it will not come up
-                raise RuntimeError(
-                    f"Service {self.service_name} did not start: task {state}: "
-                    f"{status.get('Err') or status.get('Message')}"
-                )
-            # "rejected" is retried by Swarm with a new task (Docker 20.10 network bug)
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 2.0)
+        probe, probed_task = None, None
+        try:
+            while True:
+                task = await self._current_task()
+                status = task["Status"] if task else {"State": "new"}  # not created yet
+                state = status["State"].lower()
+                if task and (task.get("NodeID") or unplaceable(status)):
+                    self._claim(None)  # Swarm counts the slices itself now (or refused them)
+                if unplaceable(status):
+                    raise SliceTaken(status["Err"])
+                if state not in STAGES and state != "rejected":
+                    # failed, shutdown, complete, orphaned, remove: it will not come up
+                    raise RuntimeError(
+                        f"Service {self.service_name} did not start: task {state}: "
+                        f"{status.get('Err') or status.get('Message')}"
+                    )
+                # "rejected" is retried by Swarm with a new task (Docker 20.10 network bug)
+                if state in STAGES:
+                    progress, message = STAGES[state]
+                    self._report(progress, message.format(node=self.gpu_node))
+                if self.probe_server and task and task["ID"] != probed_task:
+                    address = task_address(task, self.network_name)
+                    if address or state == "running":
+                        if probe is not None:
+                            probe.cancel()
+                        probe = asyncio.ensure_future(self.wait_for_port(address))
+                        probed_task = task["ID"]
+                if state == "running":
+                    if probe is not None:
+                        self._report(95, "Waiting for JupyterLab to answer")
+                        # a server that never listens is left to the hub's own check
+                        await asyncio.wait({probe}, timeout=self.http_timeout)
+                    return
+                if loop.time() > deadline:
+                    raise TimeoutError(
+                        f"Service {self.service_name} still {state} after "
+                        f"{self.start_timeout} s: {status.get('Err') or status.get('Message')}"
+                    )
+                if probe is None:
+                    await asyncio.sleep(delay)
+                elif (await asyncio.wait({probe}, timeout=delay))[0]:
+                    self._report(95, "JupyterLab is answering")
+                    return
+                delay = min(delay * 1.5, 2.0)
+        finally:
+            if probe is not None:
+                probe.cancel()
 
     async def wait_for_port(self, address: str) -> None:
-        """Until the server accepts connections (or http_timeout passes).
+        """Until something accepts connections on the server's port (the caller bounds it).
 
         The hub's own readiness check backs off up to a second between tries, and its first
         tries come before the service name resolves on the overlay; cheap TCP probes every
         0.1 s let its first check succeed instead. The probes go to the task's overlay address:
         a name not yet registered would fall through to the upstream DNS and block a resolver
-        thread for seconds. A server that never listens is left to the hub's check.
+        thread for seconds. Before the container exists the address does not answer at all,
+        hence the short connect timeout.
         """
-        self._report(95, "Waiting for JupyterLab to answer")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.http_timeout
-        while loop.time() < deadline:
+        while True:
             try:
                 _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(address or self.service_name, self.port), timeout=1
+                    asyncio.open_connection(address or self.service_name, self.port), timeout=0.5
                 )
             except (OSError, asyncio.TimeoutError):
                 await asyncio.sleep(0.1)
@@ -402,35 +472,71 @@ class GPUSwarmSpawner(SwarmSpawner):
 
     # ---- what goes into the service ----------------------------------------------------------
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        # The base class reads the service's resources and create arguments from these two
-        # traits, so create_object sets them per spawn, always derived from the configured
-        # values: never from the previous spawn's (another GPU, or a lost race).
-        self._configured_resources_spec = dict(self.extra_resources_spec)
-        self._configured_create_kwargs = dict(self.extra_create_kwargs)
+    def service_resources(self) -> Resources:
+        """CPU/memory limits and reservations, plus this server's slices of its GPU."""
+        configured = self.extra_resources_spec
+        generic = {
+            **(configured.get("generic_resources") or {}),
+            self.gpu_uuid: self.gpu_slices_held,
+        }
+        return Resources(
+            **{
+                "mem_limit": self.mem_limit,
+                "mem_reservation": self.mem_guarantee,
+                "cpu_limit": int(self.cpu_limit * 1e9) if self.cpu_limit else None,
+                "cpu_reservation": int(self.cpu_guarantee * 1e9) if self.cpu_guarantee else None,
+                **configured,
+                "generic_resources": generic,
+            }
+        )
 
-    def _resources_with_gpu(self) -> dict:
-        configured = self._configured_resources_spec
-        generic = dict(configured.get("generic_resources") or {})
-        generic[self.gpu_uuid] = self.gpu_slices_held
-        return {**configured, "generic_resources": generic}
-
-    def _create_kwargs_with_labels(self) -> dict:
-        configured = self._configured_create_kwargs
-        labels = {
+    def service_labels_for_server(self) -> dict:
+        """Labels of the service: configured ones plus who holds which GPU slices."""
+        return {
             **self.service_labels,
-            **(configured.get("labels") or {}),
+            **(self.extra_create_kwargs.get("labels") or {}),
             "gpu-jupyterhub.user": self.user.name,
             "gpu-jupyterhub.gpu": self.gpu_uuid,
             "gpu-jupyterhub.slices": str(self.gpu_slices_held),
         }
-        return {**configured, "labels": labels}
 
     async def create_object(self):
-        self.extra_resources_spec = self._resources_with_gpu()
-        self.extra_create_kwargs = self._create_kwargs_with_labels()
-        return await super().create_object()
+        """Create the server's service; start_object then waits for its task.
+
+        SwarmSpawner's version builds the same spec from the same traits but then waits for the
+        first task in 1-second sleeps, which adds about a second to nearly every spawn.
+        """
+        container = ContainerSpec(
+            **{
+                "image": self.image,
+                "env": self.get_env(),
+                "args": await self.get_command(),
+                "mounts": self.mounts,
+                **self.extra_container_spec,
+            }
+        )
+        task_template = TaskTemplate(
+            **{
+                "container_spec": container,
+                "resources": self.service_resources(),
+                "networks": [self.network_name] if self.network_name else [],
+                "placement": Placement(**self.extra_placement_spec),
+                **self.extra_task_spec,
+            }
+        )
+        endpoint = dict(self.extra_endpoint_spec)
+        if not self.use_internal_ip:
+            endpoint.setdefault("ports", {None: (self.port, "tcp")})
+        return await self.docker(
+            "create_service",
+            **{
+                "name": self.service_name,
+                "task_template": task_template,
+                "endpoint_spec": EndpointSpec(**endpoint),
+                **self.extra_create_kwargs,
+                "labels": self.service_labels_for_server(),
+            },
+        )
 
     def get_env(self):
         env = super().get_env()

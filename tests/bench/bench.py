@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import docker
+import requests
 
 from tests.integration.hub import REPO, Hub, state_file
 from tests.integration.spawners import inventory, wait_slices_free
@@ -105,10 +106,10 @@ def spawn_once(hub: Hub, user: str) -> float:
 
 PROBE = """
 import sys, time, urllib.request, urllib.error
-name, deadline = sys.argv[1], time.time() + 120
+url, deadline = sys.argv[1], time.time() + 120
 while time.time() < deadline:
     try:
-        urllib.request.urlopen(f"http://{name}:8888/api/status", timeout=1)
+        urllib.request.urlopen(url, timeout=1)
         break
     except urllib.error.HTTPError:
         break  # the server answers (even 403 is an answer)
@@ -118,31 +119,49 @@ print(time.time())
 """
 
 
-def bare_once(hub_container, network: str, image: str, n: int) -> float:
-    """docker service create (same image, network, one GPU slice, dnsrr) + server answering."""
+def server_template(hub: Hub) -> tuple[dict, str]:
+    """The container spec of a server the hub spawned (image, command, env, home volume) and
+    the server's URL path: the bare operation starts exactly the same server program."""
+    user = "bench-template"
+    hub.api("POST", f"/users/{user}")
+    hub.api("POST", f"/users/{user}/server")
+    hub.wait_ready(user)
+    client = docker.from_env()
+    service = client.api.inspect_service(f"jy-{user.replace('-', '-2d')}")
+    spec = service["Spec"]["TaskTemplate"]["ContainerSpec"]
+    hub.stop(user)
+    env = dict(line.split("=", 1) for line in spec["Env"])
+    return spec, env["JUPYTERHUB_SERVICE_PREFIX"] + "api"
+
+
+def bare_once(hub_container, network: str, template: tuple[dict, str], n: int) -> float:
+    """docker service create (the hub's container spec for a server, same network, one GPU
+    slice, dnsrr) + the server answering, probed from the hub's container."""
     client = docker.from_env()
     gpu = max(inventory().values(), key=lambda g: g.free)
     name = f"bench-bare-{n}"
+    spec, path = template
     result = {}
 
     def probe():
-        out = hub_container.exec_run(["python3", "-c", PROBE, name])
+        out = hub_container.exec_run(["python3", "-c", PROBE, f"http://{name}:8888{path}"])
         result["t"] = float(out.output.decode().strip().splitlines()[-1])
 
     prober = threading.Thread(target=probe)
     t0 = time.time()
     prober.start()
-    service = client.services.create(
-        image,
-        command=["jupyter", "server", "--ip=0.0.0.0", "--port=8888", "--IdentityProvider.token="],
+    service = client.api.create_service(
+        docker.types.TaskTemplate(
+            container_spec=spec,
+            resources=docker.types.Resources(generic_resources={gpu.uuid: 1}),
+            networks=[network],
+        ),
         name=name,
-        networks=[network],
         endpoint_spec=docker.types.EndpointSpec(mode="dnsrr"),
-        resources=docker.types.Resources(generic_resources={gpu.uuid: 1}),
         labels={"gpu-jupyterhub.stack": "bench-bare"},
     )
     prober.join()
-    service.remove()
+    client.api.remove_service(service["ID"])
     return result["t"] - t0
 
 
@@ -150,12 +169,12 @@ def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"bare": [], "stock": [], "gpu": []}
     client = docker.from_env()
     hub_container = client.containers.list(filters={"name": f"{hubs['gpu'].stack}_hub"})[0]
-    image = lib("gpu", 'echo "$GPUHUB_SINGLEUSER_IMAGE"').strip()
+    template = server_template(hubs["gpu"])
     for name in ("bare", "stock", "gpu"):  # one warm-up each, not counted
         for i in range(repeats + 1):
             wait_slices_free()
             if name == "bare":
-                t = bare_once(hub_container, VARIANTS["gpu"]["NETWORK"], image, i)
+                t = bare_once(hub_container, VARIANTS["gpu"]["NETWORK"], template, i)
             else:
                 t = spawn_once(hubs[name], f"bench-one-{i}")
             if i:
@@ -168,31 +187,50 @@ def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
 
 
 def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
+    """``size`` spawn requests at once; when each became ready, was refused, or neither.
+
+    The requests go out together from their own threads; one watcher reads every user's state
+    with a single GET /users every 0.25 s (50 pollers would load the hub more than the spawns).
+    """
     users = [f"bench-crowd-{i:02d}" for i in range(size)]
     hub.api("POST", "/users", json={"usernames": users})
+    outcomes: dict[str, tuple[str, float]] = {}
+    accepted: set[str] = set()
+    lock = threading.Lock()
     t0 = time.monotonic()
 
-    def one(user: str):
-        r = hub.api("POST", f"/users/{user}/server")
-        if r.status_code not in (201, 202):
-            return "refused", time.monotonic() - t0
-        while time.monotonic() - t0 < timeout:
-            server = hub.server(user)
-            if server is None:  # the spawn failed after the request was accepted
-                return "refused", time.monotonic() - t0
-            if server["ready"]:
-                return "ready", time.monotonic() - t0
-            time.sleep(0.1)
-        return "timeout", time.monotonic() - t0
+    def request(user: str) -> None:
+        with requests.Session() as session:
+            session.headers.update(hub.session.headers)
+            r = session.post(f"{hub.url}/hub/api/users/{user}/server", timeout=timeout)
+        with lock:
+            if r.status_code in (201, 202):
+                accepted.add(user)
+            else:  # the spawn failed before the hub answered (within its slow_spawn_timeout)
+                outcomes[user] = ("refused", time.monotonic() - t0)
 
     with ThreadPoolExecutor(size) as pool:
-        outcomes = list(pool.map(one, users))
+        for user in users:
+            pool.submit(request, user)
+        while len(outcomes) < size and time.monotonic() - t0 < timeout:
+            time.sleep(0.25)
+            listed = hub.api("GET", "/users", params={"limit": 1000}).json()
+            now = time.monotonic() - t0
+            servers = {u["name"]: u.get("servers", {}).get("") for u in listed}
+            with lock:
+                for user in accepted - outcomes.keys():
+                    server = servers.get(user)
+                    if server is None:  # the spawn failed after the request was accepted
+                        outcomes[user] = ("refused", now)
+                    elif server["ready"]:
+                        outcomes[user] = ("ready", now)
     for user in users:
         hub.api("DELETE", f"/users/{user}/server")
     for user in users:
         hub.wait_stopped(user, timeout=180)
     result: dict[str, list[float]] = {"ready": [], "refused": [], "timeout": []}
-    for outcome, t in outcomes:
+    for user in users:
+        outcome, t = outcomes.get(user, ("timeout", timeout))
         result[outcome].append(t)
     return result
 
@@ -201,6 +239,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--crowd", type=int, default=50)
+    parser.add_argument(
+        "--only",
+        choices=("single", "crowd"),
+        help="run one part only (while working on it); the summary needs both",
+    )
     args = parser.parse_args()
 
     slices = sum(g.slices for g in inventory().values())
@@ -208,46 +251,55 @@ def main() -> None:
     print(f"bed: {nodes} nodes, {len(inventory())} simulated GPUs, {slices} slices")
     print("deploying the hubs (GPUSwarmSpawner, stock SwarmSpawner, GPUSwarmSpawner 1 thread)")
     hubs = {}
+    single: dict[str, list[float]] = {}
+    crowds: dict[str, dict[str, list[float]]] = {}
     try:
         for variant in VARIANTS:
             hubs[variant] = deploy(variant)
 
-        print(f"\n1. one spawn, warm image, POST -> ready ({args.repeats} runs each)")
-        single = bench_single(hubs, args.repeats)
+        if args.only != "crowd":
+            print(f"\n1. one spawn, warm image, POST -> ready ({args.repeats} runs each)")
+            single = bench_single(hubs, args.repeats)
 
-        print(f"\n2. {args.crowd} participants at once ({slices} slices)")
-        crowds = {}
-        for variant in ("stock", "gpu", "gpu-1thread"):
-            wait_slices_free()
-            crowds[variant] = crowd(hubs[variant], args.crowd, timeout=150)
-            c = crowds[variant]
-            print(
-                f"  {variant:12s} ready {len(c['ready']):2d}  refused {len(c['refused']):2d}  "
-                f"stuck {len(c['timeout']):2d}   ready: {fmt(c['ready'])}",
-                flush=True,
-            )
+        if args.only != "single":
+            print(f"\n2. {args.crowd} participants at once ({slices} slices)")
+            for variant in ("stock", "gpu", "gpu-1thread"):
+                wait_slices_free()
+                crowds[variant] = c = crowd(hubs[variant], args.crowd, timeout=150)
+                print(
+                    f"  {variant:12s} ready {len(c['ready']):2d}  refused {len(c['refused']):2d}  "
+                    f"stuck {len(c['timeout']):2d}   ready: {fmt(c['ready'])}   "
+                    f"refused: {fmt(c['refused'])}",
+                    flush=True,
+                )
     finally:
         for variant in hubs:
             remove(variant)
+    summary(single, crowds, args.crowd)
 
-    bare, stock, gpu = (statistics.median(single[k]) for k in ("bare", "stock", "gpu"))
+
+def summary(single: dict[str, list[float]], crowds: dict, size: int) -> None:
     print("\nsummary (medians; ratios against the same run's baselines)")
-    print(
-        f"  single spawn: GPUSwarmSpawner {gpu:.2f} s = {gpu / bare:.2f}x bare ({bare:.2f} s), "
-        f"{gpu / stock:.2f}x stock ({stock:.2f} s)   goal <= 1.2x bare"
-    )
+    if single:
+        bare, stock, gpu = (statistics.median(single[k]) for k in ("bare", "stock", "gpu"))
+        print(
+            f"  single spawn: GPUSwarmSpawner {gpu:.2f} s = {gpu / bare:.2f}x bare ({bare:.2f} s), "
+            f"{gpu / stock:.2f}x stock ({stock:.2f} s)   goal <= 1.2x bare"
+        )
+    if not crowds:
+        return
     s_ready, g_ready = crowds["stock"]["ready"], crowds["gpu"]["ready"]
     if s_ready and g_ready:
         print(
-            f"  {args.crowd} at once: p95 to ready GPUSwarmSpawner {pct(g_ready, 0.95):.2f} s vs "
+            f"  {size} at once: p95 to ready GPUSwarmSpawner {pct(g_ready, 0.95):.2f} s vs "
             f"stock {pct(s_ready, 0.95):.2f} s ({pct(g_ready, 0.95) / pct(s_ready, 0.95):.2f}x)"
             f"   goal <= stock"
         )
     g1 = crowds["gpu-1thread"]["ready"]
     if g1 and g_ready:
         print(
-            f"  Docker API threads: 16 -> p95 {pct(g_ready, 0.95):.2f} s, "
-            f"1 (dockerspawner's) -> p95 {pct(g1, 0.95):.2f} s"
+            f"  Docker API threads: {VARIANTS['gpu'].get('DOCKER_API_THREADS', 'default')} -> "
+            f"p95 {pct(g_ready, 0.95):.2f} s, 1 (dockerspawner's) -> p95 {pct(g1, 0.95):.2f} s"
         )
     g_ref = crowds["gpu"]["refused"]
     s_ref = crowds["stock"]["refused"] + crowds["stock"]["timeout"]

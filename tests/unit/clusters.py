@@ -13,10 +13,11 @@ def node(node_id, hostname, gpus, state="ready", availability="active", role="wo
     }
 
 
-def task(node_id, reservations, state="running", desired="running"):
+def task(node_id, reservations, state="running", desired="running", service_id="svc"):
     generic = [{"DiscreteResourceSpec": {"Kind": k, "Value": v}} for k, v in reservations.items()]
     return {
         "NodeID": node_id,
+        "ServiceID": service_id,
         "DesiredState": desired,
         "Status": {"State": state},
         "Spec": {"Resources": {"Reservations": {"GenericResources": generic}}},

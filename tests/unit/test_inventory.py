@@ -84,3 +84,19 @@ def test_simulated_uuids_are_marked_and_stable():
     assert inventory.is_simulated(uuid)
     assert not inventory.is_simulated("GPU-8d2c6f1e-1b7a-4c55-9d3e-000000000000")
     assert GPU(uuid, "n", "h", 3, 0).simulated
+
+
+def test_claims_count_until_swarm_counts_the_task_itself():
+    nodes = [node("n1", "alpha", {A0: 3, A1: 3})]
+    claims = [
+        inventory.Claim(A0, 1),  # service being created
+        inventory.Claim(A0, 2, "s-pending"),  # created, task not placed yet
+        inventory.Claim(A1, 1, "s-placed"),  # Swarm placed it: counted from the task only
+    ]
+    tasks = [
+        task("", {A0: 2}, state="pending", service_id="s-pending"),
+        task("n1", {A1: 1}, state="assigned", service_id="s-placed"),
+    ]
+    gpus = by_uuid(build_inventory(nodes, tasks, claims=claims))
+    assert (gpus[A0].used, gpus[A1].used) == (3, 1)
+    assert build_inventory(nodes, [], claims=[inventory.Claim(B0, 1)])[0].used == 0

@@ -3,7 +3,6 @@
 from types import SimpleNamespace
 
 import pytest
-from dockerspawner import SwarmSpawner
 from jupyterhub.objects import Hub
 from traitlets import TraitError
 
@@ -17,17 +16,26 @@ def make_spawner(**kwargs):
     return GPUSwarmSpawner(user=user, hub=Hub(), **kwargs)
 
 
+def make_fake(**kwargs):
+    user = SimpleNamespace(name="alice-smith", id=1, url="/user/alice-smith/")
+    return FakeDockerSpawner(user=user, hub=Hub(), created=[], **kwargs)
+
+
 class FakeDockerSpawner(GPUSwarmSpawner):
     """Answers the Docker calls from canned nodes/tasks and records create_service."""
 
     nodes: list = []
     tasks: list = []
+    created: list = []
 
     async def docker(self, method, *args, **kwargs):
         if method == "nodes":
             return self.nodes
         if method == "tasks":
             return self.tasks
+        if method == "create_service":
+            self.created.append(kwargs)
+            return {"ID": f"svc{len(self.created)}"}
         raise AssertionError(f"unexpected Docker call {method}")
 
 
@@ -79,24 +87,32 @@ def test_state_round_trip_keeps_the_gpu():
     assert restored.gpu_uuid == "" and restored.gpu_slices_held == 0
 
 
-async def test_each_spawn_reserves_only_its_own_gpu(monkeypatch):
+async def test_each_spawn_reserves_only_its_own_gpu():
     """A second spawn (a lost race, or the user's next server) must not keep the first GPU."""
-    spawner = make_spawner(
+    spawner = make_fake(
         extra_resources_spec={"generic_resources": {"fpga": 1}, "mem_limit": 1},
         extra_create_kwargs={"labels": {"course": "gpu101"}},
+        cpu_limit=1.5,
+        cmd=["jupyterhub-singleuser"],
     )
-
-    async def base_create_object(self):
-        return {"resources": self.extra_resources_spec, "kwargs": self.extra_create_kwargs}
-
-    monkeypatch.setattr(SwarmSpawner, "create_object", base_create_object)
     for uuid, slices in [("GPU-a", 3), ("GPU-b", 1)]:
         spawner.gpu_uuid, spawner.gpu_slices_held = uuid, slices
-        created = await spawner.create_object()
-    assert created["resources"] == {"generic_resources": {"fpga": 1, "GPU-b": 1}, "mem_limit": 1}
-    labels = created["kwargs"]["labels"]
+        await spawner.create_object()
+    created = spawner.created[-1]
+    resources = created["task_template"]["Resources"]
+    generic = {
+        r["DiscreteResourceSpec"]["Kind"]: r["DiscreteResourceSpec"]["Value"]
+        for r in resources["Reservations"]["GenericResources"]
+    }
+    assert generic == {"fpga": 1, "GPU-b": 1}
+    assert resources["Limits"] == {"MemoryBytes": 1, "NanoCPUs": 1_500_000_000}
+    labels = created["labels"]
     assert labels["course"] == "gpu101"
     assert (labels["gpu-jupyterhub.gpu"], labels["gpu-jupyterhub.slices"]) == ("GPU-b", "1")
+    assert created["name"] == "jy-alice-2dsmith"
+    assert created["endpoint_spec"]["Mode"] == "dnsrr"
+    env = created["task_template"]["ContainerSpec"]["Env"]
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-b" in env
 
 
 def test_mounts_use_volumes_for_names_and_binds_for_paths():
