@@ -87,6 +87,6 @@ else:
     c.JupyterHub.spawner_class = "gpu_swarm_spawner.GPUSwarmSpawner"
     c.GPUSwarmSpawner.gpu_slices = int(setting("GPU_SLICES", "1"))
     c.GPUSwarmSpawner.placement_policy = setting("PLACEMENT", "spread")
-    c.GPUSwarmSpawner.docker_api_threads = int(setting("DOCKER_API_THREADS", "16"))
+    c.GPUSwarmSpawner.docker_api_threads = int(setting("DOCKER_API_THREADS", "4"))
     c.GPUSwarmSpawner.service_labels = {"gpu-jupyterhub.stack": STACK}
     c.GPUSwarmSpawner.volumes = {"jy-home-{username}": "/home/jovyan"}

@@ -23,6 +23,13 @@ DEFAULT_KIND_PREFIX = "GPU-"
 #: Simulated GPUs (machines without an NVIDIA GPU: demo, tests) carry this after the prefix.
 SIMULATED_MARKER = "simulated-"
 
+#: Engine labels (``labels`` in daemon.json) the worker setup puts on a GPU machine. Engine
+#: labels travel with the node's description, so they are set at join time without
+#: ``docker node update`` (which Docker 20.10 refuses while GPU tasks run).
+LABEL_PREFIX = "gpu-jupyterhub."
+#: Total memory of one GPU, in MiB: ``gpu-jupyterhub.memory-mb.<uuid>=16384``.
+MEMORY_LABEL = LABEL_PREFIX + "memory-mb."
+
 #: Task states in which a task holds (or is about to hold) its reservation on a node.
 _LIVE_TASK_STATES = frozenset(
     {"new", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running"}
@@ -53,6 +60,7 @@ class GPU:
     node_name: str
     slices: int
     used: int
+    memory_mb: int = 0  # total memory of the GPU; 0 when the node does not say
 
     @property
     def free(self) -> int:
@@ -61,6 +69,10 @@ class GPU:
     @property
     def simulated(self) -> bool:
         return is_simulated(self.uuid)
+
+    def memory_budget_mb(self, slices: int) -> int:
+        """The share of the GPU's memory that ``slices`` of its slices stand for (0: unknown)."""
+        return self.memory_mb * slices // self.slices if self.slices else 0
 
 
 def gpu_kinds(node: dict, kind_prefix: str = DEFAULT_KIND_PREFIX) -> dict[str, int]:
@@ -72,6 +84,15 @@ def gpu_kinds(node: dict, kind_prefix: str = DEFAULT_KIND_PREFIX) -> dict[str, i
         if spec and spec.get("Kind", "").startswith(kind_prefix):
             kinds[spec["Kind"]] = int(spec.get("Value", 0))
     return kinds
+
+
+def gpu_memory(node: dict, uuid: str) -> int:
+    """A GPU's total memory in MiB from its node's engine labels; 0 when not labelled."""
+    labels = node.get("Description", {}).get("Engine", {}).get("Labels") or {}
+    try:
+        return int(labels.get(MEMORY_LABEL + uuid, 0))
+    except ValueError:
+        return 0
 
 
 def node_is_schedulable(node: dict) -> bool:
@@ -148,7 +169,8 @@ def build_inventory(
             continue
         name = node.get("Description", {}).get("Hostname") or node["ID"][:12]
         for uuid, slices in gpu_kinds(node, kind_prefix).items():
-            gpus.append(GPU(uuid, node["ID"], name, slices, used.get(uuid, 0)))
+            memory = gpu_memory(node, uuid)
+            gpus.append(GPU(uuid, node["ID"], name, slices, used.get(uuid, 0), memory))
     gpus.sort(key=lambda g: (g.node_name, g.uuid))
     return gpus
 

@@ -76,7 +76,8 @@ def main(argv=None) -> int:
     entries = daemon_config.slice_resources(
         [g.uuid for g in found], args.slices_per_gpu, args.named_kind
     )
-    wanted = daemon_config.merge(current, entries, named_kind=NAMED_KIND)
+    labels = daemon_config.engine_labels(found, args.slices_per_gpu)
+    wanted = daemon_config.merge(current, entries, named_kind=NAMED_KIND, labels=labels)
     for g in found:
         tag = " (SIMULATED)" if g.simulated else ""
         slices = args.slices_per_gpu

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 
-from gpu_swarm_spawner.inventory import DEFAULT_KIND_PREFIX
+from gpu_swarm_spawner.inventory import DEFAULT_KIND_PREFIX, LABEL_PREFIX, MEMORY_LABEL
 
 KEY = "node-generic-resources"
+LABELS_KEY = "labels"
 
 
 class InvalidDaemonConfig(ValueError):
@@ -49,6 +50,25 @@ def slice_resources(gpu_uuids: list[str], slices_per_gpu: int, named_kind: str =
     return entries
 
 
+def engine_labels(gpus: list, slices_per_gpu: int) -> list[str]:
+    """The engine labels describing a machine's GPUs (``gpus``: objects with uuid, name,
+    memory_mb and simulated), as daemon.json ``labels`` entries.
+
+    Per machine: GPU count, model(s), slices per GPU, the memory one slice stands for (of the
+    smallest GPU), and whether the GPUs are simulated; per GPU: its total memory, which the
+    spawner turns into the ``GPU_MEMORY_LIMIT_MB`` of a server.
+    """
+    labels = {
+        "gpu-count": str(len(gpus)),
+        "gpu-model": ", ".join(sorted({g.name for g in gpus})),
+        "slices-per-gpu": str(slices_per_gpu),
+        "slice-memory-mb": str(min((g.memory_mb for g in gpus), default=0) // slices_per_gpu),
+        "simulated": "true" if any(g.simulated for g in gpus) else "false",
+    }
+    entries = [f"{LABEL_PREFIX}{key}={value}" for key, value in labels.items()]
+    return entries + [f"{MEMORY_LABEL}{g.uuid}={g.memory_mb}" for g in gpus]
+
+
 def _is_gpu_entry(entry: str, kind_prefix: str, named_kind: str) -> bool:
     kind = entry.split("=", 1)[0]
     return kind.startswith(kind_prefix) or (bool(named_kind) and kind == named_kind)
@@ -59,17 +79,22 @@ def merge(
     entries: list[str],
     kind_prefix: str = DEFAULT_KIND_PREFIX,
     named_kind: str = "",
+    labels: list[str] = (),
 ) -> dict:
-    """A copy of ``config`` whose GPU generic resources are exactly ``entries``.
+    """A copy of ``config`` whose GPU generic resources are exactly ``entries`` and whose
+    ``gpu-jupyterhub.*`` engine labels are exactly ``labels``.
 
     GPU entries are the discrete kinds starting with ``kind_prefix`` and, when given, the
-    named ``named_kind`` slots; every other entry and key is kept.
+    named ``named_kind`` slots; every other entry, label and key is kept.
     """
-    kept = [e for e in config.get(KEY, []) if not _is_gpu_entry(e, kind_prefix, named_kind)]
     merged = dict(config)
+    kept = [e for e in config.get(KEY, []) if not _is_gpu_entry(e, kind_prefix, named_kind)]
     merged[KEY] = kept + list(entries)
-    if not merged[KEY]:
-        del merged[KEY]
+    kept_labels = [e for e in config.get(LABELS_KEY, []) if not e.startswith(LABEL_PREFIX)]
+    merged[LABELS_KEY] = kept_labels + list(labels)
+    for key in (KEY, LABELS_KEY):
+        if not merged[key]:
+            del merged[key]
     return merged
 
 

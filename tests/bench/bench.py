@@ -20,7 +20,8 @@ import docker
 import requests
 
 from tests.integration.hub import REPO, Hub, state_file
-from tests.integration.spawners import inventory, wait_slices_free
+from gpu_swarm_spawner.inventory import task_is_live
+from tests.integration.spawners import inventory
 
 VARIANTS = {
     # name: settings of its stack
@@ -84,6 +85,27 @@ def fmt(values: list[float]) -> str:
     return (
         f"p50 {statistics.median(values):6.2f} s  p95 {pct(values, 0.95):6.2f} s  (n={len(values)})"
     )
+
+
+def wait_quiet(timeout: float = 180) -> None:
+    """Until no task holding any generic resource is live: the servers of the previous round
+    (GPU kinds, or the stock hub's named slots, which the GPU inventory does not count) have
+    stopped, so one round's clean-up does not slow the next round down."""
+    client = docker.from_env()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = [
+            t
+            for t in client.api.tasks()
+            if task_is_live(t)
+            and ((t["Spec"].get("Resources") or {}).get("Reservations") or {}).get(
+                "GenericResources"
+            )
+        ]
+        if not busy:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"{len(busy)} tasks still hold GPU slices after {timeout} s")
 
 
 # ---- 1. one spawn, warm image ----------------------------------------------------------------
@@ -172,7 +194,7 @@ def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
     template = server_template(hubs["gpu"])
     for name in ("bare", "stock", "gpu"):  # one warm-up each, not counted
         for i in range(repeats + 1):
-            wait_slices_free()
+            wait_quiet()
             if name == "bare":
                 t = bare_once(hub_container, VARIANTS["gpu"]["NETWORK"], template, i)
             else:
@@ -264,7 +286,7 @@ def main() -> None:
         if args.only != "single":
             print(f"\n2. {args.crowd} participants at once ({slices} slices)")
             for variant in ("stock", "gpu", "gpu-1thread"):
-                wait_slices_free()
+                wait_quiet()
                 crowds[variant] = c = crowd(hubs[variant], args.crowd, timeout=150)
                 print(
                     f"  {variant:12s} ready {len(c['ready']):2d}  refused {len(c['refused']):2d}  "

@@ -71,10 +71,13 @@ def test_server_holds_exactly_one_gpu_slice_and_is_removed_on_stop(hub, client):
     assert env["CUDA_VISIBLE_DEVICES"] == uuid
     assert env["GPU_UUID"] == uuid and env["GPU_SLICES"] == "1"
     assert env["GPU_SIMULATED"] == ("1" if uuid.startswith("GPU-simulated-") else "0")
+    assert gpus[uuid].memory_mb > 0, "the worker setup labels every GPU with its memory"
+    assert env["GPU_MEMORY_LIMIT_MB"] == str(gpus[uuid].memory_budget_mb(1))
     other_gpus = [g for g in gpus if g != uuid and any(g in v for v in env.values())]
     assert not other_gpus, f"container env mentions other GPUs: {other_gpus}"
     info = container_of(SERVICE).exec_run(["gpu-info"])
     assert info.exit_code == 0 and uuid in info.output.decode()
+    assert f"memory budget: {env['GPU_MEMORY_LIMIT_MB']} MiB" in info.output.decode()
 
     # the server answers through the proxy
     status = hub.session.get(f"{hub.url}/user/{USER}/api/status", timeout=30)

@@ -97,3 +97,27 @@ def test_named_slots_for_a_stock_spawner_are_added_and_replaced():
 
 
 KEY_ = daemon_config.KEY
+
+
+def test_engine_labels_describe_the_machine_and_each_gpus_memory():
+    from worker_setup.gpus import GPUInfo
+
+    found = [
+        GPUInfo(0, "GPU-k80-0", "Tesla K80", 11441),
+        GPUInfo(1, "GPU-k80-1", "Tesla K80", 11441),
+    ]
+    labels = daemon_config.engine_labels(found, 3)
+    assert labels == [
+        "gpu-jupyterhub.gpu-count=2",
+        "gpu-jupyterhub.gpu-model=Tesla K80",
+        "gpu-jupyterhub.slices-per-gpu=3",
+        "gpu-jupyterhub.slice-memory-mb=3813",
+        "gpu-jupyterhub.simulated=false",
+        "gpu-jupyterhub.memory-mb.GPU-k80-0=11441",
+        "gpu-jupyterhub.memory-mb.GPU-k80-1=11441",
+    ]
+    config = {"labels": ["rack=7", "gpu-jupyterhub.gpu-count=8"]}
+    merged = daemon_config.merge(config, [], labels=labels)
+    assert merged["labels"] == ["rack=7", *labels]
+    assert daemon_config.merge(merged, [], labels=labels) == merged
+    assert daemon_config.merge(merged, [], labels=[]) == {"labels": ["rack=7"]}

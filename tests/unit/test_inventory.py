@@ -100,3 +100,14 @@ def test_claims_count_until_swarm_counts_the_task_itself():
     gpus = by_uuid(build_inventory(nodes, tasks, claims=claims))
     assert (gpus[A0].used, gpus[A1].used) == (3, 1)
     assert build_inventory(nodes, [], claims=[inventory.Claim(B0, 1)])[0].used == 0
+
+
+def test_gpu_memory_comes_from_the_engine_labels():
+    labelled = node("n1", "alpha", {A0: 3, A1: 4})
+    labelled["Description"]["Engine"] = {
+        "Labels": {f"{inventory.MEMORY_LABEL}{A0}": "12288", f"{inventory.MEMORY_LABEL}{A1}": "x"}
+    }
+    gpus = by_uuid(build_inventory([labelled], []))
+    assert gpus[A0].memory_mb == 12288
+    assert gpus[A0].memory_budget_mb(1) == 4096 and gpus[A0].memory_budget_mb(3) == 12288
+    assert gpus[A1].memory_mb == 0 and gpus[A1].memory_budget_mb(2) == 0  # unknown stays 0

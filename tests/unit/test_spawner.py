@@ -69,6 +69,9 @@ def test_env_names_exactly_one_gpu():
     assert env["GPU_SLICES"] == "2"
     assert env["GPU_SIMULATED"] == "1"
     assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert "GPU_MEMORY_LIMIT_MB" not in env  # the node did not say how much memory the GPU has
+    spawner.gpu_memory_mb = 8192
+    assert spawner.get_env()["GPU_MEMORY_LIMIT_MB"] == "8192"
 
 
 def test_env_without_gpu_has_no_device():
@@ -79,10 +82,12 @@ def test_state_round_trip_keeps_the_gpu():
     spawner = make_spawner()
     spawner.object_id = "svc123"
     spawner.gpu_uuid, spawner.gpu_node, spawner.gpu_slices_held = "GPU-x", "beta", 1
+    spawner.gpu_memory_mb = 4096
     state = spawner.get_state()
     restored = make_spawner()
     restored.load_state(state)
     assert (restored.gpu_uuid, restored.gpu_node, restored.gpu_slices_held) == ("GPU-x", "beta", 1)
+    assert restored.gpu_memory_mb == 4096
     restored.clear_state()
     assert restored.gpu_uuid == "" and restored.gpu_slices_held == 0
 
