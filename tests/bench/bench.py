@@ -19,8 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 import docker
 import requests
 
-from tests.integration.hub import REPO, Hub, state_file
+from gpu_swarm_spawner import GPUSwarmSpawner
 from gpu_swarm_spawner.inventory import task_is_live
+from tests.integration.hub import REPO, Hub, state_file
 from tests.integration.spawners import inventory
 
 VARIANTS = {
@@ -319,8 +320,9 @@ def summary(single: dict[str, list[float]], crowds: dict, size: int) -> None:
         )
     g1 = crowds["gpu-1thread"]["ready"]
     if g1 and g_ready:
+        threads = GPUSwarmSpawner.docker_api_threads.default_value
         print(
-            f"  Docker API threads: {VARIANTS['gpu'].get('DOCKER_API_THREADS', 'default')} -> "
+            f"  Docker API threads: {threads} (default) -> "
             f"p95 {pct(g_ready, 0.95):.2f} s, 1 (dockerspawner's) -> p95 {pct(g1, 0.95):.2f} s"
         )
     g_ref = crowds["gpu"]["refused"]
