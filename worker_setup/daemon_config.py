@@ -6,6 +6,7 @@ replaced; every other key and every other generic resource is kept as it was.
 
 from __future__ import annotations
 
+import difflib
 import json
 
 from gpu_swarm_spawner.inventory import DEFAULT_KIND_PREFIX, LABEL_PREFIX, MEMORY_LABEL
@@ -34,39 +35,65 @@ def parse(text: str, path: str = "daemon.json") -> dict:
     return config
 
 
-def slice_resources(gpu_uuids: list[str], slices_per_gpu: int, named_kind: str = "") -> list[str]:
-    """The generic-resource entries advertising each GPU as ``slices_per_gpu`` slices.
+def slice_resources(slices: dict[str, int], named_kind: str = "") -> list[str]:
+    """The generic-resource entries advertising each GPU (``{uuid: slices}``) as its slices.
 
     One discrete kind per GPU (``<uuid>=<slices>``), which GPUSwarmSpawner reserves. With
     ``named_kind``, also one named slot per slice (``<named_kind>=<uuid>/<n>``): the form a
     stock SwarmSpawner asks for with ``{"generic_resources": {named_kind: 1}}``, as in the
     original workshop. Swarm accounts the two forms separately: let one hub use them, not two.
     """
-    if slices_per_gpu < 1:
-        raise ValueError(f"slices per GPU must be 1 or more, got {slices_per_gpu}")
-    entries = [f"{uuid}={slices_per_gpu}" for uuid in gpu_uuids]
+    for uuid, count in slices.items():
+        if count < 1:
+            raise ValueError(f"slices per GPU must be 1 or more, got {count} for {uuid}")
+    entries = [f"{uuid}={count}" for uuid, count in slices.items()]
     if named_kind:
-        entries += [f"{named_kind}={uuid}/{n}" for uuid in gpu_uuids for n in range(slices_per_gpu)]
+        entries += [
+            f"{named_kind}={uuid}/{n}" for uuid, count in slices.items() for n in range(count)
+        ]
     return entries
 
 
-def engine_labels(gpus: list, slices_per_gpu: int) -> list[str]:
-    """The engine labels describing a machine's GPUs (``gpus``: objects with uuid, name,
-    memory_mb and simulated), as daemon.json ``labels`` entries.
+def engine_labels(gpus: list, slices: dict[str, int]) -> list[str]:
+    """The engine labels describing a machine's GPUs, as daemon.json ``labels`` entries.
 
-    Per machine: GPU count, model(s), slices per GPU, the memory one slice stands for (of the
-    smallest GPU), and whether the GPUs are simulated; per GPU: its total memory, which the
+    ``gpus``: objects with uuid, name, memory_mb and simulated; ``slices``: ``{uuid: slices}``.
+    Per machine: GPU count, model(s), slices per GPU, the memory of one slice (the smallest
+    over its GPUs), and whether the GPUs are simulated; per GPU: its total memory, which the
     spawner turns into the ``GPU_MEMORY_LIMIT_MB`` of a server.
     """
     labels = {
         "gpu-count": str(len(gpus)),
         "gpu-model": ", ".join(sorted({g.name for g in gpus})),
-        "slices-per-gpu": str(slices_per_gpu),
-        "slice-memory-mb": str(min((g.memory_mb for g in gpus), default=0) // slices_per_gpu),
+        "slices-per-gpu": ",".join(str(n) for n in sorted(set(slices.values()))),
+        "slice-memory-mb": str(min((g.memory_mb // slices[g.uuid] for g in gpus), default=0)),
         "simulated": "true" if any(g.simulated for g in gpus) else "false",
     }
     entries = [f"{LABEL_PREFIX}{key}={value}" for key, value in labels.items()]
     return entries + [f"{MEMORY_LABEL}{g.uuid}={g.memory_mb}" for g in gpus]
+
+
+def with_nvidia_runtime(config: dict, runtime_path: str) -> dict:
+    """A copy of ``config`` with the NVIDIA container runtime registered as the default.
+
+    With it, ``NVIDIA_VISIBLE_DEVICES=<uuid>`` (set by the spawner) gives a container exactly
+    that GPU. Other runtimes are kept.
+    """
+    merged = dict(config)
+    runtimes = dict(config.get("runtimes") or {})
+    runtimes["nvidia"] = {**(runtimes.get("nvidia") or {}), "path": runtime_path}
+    runtimes["nvidia"].setdefault("runtimeArgs", [])
+    merged["runtimes"] = runtimes
+    merged["default-runtime"] = "nvidia"
+    return merged
+
+
+def diff(old: dict | None, new: dict, path: str) -> str:
+    """A unified diff of two configurations as they would be written to ``path``."""
+    before = render(old).splitlines(keepends=True) if old is not None else []
+    after = render(new).splitlines(keepends=True)
+    label = path if old is not None else "/dev/null"
+    return "".join(difflib.unified_diff(before, after, label, path))
 
 
 def _is_gpu_entry(entry: str, kind_prefix: str, named_kind: str) -> bool:

@@ -45,7 +45,7 @@ def discover(nvml) -> list[GPUInfo]:
     try:
         nvml.nvmlInit()
     except Exception as e:
-        raise NVMLUnavailable(f"NVML did not initialise: {e}") from e
+        raise NVMLUnavailable(f"NVML did not initialise: {e}{_advice(str(e))}") from e
     try:
         gpus = []
         for index in range(nvml.nvmlDeviceGetCount()):
@@ -61,6 +61,24 @@ def discover(nvml) -> list[GPUInfo]:
         return gpus
     finally:
         nvml.nvmlShutdown()
+
+
+#: What to do about NVML's start-up errors, by a word of its message.
+_ADVICE = {
+    "mismatch": "the NVIDIA kernel driver and its library differ, usually after a driver "
+    "upgrade: reboot the machine",
+    "not loaded": "the NVIDIA kernel driver is not loaded: install the driver "
+    "(e.g. apt-get install nvidia-driver) and reboot",
+    "not found": "the NVIDIA driver's library libnvidia-ml.so is missing: install the driver",
+    "permission": "run the setup as root",
+}
+
+
+def _advice(message: str) -> str:
+    for word, advice in _ADVICE.items():
+        if word in message.lower():
+            return f" ({advice})"
+    return ""
 
 
 def machine_id() -> str:

@@ -12,7 +12,7 @@ def test_merge_keeps_every_other_key_and_resource():
         "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}},
         "node-generic-resources": ["fpga=1", "GPU-old-0=2"],
     }
-    merged = merge(config, slice_resources(["GPU-new-0", "GPU-new-1"], 3))
+    merged = merge(config, slice_resources({"GPU-new-0": 3, "GPU-new-1": 3}))
     assert merged["log-driver"] == "json-file"
     assert merged["runtimes"] == config["runtimes"]
     assert merged["node-generic-resources"] == ["fpga=1", "GPU-new-0=3", "GPU-new-1=3"]
@@ -20,7 +20,7 @@ def test_merge_keeps_every_other_key_and_resource():
 
 
 def test_merge_is_idempotent():
-    entries = slice_resources(["GPU-a"], 2)
+    entries = slice_resources({"GPU-a": 2})
     once = merge({"debug": True}, entries)
     assert merge(once, entries) == once
 
@@ -39,7 +39,7 @@ def test_parse_refuses_invalid_json_with_the_position():
 
 def test_slices_must_be_positive():
     with pytest.raises(ValueError, match="1 or more"):
-        slice_resources(["GPU-a"], 0)
+        slice_resources({"GPU-a": 0})
 
 
 def run_advertise(tmp_path, *args):
@@ -79,7 +79,8 @@ def test_advertise_dry_run_changes_nothing(tmp_path, capsys):
     rc, path = run_advertise(tmp_path, "--simulate-gpus", "1", "--dry-run")
     assert rc == advertise.CHANGED
     assert not path.exists()
-    assert "would become" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "would change" in out and "+++ " in out and '+    "GPU-simulated-' in out
 
 
 def test_render_round_trips():
@@ -88,7 +89,7 @@ def test_render_round_trips():
 
 
 def test_named_slots_for_a_stock_spawner_are_added_and_replaced():
-    entries = slice_resources(["GPU-a"], 2, named_kind="NVIDIA-GPU")
+    entries = slice_resources({"GPU-a": 2}, named_kind="NVIDIA-GPU")
     assert entries == ["GPU-a=2", "NVIDIA-GPU=GPU-a/0", "NVIDIA-GPU=GPU-a/1"]
     old = {KEY_: ["fpga=1", "NVIDIA-GPU=GPU-old/0", "GPU-old=1"]}
     assert merge(old, entries, named_kind="NVIDIA-GPU")[KEY_] == ["fpga=1", *entries]
@@ -106,7 +107,7 @@ def test_engine_labels_describe_the_machine_and_each_gpus_memory():
         GPUInfo(0, "GPU-k80-0", "Tesla K80", 11441),
         GPUInfo(1, "GPU-k80-1", "Tesla K80", 11441),
     ]
-    labels = daemon_config.engine_labels(found, 3)
+    labels = daemon_config.engine_labels(found, {"GPU-k80-0": 3, "GPU-k80-1": 3})
     assert labels == [
         "gpu-jupyterhub.gpu-count=2",
         "gpu-jupyterhub.gpu-model=Tesla K80",

@@ -1,0 +1,117 @@
+"""The worker's daemon.json plan: slice maths, fake-NVML fixtures through the CLI, the NVIDIA
+runtime, --dry-run and --remove."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from worker_setup import advertise, slicing
+from worker_setup.gpus import GPUInfo
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "nvml"
+
+
+@pytest.mark.parametrize(
+    "text, mb",
+    [("4GiB", 4096), ("4G", 4096), ("4096MiB", 4096), ("4096", 4096), ("1.5GiB", 1536)],
+)
+def test_sizes_are_read_in_mib(text, mb):
+    assert slicing.parse_size_mb(text) == mb
+
+
+@pytest.mark.parametrize("text", ["four", "4TB", "", "0"])
+def test_unreadable_sizes_say_how_to_write_them(text):
+    with pytest.raises(ValueError, match="4GiB|some memory"):
+        slicing.parse_size_mb(text)
+
+
+def test_slices_fixed_or_from_a_memory_budget():
+    k80 = GPUInfo(0, "GPU-k", "Tesla K80", 11441)
+    h100 = GPUInfo(1, "GPU-h", "H100", 81559)
+    tiny = GPUInfo(2, "GPU-t", "tiny", 2048)
+    assert slicing.slices_per_gpu([k80, h100], fixed=3) == {"GPU-k": 3, "GPU-h": 3}
+    assert slicing.slices_per_gpu([k80, h100, tiny], slice_memory_mb=3800) == {
+        "GPU-k": 3,
+        "GPU-h": 21,
+        "GPU-t": 1,  # smaller than a slice: still one
+    }
+    with pytest.raises(ValueError, match="either"):
+        slicing.slices_per_gpu([k80], fixed=3, slice_memory_mb=4096)
+    with pytest.raises(ValueError, match="1 or more"):
+        slicing.slices_per_gpu([k80], fixed=0)
+
+
+def run(tmp_path, *args):
+    path = tmp_path / "daemon.json"
+    rc = advertise.main(["--daemon-json", str(path), "--nvidia-runtime", "off", *args])
+    return rc, (json.loads(path.read_text()) if path.exists() else None)
+
+
+def test_k80_fixture_gives_three_slices_each_and_labels(tmp_path, capsys):
+    rc, config = run(tmp_path, "--nvml-fixture", str(FIXTURES / "k80x2.json"))
+    assert rc == advertise.CHANGED
+    resources = config["node-generic-resources"]
+    assert resources == [
+        "GPU-6b3c1f0e-4a5d-2c8e-9f1a-000000000000=3",
+        "GPU-6b3c1f0e-4a5d-2c8e-9f1a-000000000001=3",
+    ]
+    assert "gpu-jupyterhub.gpu-model=Tesla K80" in config["labels"]
+    assert "gpu-jupyterhub.slice-memory-mb=3813" in config["labels"]
+    out = capsys.readouterr().out
+    assert "FAKE NVML" in out and "Tesla K80 11441 MiB -> 3 slices" in out
+
+
+def test_h100_fixture_sliced_by_memory(tmp_path):
+    rc, config = run(
+        tmp_path, "--nvml-fixture", str(FIXTURES / "h100x8.json"), "--slice-memory", "10GiB"
+    )
+    assert rc == advertise.CHANGED
+    resources = config["node-generic-resources"]
+    assert len(resources) == 8 and all(r.endswith("=7") for r in resources)
+    assert "gpu-jupyterhub.gpu-count=8" in config["labels"]
+    assert "gpu-jupyterhub.slices-per-gpu=7" in config["labels"]
+
+
+@pytest.mark.parametrize(
+    "fixture, advice", [("no-driver.json", "install the driver"), ("mismatch.json", "reboot")]
+)
+def test_nvml_failures_stop_with_advice_and_write_nothing(tmp_path, fixture, advice):
+    with pytest.raises(SystemExit, match=advice) as stopped:
+        run(tmp_path, "--nvml-fixture", str(FIXTURES / fixture))
+    assert "--simulate-gpus" in str(stopped.value)
+    assert not (tmp_path / "daemon.json").exists()
+
+
+def test_nvml_failure_falls_back_to_simulated_only_when_asked(tmp_path, capsys):
+    rc, config = run(
+        tmp_path, "--nvml-fixture", str(FIXTURES / "mismatch.json"), "--simulate-if-no-gpu", "2"
+    )
+    assert rc == advertise.CHANGED
+    assert "gpu-jupyterhub.simulated=true" in config["labels"]
+    assert "advertising SIMULATED GPUs" in capsys.readouterr().out
+
+
+def test_nvidia_runtime_becomes_the_default_and_other_runtimes_stay(tmp_path):
+    runtime = tmp_path / "nvidia-container-runtime"
+    runtime.write_text("#!/bin/sh\n")
+    path = tmp_path / "daemon.json"
+    path.write_text(json.dumps({"runtimes": {"runc-debug": {"path": "/usr/bin/runc"}}}))
+    fixture = str(FIXTURES / "k80x2.json")
+    args = ["--daemon-json", str(path), "--nvml-fixture", fixture, "--nvidia-runtime", str(runtime)]
+    assert advertise.main(args) == advertise.CHANGED
+    config = json.loads(path.read_text())
+    assert config["default-runtime"] == "nvidia"
+    assert config["runtimes"]["nvidia"]["path"] == str(runtime)
+    assert config["runtimes"]["runc-debug"] == {"path": "/usr/bin/runc"}
+    assert advertise.main(args) == 0
+
+
+def test_remove_takes_out_only_what_advertise_added(tmp_path):
+    path = tmp_path / "daemon.json"
+    path.write_text(json.dumps({"debug": True, "labels": ["rack=7"]}))
+    assert run(tmp_path, "--simulate-gpus", "2")[0] == advertise.CHANGED
+    rc, config = run(tmp_path, "--remove")
+    assert rc == advertise.CHANGED
+    assert config == {"debug": True, "labels": ["rack=7"]}
+    assert run(tmp_path, "--remove")[0] == 0
