@@ -258,13 +258,50 @@ def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
     return result
 
 
+# ---- 4. adding a GPU machine ------------------------------------------------------------------
+
+
+def bench_join(repeats: int) -> list[float]:
+    """worker_setup/setup.sh on a fresh bed machine (engine running, not in the swarm) until
+    the spawner's inventory shows its GPU slices; the machine is removed after each run."""
+    workers = f"{REPO}/tests/bed/workers.sh"
+    tar = "/tmp/gpuhub-bench-singleuser.tar"
+    image = lib("gpu", 'echo "$GPUHUB_SINGLEUSER_IMAGE"').strip()
+    subprocess.run(f"docker save {image} > {tar}", shell=True, check=True)
+    times = []
+    try:
+        for i in range(repeats):
+            subprocess.run(["bash", workers, "remove", "w9"], capture_output=True)
+            subprocess.run(["bash", workers, "machine", "w9"], check=True, capture_output=True)
+            t0 = time.monotonic()
+            result = subprocess.run(
+                ["bash", workers, "setup", "w9", "--advertise-addr", "10.199.0.19"]
+                + ["--simulate-gpus", "2", "--machine-id", "bench-w9", "--image-tar", tar],
+                capture_output=True,
+                text=True,
+            )
+            if result.returncode:
+                raise RuntimeError(f"setup.sh failed:\n{result.stdout}{result.stderr}")
+            while not [g for g in inventory().values() if g.node_name == "w9"]:
+                if time.monotonic() - t0 > 300:
+                    raise TimeoutError("w9's slices not visible after 300 s")
+                time.sleep(0.2)
+            times.append(time.monotonic() - t0)
+            steps = [line for line in result.stdout.splitlines() if line.startswith("[")]
+            print(f"  run {i + 1}: {times[-1]:5.1f} s   " + "; ".join(steps), flush=True)
+    finally:
+        subprocess.run(["bash", workers, "remove", "w9"], capture_output=True)
+        os.unlink(tar)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--crowd", type=int, default=50)
     parser.add_argument(
         "--only",
-        choices=("single", "crowd"),
+        choices=("single", "crowd", "join"),
         help="run one part only (while working on it); the summary needs both",
     )
     args = parser.parse_args()
@@ -272,6 +309,16 @@ def main() -> None:
     slices = sum(g.slices for g in inventory().values())
     nodes = len({g.node_name for g in inventory().values()})
     print(f"bed: {nodes} nodes, {len(inventory())} simulated GPUs, {slices} slices")
+    if args.only == "join":
+        print(
+            "\n4. a fresh GPU machine (Docker installed) runs setup.sh: until its slices are usable"
+        )
+        joins = bench_join(3)
+        print(
+            f"\nsummary: machine joined, slices usable in p50 {statistics.median(joins):.1f} s "
+            f"(max {max(joins):.1f} s)   goal < 60 s; the original workshop's setup.sh: ~5 min"
+        )
+        return
     print("deploying the hubs (GPUSwarmSpawner, stock SwarmSpawner, GPUSwarmSpawner 1 thread)")
     hubs = {}
     single: dict[str, list[float]] = {}
