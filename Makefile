@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 demo:  ## single-machine demo hub (simulated GPU slices when there is no GPU)
 	bash deploy/demo.sh
@@ -14,6 +14,15 @@ down:  ## remove the stack and user servers (PURGE=1: also volumes and secrets)
 images:  ## build the base, single-user and hub images (BASE_IMAGE=... for a public base)
 	$(if $(BASE_IMAGE),GPUHUB_BASE_IMAGE=$(BASE_IMAGE)) bash -c \
 	  '. deploy/lib.sh && load_settings && ensure_root images && ensure_engine && ensure_images'
+
+join-command:  ## print the one line that adds a GPU machine to this swarm (run it there)
+	@bash -c '. deploy/lib.sh && load_settings && ensure_root join-command && print_join_command'
+
+image-tar:  ## save the single-user image to a file, for GPU machines that cannot pull it
+	bash -c '. deploy/lib.sh && load_settings && ensure_root image-tar && save_image_tar'
+
+bench-join:  ## time worker_setup/setup.sh on a fresh test-bed machine until its slices are usable
+	bash tests/bench/run.sh --only join
 
 test:  ## the whole test suite: sets up its own test bed, then unit, integration and browser tests
 	bash tests/run.sh
@@ -27,4 +36,4 @@ unit:  ## unit tests only (no Docker needed)
 lint:  ## ruff lint + format check
 	bash -c '. deploy/lib.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
-.PHONY: help demo down images test bench unit lint
+.PHONY: help demo down images join-command image-tar bench-join test bench unit lint

@@ -3,8 +3,6 @@
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${GPUHUB_VENV:-$REPO/.venv}
-DOCKERD_LOG=${GPUHUB_DOCKERD_LOG:-/var/log/gpu-jupyterhub-dockerd.log}
-DOCKERD_PIDFILE=${GPUHUB_DOCKERD_PIDFILE:-/var/run/docker.pid}
 _T0=$(date +%s)
 
 log() { printf '[%3ss] %s\n' "$(( $(date +%s) - _T0 ))" "$*"; }
@@ -62,24 +60,32 @@ ensure_packages_forced() {
 
 engine_up() { docker info >/dev/null 2>&1; }
 
+# GPUHUB_DOCKERD_CMD: how to start an engine that is not the system's (the test bed's machines).
+systemd_engine() { [ -z "${GPUHUB_DOCKERD_CMD:-}" ] && [ -d /run/systemd/system ]; }
+
+# Read when called, so a caller can point them at another engine in a subshell.
+dockerd_log() { echo "${GPUHUB_DOCKERD_LOG:-/var/log/gpu-jupyterhub-dockerd.log}"; }
+dockerd_pidfile() { echo "${GPUHUB_DOCKERD_PIDFILE:-/var/run/docker.pid}"; }
+
 start_engine() {
-  if [ -d /run/systemd/system ]; then
+  if systemd_engine; then
     systemctl start docker || die "systemctl start docker failed; see: journalctl -u docker"
   else
     # No init system (containers, CI): run dockerd ourselves. Services prefer local images,
     # so tasks do not wait on a registry that may not exist.
-    rm -f "$DOCKERD_PIDFILE"
-    DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 setsid nohup dockerd --pidfile "$DOCKERD_PIDFILE" \
-      >>"$DOCKERD_LOG" 2>&1 </dev/null &
+    rm -f "$(dockerd_pidfile)"
+    DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 setsid nohup \
+      sh -c "${GPUHUB_DOCKERD_CMD:-exec dockerd --pidfile $(dockerd_pidfile)}" \
+      >>"$(dockerd_log)" 2>&1 </dev/null &
   fi
   local i wait=${GPUHUB_ENGINE_WAIT:-60}
   for i in $(seq 1 $((wait * 2))); do engine_up && return 0; sleep 0.5; done
-  die "the Docker engine did not start within $wait s; read $DOCKERD_LOG (or journalctl -u docker)"
+  die "the Docker engine did not start within $wait s; read $(dockerd_log) (or journalctl -u docker)"
 }
 
 stop_engine() {
-  if [ -d /run/systemd/system ]; then systemctl stop docker; return; fi
-  local pid; pid=$(cat "$DOCKERD_PIDFILE" 2>/dev/null || true)
+  if systemd_engine; then systemctl stop docker; return; fi
+  local pid; pid=$(cat "$(dockerd_pidfile)" 2>/dev/null || true)
   [ -n "$pid" ] || return 0
   kill "$pid" 2>/dev/null || true
   local i; for i in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
@@ -251,4 +257,27 @@ purge_stack_data() {
   fi
   rm -rf "$GPUHUB_STATE_DIR"
   log "removed generated secrets in $GPUHUB_STATE_DIR"
+}
+
+# ---- adding GPU machines (worker_setup/setup.sh runs on them) --------------------------------
+
+# The line an organizer runs on each GPU machine, with this swarm's address and worker token.
+print_join_command() {
+  [ "$(docker info --format '{{.Swarm.ControlAvailable}}' 2>/dev/null)" = true ] \
+    || die "this machine is not a swarm manager; run 'make demo' (or make up) here first"
+  local addr token
+  addr=$(docker info --format '{{.Swarm.NodeAddr}}')
+  token=$(docker swarm join-token -q worker)
+  echo "# On each GPU machine, as root, in a checkout of this repository (add --image-tar FILE,"
+  echo "# made by 'make image-tar' here, when the machine cannot pull $GPUHUB_SINGLEUSER_IMAGE):"
+  echo "sudo ./worker_setup/setup.sh --manager $addr:2377 --token $token --slices-per-gpu $GPUHUB_SLICES_PER_GPU"
+}
+
+# The single-user image as a file to copy to GPU machines that cannot pull it.
+save_image_tar() {
+  local tar=${GPUHUB_IMAGE_TAR:-/var/lib/gpu-jupyterhub/singleuser-image.tar}
+  install -d "$(dirname "$tar")"
+  log "saving $GPUHUB_SINGLEUSER_IMAGE to $tar"
+  docker save "$GPUHUB_SINGLEUSER_IMAGE" >"$tar.tmp" && mv "$tar.tmp" "$tar"
+  log "copy $tar to each GPU machine and add --image-tar $(basename "$tar") to the join command"
 }

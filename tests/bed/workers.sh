@@ -8,6 +8,13 @@
 #   tests/bed/workers.sh down       leave, stop and remove every worker and its namespace; the
 #                                   bridge stays (the swarm is advertised on its address)
 #   tests/bed/workers.sh stop wN    kill one worker's dockerd (a machine that disappears)
+#   tests/bed/workers.sh machine wN a fresh machine: namespace and engine, not in the swarm
+#   tests/bed/workers.sh env wN     the environment worker_setup/setup.sh needs for wN's engine
+#   tests/bed/workers.sh setup wN A  worker_setup/setup.sh on wN with this swarm's address and
+#                                   token, plus the arguments A (later ones override)
+#   tests/bed/workers.sh remove wN  take machine wN out of the swarm and remove it
+#
+# Workers join with worker_setup/setup.sh, the organizer's command, so every test run uses it.
 #
 # Settings: GPUHUB_BED_GPUS (simulated GPUs per worker, 2), GPUHUB_SLICES_PER_GPU (3),
 #           GPUHUB_SINGLEUSER_IMAGE.
@@ -45,8 +52,21 @@ ensure_netns() {
   ip netns exec "$w" ip route add default via $MGR
 }
 
-ensure_worker_engine() {
-  local w=$1 cfg=/etc/docker/$1.json
+# The environment under which worker_setup/setup.sh drives machine wN's engine.
+machine_env() {  # shell-quoted NAME=value lines, for eval
+  local w=$1
+  printf '%s=%q\n' \
+    DOCKER_HOST "$(sock "$w")" \
+    GPUHUB_DAEMON_JSON "/etc/docker/$w.json" \
+    GPUHUB_DOCKERD_PIDFILE "/var/run/docker-$w.pid" \
+    GPUHUB_DOCKERD_LOG "/var/log/dockerd-$w.log" \
+    GPUHUB_DOCKERD_CMD "exec nsenter --net=/var/run/netns/$w -- unshare --uts -- sh -c 'hostname $w && exec dockerd --config-file /etc/docker/$w.json'"
+}
+
+# A fresh machine: its own engine (data, sockets, pidfile) in namespace wN, not in any swarm.
+ensure_machine() {
+  local w=$1 addr=$2 cfg=/etc/docker/$1.json
+  ensure_netns "$w" "$addr"
   mkdir -p "/var/lib/docker-$w" "/var/run/docker-$w" /etc/docker
   if [ ! -s "$cfg" ]; then
     cat >"$cfg" <<JSON
@@ -59,35 +79,21 @@ ensure_worker_engine() {
 }
 JSON
   fi
-  local rc=0
-  "$VENV/bin/python" -m worker_setup.advertise --daemon-json "$cfg" --simulate-gpus "$GPUS" \
-    --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" --machine-id "bed-$w" \
-    ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} >/dev/null || rc=$?
-  [ $rc = 0 ] || [ $rc = 3 ] || die "could not write the GPU slices of $w"
-  if [ $rc = 3 ] && wdocker "$w" info >/dev/null 2>&1; then stop_worker "$w"; fi
   wdocker "$w" info >/dev/null 2>&1 && return 0
-  rm -f "/var/run/docker-$w.pid"
-  DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 setsid nohup nsenter --net="/var/run/netns/$w" -- \
-    unshare --uts -- sh -c "hostname $w && exec dockerd --config-file $cfg" \
-    >"/var/log/dockerd-$w.log" 2>&1 </dev/null &
-  local i
-  for i in $(seq 1 120); do wdocker "$w" info >/dev/null 2>&1 && return 0; sleep 0.5; done
-  die "worker $w's dockerd did not start; read /var/log/dockerd-$w.log"
+  ( set -a; eval "$(machine_env "$w")"; start_engine )
 }
 
-ensure_joined() {
-  local w=$1 addr=$2
-  [ "$(wdocker "$w" info --format '{{.Swarm.LocalNodeState}}')" = active ] && return 0
-  wdocker "$w" swarm join --token "$(docker swarm join-token -q worker)" \
-    --advertise-addr "$addr" "$MGR:2377" >/dev/null
+# worker_setup/setup.sh on machine wN, as an organizer would run it there: ARGS are added.
+setup_machine() {
+  local w=$1 token; shift
+  token=$(docker swarm join-token -q worker)  # the manager's, before DOCKER_HOST points at wN
+  ( set -a; eval "$(machine_env "$w")"; set +a
+    bash "$REPO/worker_setup/setup.sh" --manager "$MGR:2377" --token "$token" "$@" )
 }
 
-ensure_image() {
-  local w=$1 tar=$2
+needs_image() {
   local want; want=$(docker image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE")
-  [ "$(wdocker "$w" image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE" 2>/dev/null)" = "$want" ] && return 0
-  [ -s "$tar" ] || docker save "$GPUHUB_SINGLEUSER_IMAGE" >"$tar"
-  wdocker "$w" load -q <"$tar" >/dev/null
+  [ "$(wdocker "$1" image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE" 2>/dev/null)" != "$want" ]
 }
 
 stop_worker() {
@@ -119,20 +125,39 @@ but it is on $addr; on a test machine: make down && docker swarm leave --force, 
 }
 
 up() {
-  local n=${1:-2} i w tar
+  local n=${1:-2} i w tar out image
   ensure_bridge
   check_swarm_address
   tar=$(mktemp --suffix=.tar); rm -f "$tar"
   for i in $(seq 1 "$n"); do
     w=w$i
-    ensure_netns "$w" "$NET.$((10 + i))"
-    ensure_worker_engine "$w"
-    ensure_joined "$w" "$NET.$((10 + i))"
-    ensure_image "$w" "$tar"
+    ensure_machine "$w" "$NET.$((10 + i))"
+    image=()
+    if needs_image "$w"; then
+      [ -s "$tar" ] || docker save "$GPUHUB_SINGLEUSER_IMAGE" >"$tar"
+      image=(--image-tar "$tar")
+    fi
+    out=$(setup_machine "$w" --advertise-addr "$NET.$((10 + i))" --simulate-gpus "$GPUS" \
+            --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" --machine-id "bed-$w" \
+            ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} "${image[@]}" 2>&1) \
+      || { echo "$out" >&2; die "worker_setup/setup.sh failed on $w (output above)"; }
   done
   rm -f "$tar"
   wait_ready "$n"
   log "$n worker(s) ready, $GPUS simulated GPU(s) x $GPUHUB_SLICES_PER_GPU slices each"
+}
+
+# Machine wN gone for good: out of the swarm, engine stopped, its files and namespace removed.
+remove_machine() {
+  local w=$1 id
+  wdocker "$w" swarm leave --force >/dev/null 2>&1 || true
+  stop_worker "$w"
+  rm -rf "/var/lib/docker-$w" "/var/run/docker-$w" "/etc/docker/$w.json" /etc/docker/"$w".json.bak-*
+  [ -e "/var/run/netns/$w" ] && ip netns del "$w"
+  for id in $(docker node ls --filter "name=$w" -q 2>/dev/null); do
+    [ "$(docker node inspect -f '{{.Description.Hostname}}' "$id")" = "$w" ] \
+      && docker node rm --force "$id" >/dev/null 2>&1 || true
+  done
 }
 
 down() {
@@ -157,5 +182,10 @@ case "${1:-}" in
   up) up "${2:-2}" ;;
   down) down ;;
   stop) stop_worker "${2:?which worker, e.g. w1}" ;;
-  *) echo "usage: $0 up [N] | down | stop wN" >&2; exit 2 ;;
+  machine) ensure_bridge; ensure_machine "${2:?which machine, e.g. w3}" "$NET.$((10 + ${2#w}))" ;;
+  env) machine_env "${2:?which machine, e.g. w3}" ;;
+  setup) w=${2:?which machine, e.g. w3}; shift 2; setup_machine "$w" "$@" ;;
+  remove) remove_machine "${2:?which machine, e.g. w3}" ;;
+  *) echo "usage: $0 up [N] | down | stop wN | machine wN | env wN | setup wN ARGS | remove wN" >&2
+     exit 2 ;;
 esac
