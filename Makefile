@@ -18,6 +18,12 @@ images:  ## build the base, single-user and hub images (BASE_IMAGE=... for a pub
 join-command:  ## print the one line that adds a GPU machine to this swarm (run it there)
 	@bash -c '. deploy/lib.sh && load_settings && ensure_root join-command && print_join_command'
 
+pause-node:  ## NODE=host: no new servers there, running ones stay (before it leaves)
+	bash -c '. deploy/lib.sh && load_settings && ensure_root pause-node && set_node_availability "$(NODE)" pause'
+
+resume-node:  ## NODE=host: take new servers there again
+	bash -c '. deploy/lib.sh && load_settings && ensure_root resume-node && set_node_availability "$(NODE)" active'
+
 image-tar:  ## save the single-user image to a file, for GPU machines that cannot pull it
 	bash -c '. deploy/lib.sh && load_settings && ensure_root image-tar && save_image_tar'
 
@@ -36,4 +42,4 @@ unit:  ## unit tests only (no Docker needed)
 lint:  ## ruff lint + format check
 	bash -c '. deploy/lib.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
-.PHONY: help demo down images join-command image-tar bench-join test bench unit lint
+.PHONY: help demo down images join-command pause-node resume-node image-tar bench-join test bench unit lint

@@ -281,3 +281,17 @@ save_image_tar() {
   docker save "$GPUHUB_SINGLEUSER_IMAGE" >"$tar.tmp" && mv "$tar.tmp" "$tar"
   log "copy $tar to each GPU machine and add --image-tar $(basename "$tar") to the join command"
 }
+
+# Stop new servers landing on a machine (before it leaves) without stopping those running
+# there: Swarm "pause". ("drain" would stop them: a GPU server cannot move to another GPU.)
+set_node_availability() {  # set_node_availability NODE pause|active
+  local node=${1:?name the machine: make pause-node NODE=<hostname>} to=$2
+  docker node inspect "$node" >/dev/null 2>&1 \
+    || die "no machine '$node' in this swarm; 'docker node ls' lists them"
+  docker node update --availability "$to" "$node" >/dev/null
+  if [ "$to" = pause ]; then
+    log "$node takes no new servers; its running servers stay. On $node: sudo ./worker_setup/setup.sh --leave --wait 600"
+  else
+    log "$node takes new servers again"
+  fi
+}

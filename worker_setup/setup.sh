@@ -213,7 +213,7 @@ leave() {
     sleep 5; users=$(local_servers)
   done
   if [ -n "$users" ] && [ -z "$FORCE" ]; then
-    die "participants' servers still run here: $(echo $users); ask them to stop (or stop them on the hub's admin page), wait with --wait SECONDS, or stop them with --force"
+    die "participants' servers still run here: $(echo $users); on the manager run 'make pause-node NODE=$(docker info --format '{{.Name}}')' so no new ones start here, ask them to stop (or stop them on the hub's admin page), then wait with --wait SECONDS, or stop them with --force"
   fi
   if [ -n "$DRY_RUN" ]; then
     row swarm "would leave the swarm${users:+ and stop $(echo $users)}"
@@ -237,7 +237,7 @@ leave() {
     *) echo "$out" >&2; exit 1 ;;
   esac
   summary
-  echo "The Docker engine and the single-user image stay. On the manager, 'docker node rm $(hostname)' (or 'make status') tidies the node list."
+  echo "The Docker engine and the single-user image stay. On the manager, 'docker node rm $(docker info --format '{{.Name}}')' removes it from the node list."
 }
 
 if [ -n "$LEAVE" ]; then leave; else join; fi

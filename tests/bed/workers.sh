@@ -152,8 +152,13 @@ remove_machine() {
   local w=$1 id
   wdocker "$w" swarm leave --force >/dev/null 2>&1 || true
   stop_worker "$w"
+  # an engine that did not stop cleanly leaves its network namespaces and layers mounted
+  local mnt
+  for mnt in $(findmnt -rno TARGET | grep -E "^(/var)?/run/docker-$w/|^/var/lib/docker-$w/" | sort -r); do
+    umount -l "$mnt" 2>/dev/null || true
+  done
   rm -rf "/var/lib/docker-$w" "/var/run/docker-$w" "/etc/docker/$w.json" /etc/docker/"$w".json.bak-*
-  [ -e "/var/run/netns/$w" ] && ip netns del "$w"
+  if [ -e "/var/run/netns/$w" ]; then ip netns del "$w"; fi
   for id in $(docker node ls --filter "name=$w" -q 2>/dev/null); do
     [ "$(docker node inspect -f '{{.Description.Hostname}}' "$id")" = "$w" ] \
       && docker node rm --force "$id" >/dev/null 2>&1 || true
@@ -161,19 +166,15 @@ remove_machine() {
 }
 
 down() {
-  local pidf w id
-  for pidf in /var/run/docker-w*.pid; do
-    [ -e "$pidf" ] || continue
-    w=$(basename "$pidf" .pid); w=${w#docker-}
-    wdocker "$w" swarm leave --force >/dev/null 2>&1 || true
-    stop_worker "$w"
-    rm -rf "/var/lib/docker-$w" "/var/run/docker-$w" "/etc/docker/$w.json"
+  local w id
+  for w in $( { ls /var/run/docker-w*.pid 2>/dev/null | sed 's#.*/docker-\(w[0-9]*\)\.pid#\1#'
+                ip netns list | awk '/^w[0-9]+/{print $1}'; } | sort -u); do
+    remove_machine "$w"
   done
   # nodes that left (or vanished) are removed from the manager's list
   for id in $(docker node ls --filter role=worker -q 2>/dev/null); do
     docker node rm --force "$id" >/dev/null 2>&1 || true
   done
-  for w in $(ip netns list | awk '/^w[0-9]+/{print $1}'); do ip netns del "$w"; done
   log "workers removed"
 }
 

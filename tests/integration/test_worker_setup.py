@@ -42,10 +42,10 @@ def setup(*args: str, check: bool = False) -> subprocess.CompletedProcess:
 
 def node_of_machine() -> dict | None:
     client = docker.from_env()
-    for node in client.api.nodes():
-        if node["Description"]["Hostname"] == MACHINE:
-            return node
-    return None
+    nodes = [n for n in client.api.nodes() if n["Description"]["Hostname"] == MACHINE]
+    # a machine that joined again has a new node; the old one stays "down" until removed
+    nodes.sort(key=lambda n: n["Status"]["State"] != "ready")
+    return nodes[0] if nodes else None
 
 
 def machine_gpus() -> list:
@@ -127,9 +127,20 @@ def test_dry_run_prints_the_plan_and_the_diff_and_changes_nothing(machine, image
     assert engine_state() == "inactive"
 
 
+def join_command() -> list[str]:
+    """The arguments of the line `make join-command` prints for the organizer."""
+    out = subprocess.run(
+        ["make", "-s", "join-command"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    (line,) = [x for x in out.splitlines() if x.startswith("sudo ./worker_setup/setup.sh ")]
+    return line.split()[2:]
+
+
 def test_join_makes_the_slices_usable(machine, image_tar):
+    args = join_command()
+    assert args[:2] == ["--manager", "10.199.0.1:2377"] and args[2] == "--token"
     t0 = time.monotonic()
-    result = setup(*JOIN, "--image-tar", image_tar)
+    result = setup(*args, *JOIN, "--image-tar", image_tar)
     assert result.returncode == 0, result.stdout + result.stderr
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(machine_gpus()) < 2:
@@ -150,6 +161,9 @@ def test_join_makes_the_slices_usable(machine, image_tar):
     print(f"setup.sh join -> slices usable: {elapsed:.1f} s")
 
 
+SERVER = "jy-ci-2dnewmachine"
+
+
 async def test_a_server_can_be_placed_on_the_new_machine(machine, hub, hub_settings):
     spawner = make_spawner("ci-newmachine", hub_settings)
     real_inventory = spawner.gpu_inventory
@@ -158,18 +172,17 @@ async def test_a_server_can_be_placed_on_the_new_machine(machine, hub, hub_setti
         return [g for g in await real_inventory() if g.node_name == MACHINE]
 
     spawner.gpu_inventory = only_the_new_machine
-    try:
-        await spawner.start()
-        assert spawner.gpu_node == MACHINE
-        client = engine_of(node_of_machine()["ID"])
-        (container,) = client.containers.list(
-            filters={"label": f"com.docker.swarm.service.name={spawner.object_name}"}
-        )
-        env = dict(line.split("=", 1) for line in container.attrs["Config"]["Env"])
-        assert env["NVIDIA_VISIBLE_DEVICES"] == spawner.gpu_uuid
-        assert env["GPU_MEMORY_LIMIT_MB"] == str(16384 // 3)
-    finally:
-        remove_services(hub.stack)
+    await spawner.start()  # it keeps running: the pause and --leave tests need a user there
+    assert spawner.gpu_node == MACHINE and spawner.object_name == SERVER
+    (container,) = server_containers()
+    env = dict(line.split("=", 1) for line in container.attrs["Config"]["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == spawner.gpu_uuid
+    assert env["GPU_MEMORY_LIMIT_MB"] == str(16384 // 3)
+
+
+def server_containers() -> list:
+    client = engine_of(node_of_machine()["ID"])
+    return client.containers.list(filters={"label": f"com.docker.swarm.service.name={SERVER}"})
 
 
 def test_second_run_changes_nothing(machine, image_tar):
@@ -179,6 +192,27 @@ def test_second_run_changes_nothing(machine, image_tar):
     assert "nothing to change: this machine is already set up" in result.stdout
     assert DAEMON_JSON.stat().st_mtime == mtime
     assert PIDFILE.read_text() == pid, "the engine was restarted"
+
+
+def test_pause_node_keeps_running_servers_and_takes_no_new_ones(machine):
+    (before,) = server_containers()
+    subprocess.run(["make", "-s", "pause-node", f"NODE={MACHINE}"], cwd=REPO, check=True)
+    try:
+        assert node_of_machine()["Spec"]["Availability"] == "pause"
+        assert machine_gpus() == [], "the spawner must not choose a paused machine"
+        time.sleep(3)
+        (after,) = server_containers()
+        assert after.id == before.id and after.status == "running"
+    finally:
+        subprocess.run(["make", "-s", "resume-node", f"NODE={MACHINE}"], cwd=REPO, check=True)
+    assert len(machine_gpus()) == 2
+
+
+def test_leave_lists_running_servers_and_stops(machine, hub):
+    error = one_line_error(setup("--leave"))
+    assert SERVER in error and f"make pause-node NODE={MACHINE}" in error
+    assert engine_state() == "active", "nothing changed"
+    remove_services(hub.stack)
 
 
 def test_leave_takes_the_machine_out_and_removes_the_gpu_settings(machine):
