@@ -36,7 +36,7 @@ test:  ## the whole test suite: sets up its own test bed, then unit, integration
 bench:  ## benchmarks against stock dockerspawner.SwarmSpawner and bare Swarm (prints figures)
 	bash tests/bench/run.sh
 
-unit:  ## unit tests only (no Docker needed)
+unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 	bash tests/run.sh unit
 
 lint:  ## ruff lint + format check

@@ -17,7 +17,7 @@ log "lint (ruff)"
   || die "ruff found problems; fix them or run: .venv/bin/ruff format ."
 
 if [ "$what" = unit ]; then
-  exec "$VENV/bin/python" -m pytest tests/unit "$@"
+  exec "$VENV/bin/python" -m pytest tests/unit tests/sync "$@"
 fi
 
 # the worker machines go when the tests end, pass or fail

@@ -1,0 +1,49 @@
+"""Real git repositories for the tutorial-sync tests: a bare "GitHub" remote and a clone that
+commits and pushes to it, as a tutorial author would."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+
+def blob_id(data: bytes) -> str:
+    """git's id for a file's content (what ``git hash-object`` prints)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+class Author:
+    """A working clone of ``remote`` (a bare repository, reached by file:// URL)."""
+
+    def __init__(self, tmp: Path, branch: str = "main"):
+        self.remote = tmp / "remote.git"
+        self.work = tmp / "author"
+        self.branch = branch
+        self.git("init", "--bare", "-b", branch, str(self.remote), cwd=tmp)
+        self.git("init", "-b", branch, str(self.work), cwd=tmp)
+        self.git("config", "user.email", "author@example.org")
+        self.git("config", "user.name", "Tutorial Author")
+        self.git("remote", "add", "origin", self.url)
+
+    @property
+    def url(self) -> str:
+        return f"file://{self.remote}"
+
+    def git(self, *args: str, cwd: Path | None = None) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=cwd or self.work, check=True, capture_output=True, text=True
+        ).stdout.strip()
+
+    def write(self, path: str, content: str | bytes) -> None:
+        target = self.work / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, str):
+            content = content.encode()
+        target.write_bytes(content)
+
+    def commit_and_push(self, message: str, force: bool = False) -> str:
+        self.git("add", "-A")
+        self.git("commit", "-q", "--allow-empty", "-m", message)
+        self.git("push", "-q", *(["--force"] if force else []), "origin", self.branch)
+        return self.git("rev-parse", "HEAD")

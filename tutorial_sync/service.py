@@ -1,0 +1,203 @@
+"""The tutorial sync service: polls its repositories, takes GitHub push webhooks, reports status.
+
+    python -m tutorial_sync --repo NAME=URL[#BRANCH] [--repo ...] --root /srv/tutorials \\
+        [--cache DIR] [--interval 30] [--port 8090] [--webhook-secret-file FILE]
+
+Endpoints: ``POST /webhook`` (GitHub push events; ``X-Hub-Signature-256`` required),
+``GET /status`` (JSON: per repository the published commit, last sync, last error),
+``GET /healthz``. Each repository syncs at start, then every ``--interval`` seconds, and at once
+when a push for it arrives. One failing repository never stops the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tornado import web
+
+from . import webhook
+from .publish import Publisher, Repo, SyncError
+
+log = logging.getLogger("tutorial_sync")
+
+
+@dataclass
+class RepoStatus:
+    name: str
+    url: str
+    branch: str
+    commit: str = ""
+    published_at: float = 0.0
+    last_sync: float = 0.0  # the last time the remote was checked successfully
+    last_error: str = ""
+    last_error_at: float = 0.0
+    syncs: int = 0  # versions published since the service started
+
+
+@dataclass
+class SyncService:
+    publisher: Publisher
+    repos: list[Repo]
+    interval: float = 30.0
+    webhook_secret: str = ""
+    status: dict[str, RepoStatus] = field(default_factory=dict)
+    deliveries: webhook.DeliveryLog = field(default_factory=webhook.DeliveryLog)
+
+    def __post_init__(self):
+        self._locks = {r.name: asyncio.Lock() for r in self.repos}
+        for repo in self.repos:
+            self.status[repo.name] = RepoStatus(repo.name, repo.url, repo.branch)
+            published = self.publisher.published(repo.name)
+            if published:
+                self.status[repo.name].commit = published["commit"]
+                self.status[repo.name].published_at = published["published_at"]
+
+    async def sync(self, repo: Repo, reason: str) -> None:
+        """Sync one repository (never two syncs of one at once); errors go into its status."""
+        status = self.status[repo.name]
+        async with self._locks[repo.name]:
+            try:
+                changed = await asyncio.to_thread(self.publisher.sync, repo)
+            except SyncError as e:
+                status.last_error, status.last_error_at = str(e), time.time()
+                log.error("%s: %s (the last good version stays published)", repo.name, e)
+                return
+            except Exception as e:  # a bug or a full disk must not stop the other repositories
+                status.last_error, status.last_error_at = f"{type(e).__name__}: {e}", time.time()
+                log.exception("%s: sync failed", repo.name)
+                return
+            status.last_sync, status.last_error = time.time(), ""
+            if changed:
+                published = self.publisher.published(repo.name)
+                status.commit, status.published_at = published["commit"], published["published_at"]
+                status.syncs += 1
+                log.info("%s: published %s (%s)", repo.name, status.commit[:12], reason)
+
+    async def sync_all(self, reason: str) -> None:
+        await asyncio.gather(*(self.sync(r, reason) for r in self.repos))
+
+    async def poll_forever(self) -> None:
+        """Sync at start, then every ``interval`` seconds."""
+        while True:
+            started = time.monotonic()
+            await self.sync_all("poll")
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def repos_for_push(self, payload: dict) -> list[Repo]:
+        """The configured repositories a push event is about (its repository and branch)."""
+        names = webhook.repository_names(payload)
+        branch = webhook.pushed_branch(payload)
+        return [
+            r
+            for r in self.repos
+            if r.branch == branch and webhook.normalise_url(r.url).lower() in names
+        ]
+
+
+class StatusHandler(web.RequestHandler):
+    def get(self):
+        service: SyncService = self.settings["service"]
+        self.set_header("Content-Type", "application/json")
+        self.write(json.dumps({"repos": [asdict(s) for s in service.status.values()]}, indent=1))
+
+
+class HealthHandler(web.RequestHandler):
+    def get(self):
+        self.write("ok\n")
+
+
+class WebhookHandler(web.RequestHandler):
+    async def post(self):
+        service: SyncService = self.settings["service"]
+        headers, body = self.request.headers, self.request.body
+        delivery = headers.get(webhook.DELIVERY_HEADER, "")
+        if not webhook.signature_is_valid(
+            service.webhook_secret, body, headers.get(webhook.SIGNATURE_HEADER)
+        ):
+            log.warning(
+                "webhook delivery %s from %s refused: %s signature",
+                delivery or "(no id)",
+                self.request.remote_ip,
+                "bad" if headers.get(webhook.SIGNATURE_HEADER) else "missing",
+            )
+            raise web.HTTPError(401, reason="bad or missing X-Hub-Signature-256")
+        event = headers.get(webhook.EVENT_HEADER, "push")
+        if event == "ping":
+            return self.finish({"ok": True, "event": "ping"})
+        if event != "push":
+            return self.finish({"ok": True, "ignored": event})
+        if not service.deliveries.first_time(delivery):
+            return self.finish({"ok": True, "duplicate": delivery})
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            raise web.HTTPError(400, reason="the body is not JSON") from None
+        repos = service.repos_for_push(payload)
+        for repo in repos:
+            asyncio.ensure_future(service.sync(repo, f"webhook {delivery}"))
+        self.set_status(202)
+        self.finish({"ok": True, "syncing": [r.name for r in repos]})
+
+
+def make_app(service: SyncService) -> web.Application:
+    return web.Application(
+        [
+            (r"/webhook", WebhookHandler),
+            (r"/status", StatusHandler),
+            (r"/healthz", HealthHandler),
+        ],
+        service=service,
+    )
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repo", action="append", default=[], metavar="NAME=URL[#BRANCH]")
+    parser.add_argument("--root", required=True, help="the share: where tutorials are published")
+    parser.add_argument("--cache", default="", help="git cache (default: <root>/../tutorial-cache)")
+    parser.add_argument("--interval", type=float, default=30.0, help="seconds between polls (30)")
+    parser.add_argument("--keep-seconds", type=float, default=600.0)
+    parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--webhook-secret-file", default="", metavar="FILE")
+    args = parser.parse_args(argv)
+    try:
+        args.repos = [Repo.parse(text) for text in args.repo]
+    except ValueError as e:
+        parser.error(str(e))
+    if not args.repos:
+        parser.error("no --repo given; add --repo NAME=URL[#BRANCH] for each tutorial repository")
+    if len({r.name for r in args.repos}) != len(args.repos):
+        parser.error("two --repo entries share a NAME; every repository needs its own")
+    if args.interval <= 0:
+        parser.error(f"--interval must be positive, got {args.interval}")
+    return args
+
+
+async def serve(args) -> None:
+    root = Path(args.root)
+    cache = Path(args.cache) if args.cache else root.parent / "tutorial-cache"
+    secret = Path(args.webhook_secret_file).read_text().strip() if args.webhook_secret_file else ""
+    if not secret:
+        log.warning("no webhook secret: every webhook delivery is refused; polling only")
+    service = SyncService(
+        Publisher(root, cache, args.keep_seconds), args.repos, args.interval, secret
+    )
+    make_app(service).listen(args.port)
+    log.info(
+        "tutorial sync on :%d for %s, polling every %ss",
+        args.port,
+        ", ".join(r.name for r in args.repos),
+        args.interval,
+    )
+    await service.poll_forever()
+
+
+def main(argv=None) -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(levelname).1s %(asctime)s] %(message)s")
+    asyncio.run(serve(parse_args(argv)))
