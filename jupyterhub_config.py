@@ -21,6 +21,7 @@ def secret(name):
 
 
 STACK = setting("STACK", "gpuhub")
+TUTORIAL_REPOS = setting("TUTORIAL_REPOS", "").split()
 SIMULATED = setting("SIMULATED_GPUS", "0") == "1"
 
 # ---- hub, proxy, database ------------------------------------------------------------------
@@ -43,6 +44,9 @@ c.DummyAuthenticator.password = secret("demo_password")
 
 # The operations token: `make status` and the tests use it through the REST API.
 c.JupyterHub.services = [{"name": "ops", "api_token": secret("ops_token")}]
+if TUTORIAL_REPOS:
+    # the proxy routes /services/tutorial-sync/ (GitHub's webhook, the status page) to it
+    c.JupyterHub.services.append({"name": "tutorial-sync", "url": "http://tutorial-sync:8090"})
 c.JupyterHub.load_roles = [
     {
         "name": "ops",
@@ -62,7 +66,8 @@ if SIMULATED:
 # ---- user servers -----------------------------------------------------------------------------
 # Shared by GPUSwarmSpawner and the stock SwarmSpawner baseline (a subclass reads these too).
 c.SwarmSpawner.image = setting("SINGLEUSER_IMAGE", "gpu-jupyterhub/singleuser:latest")
-c.SwarmSpawner.cmd = ["jupyterhub-singleuser"]
+# start-singleuser: the tutorial start hook, then jupyterhub-singleuser
+c.SwarmSpawner.cmd = ["start-singleuser"]
 # Servers reach the hub's API through the proxy: unlike the hub, it keeps its address when the
 # hub restarts, and answers at once (503) while the hub is away instead of leaving connections
 # to a vanished address hanging.
@@ -90,3 +95,9 @@ else:
     c.GPUSwarmSpawner.docker_api_threads = int(setting("DOCKER_API_THREADS", "4"))
     c.GPUSwarmSpawner.service_labels = {"gpu-jupyterhub.stack": STACK}
     c.GPUSwarmSpawner.volumes = {"jy-home-{username}": "/home/jovyan"}
+    if TUTORIAL_REPOS:
+        # the published tutorials (shared storage at the same path on every machine), read-only
+        c.GPUSwarmSpawner.volumes[setting("TUTORIALS_DIR", "/srv/tutorials")] = {
+            "bind": "/srv/tutorials",
+            "mode": "ro",
+        }

@@ -163,7 +163,7 @@ ensure_images() {
 ensure_secrets() {
   install -d -m 0700 "$GPUHUB_STATE_DIR"
   local name
-  for name in proxy_token ops_token demo_password; do
+  for name in proxy_token ops_token demo_password webhook_secret; do
     [ -s "$GPUHUB_STATE_DIR/$name" ] && continue
     ( umask 077; openssl rand -hex 16 >"$GPUHUB_STATE_DIR/$name" )
   done
@@ -185,7 +185,10 @@ deploy_stack() {
   GPUHUB_HUB_IMAGE_ID=$(docker image inspect -f '{{.Id}}' "$GPUHUB_HUB_IMAGE")
   GPUHUB_SINGLEUSER_IMAGE_ID=$(docker image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE")
   GPUHUB_SIMULATED_GPUS=$(simulated_gpus_in_swarm)
-  export GPUHUB_HUB_IMAGE_ID GPUHUB_SINGLEUSER_IMAGE_ID GPUHUB_SIMULATED_GPUS
+  GPUHUB_TUTORIAL_SYNC_REPLICAS=$([ -n "$GPUHUB_TUTORIAL_REPOS" ] && echo 1 || echo 0)
+  install -d -m 0755 "$GPUHUB_TUTORIALS_DIR"  # the sync service's bind mount needs it
+  export GPUHUB_HUB_IMAGE_ID GPUHUB_SINGLEUSER_IMAGE_ID GPUHUB_SIMULATED_GPUS \
+    GPUHUB_TUTORIAL_SYNC_REPLICAS
   local out; out=$(mktemp)
   docker stack deploy --resolve-image never -c "$REPO/deploy/stack.yml" "$GPUHUB_STACK" >"$out" 2>&1 \
     || { cat "$out" >&2; die "docker stack deploy failed (output above); remove what exists with: make down"; }

@@ -61,6 +61,19 @@ def _git_reason(error: git.GitCommandError) -> str:
     return reasons[0] if reasons else str(error).replace("\n", " ")
 
 
+def _inside(archive: tarfile.TarFile):
+    """The archive's members, refusing any that would land outside the target directory
+    (what tarfile's "data" filter does on Pythons that have it)."""
+    for member in archive:
+        parts = Path(member.name).parts
+        link = Path(member.linkname).parts if member.issym() or member.islnk() else ()
+        if member.name.startswith("/") or ".." in parts or link[:1] == ("/",) or ".." in link:
+            raise SyncError(f"refusing {member.name!r} from the repository: it points outside")
+        if not (member.isfile() or member.isdir() or member.issym()):
+            continue  # devices, fifos: never in a tutorial
+        yield member
+
+
 class Publisher:
     """Fetches repositories into ``cache`` and publishes them under ``root``."""
 
@@ -151,7 +164,10 @@ class Publisher:
         process = cached.git.archive("--format=tar", commit, as_process=True)
         try:
             with tarfile.open(fileobj=process.stdout, mode="r|") as archive:
-                archive.extractall(target, filter="data")
+                if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
+                    archive.extractall(target, filter="data")
+                else:
+                    archive.extractall(target, members=_inside(archive))
         finally:
             process.wait()
 

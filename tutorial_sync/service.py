@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -145,12 +146,13 @@ class WebhookHandler(web.RequestHandler):
         self.finish({"ok": True, "syncing": [r.name for r in repos]})
 
 
-def make_app(service: SyncService) -> web.Application:
+def make_app(service: SyncService, base_url: str = "/") -> web.Application:
+    base = "/" + base_url.strip("/") + "/" if base_url.strip("/") else "/"
     return web.Application(
         [
-            (r"/webhook", WebhookHandler),
-            (r"/status", StatusHandler),
-            (r"/healthz", HealthHandler),
+            (base + "webhook", WebhookHandler),
+            (base + "status", StatusHandler),
+            (base + "healthz", HealthHandler),
         ],
         service=service,
     )
@@ -158,16 +160,29 @@ def make_app(service: SyncService) -> web.Application:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repo", action="append", default=[], metavar="NAME=URL[#BRANCH]")
+    parser.add_argument(
+        "--repo",
+        action="append",
+        default=[],
+        metavar="NAME=URL[#BRANCH]",
+        help="a repository to publish (default: $GPUHUB_TUTORIAL_REPOS, space-separated)",
+    )
     parser.add_argument("--root", required=True, help="the share: where tutorials are published")
     parser.add_argument("--cache", default="", help="git cache (default: <root>/../tutorial-cache)")
-    parser.add_argument("--interval", type=float, default=30.0, help="seconds between polls (30)")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=float(os.environ.get("GPUHUB_TUTORIAL_POLL", "30")),
+        help="seconds between polls (default: $GPUHUB_TUTORIAL_POLL or 30)",
+    )
+    parser.add_argument("--base-url", default="/", help="URL prefix of the endpoints")
     parser.add_argument("--keep-seconds", type=float, default=600.0)
     parser.add_argument("--port", type=int, default=8090)
     parser.add_argument("--webhook-secret-file", default="", metavar="FILE")
     args = parser.parse_args(argv)
+    texts = args.repo or os.environ.get("GPUHUB_TUTORIAL_REPOS", "").split()
     try:
-        args.repos = [Repo.parse(text) for text in args.repo]
+        args.repos = [Repo.parse(text) for text in texts]
     except ValueError as e:
         parser.error(str(e))
     if not args.repos:
@@ -188,7 +203,7 @@ async def serve(args) -> None:
     service = SyncService(
         Publisher(root, cache, args.keep_seconds), args.repos, args.interval, secret
     )
-    make_app(service).listen(args.port)
+    make_app(service, args.base_url).listen(args.port)
     log.info(
         "tutorial sync on :%d for %s, polling every %ss",
         args.port,

@@ -9,6 +9,11 @@ from .hub import REPO, Hub, dump_logs, lib, settings, state_file
 _TEST_STACK = {"STACK": "gpuhub-test", "HTTP_PORT": "18000", "NETWORK": "jhub-test"}
 # servers of a machine that disappears are noticed within seconds, not the default 30
 _TEST_STACK["POLL_INTERVAL"] = "5"
+# the tutorial "GitHub": a bare repository served by git daemon on the bed's bridge
+# (tests/integration/test_tutorials.py creates it); polled every 2 s
+TUTORIAL_REMOTES = "/var/lib/gpu-jupyterhub/test-remotes"
+_TEST_STACK["TUTORIAL_REPOS"] = "gpu101=git://10.199.0.1:9418/gpu101.git"
+_TEST_STACK["TUTORIAL_POLL"] = "2"
 for _name, _value in _TEST_STACK.items():
     os.environ[f"GPUHUB_{_name}"] = os.environ.get(f"GPUHUB_TEST_{_name}", _value)
 

@@ -1,0 +1,136 @@
+"""Tutorials from git into running servers: the sync service in the stack, the read-only share,
+the start hook in a real container. The "GitHub" remote is a bare repository served by
+git daemon on the bed's bridge (10.199.0.1)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.sync.gitrepos import Author
+from tutorial_sync import webhook
+
+from .conftest import TUTORIAL_REMOTES
+from .hub import container_of, state_file
+
+pytestmark = pytest.mark.integration
+
+USER, SERVICE = "ci-tutorials", "jy-ci-2dtutorials"
+FILE = "/srv/tutorials/gpu101"
+
+
+@pytest.fixture(scope="module")
+def author(hub):
+    """The bare remote gpu101.git, an author's clone of it, and git daemon serving it."""
+    base = Path(TUTORIAL_REMOTES)
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    a = Author(base)
+    a.git("init", "--bare", "-q", "-b", "main", str(base / "gpu101.git"), cwd=base)
+    a.git("remote", "set-url", "origin", f"file://{base / 'gpu101.git'}")
+    a.write("01-intro.ipynb", '{"cells": [], "v": 1}')
+    a.commit_and_push("first")
+    daemon = subprocess.Popen(
+        ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={base}"]
+        + ["--listen=10.199.0.1", "--port=9418", str(base)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    yield a
+    daemon.terminate()
+    daemon.wait(10)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def sync_status(hub) -> dict:
+    r = hub.session.get(f"{hub.url}/services/tutorial-sync/status", timeout=10)
+    r.raise_for_status()
+    return {s["name"]: s for s in r.json()["repos"]}
+
+
+def wait(condition, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not condition():
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"{what}: not after {timeout} s")
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def server(hub, author):
+    wait(lambda: sync_status(hub)["gpu101"]["commit"], 30, "first publish")
+    hub.api("POST", f"/users/{USER}")
+    r = hub.api("POST", f"/users/{USER}/server")
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready(USER)
+    yield container_of(SERVICE)
+    hub.stop(USER)
+
+
+def read(container, path: str, user: str = "jovyan") -> str | None:
+    result = container.exec_run(["cat", path], user=user)
+    return result.output.decode() if result.exit_code == 0 else None
+
+
+def test_the_server_starts_with_the_tutorials_in_its_home(server):
+    assert read(server, "/home/jovyan/tutorials/gpu101/01-intro.ipynb") == '{"cells": [], "v": 1}'
+    assert read(server, f"{FILE}/01-intro.ipynb") == '{"cells": [], "v": 1}'
+
+
+def test_root_in_the_container_cannot_write_or_remount_the_share(server):
+    for command in (
+        ["touch", f"{FILE}/hacked"],
+        ["sh", "-c", f"echo x > {FILE}/01-intro.ipynb"],
+        ["mount", "-o", "remount,rw", "/srv/tutorials"],
+    ):
+        result = server.exec_run(command, user="root")
+        assert result.exit_code != 0, f"{command} succeeded as root: {result.output}"
+    assert read(server, f"{FILE}/01-intro.ipynb") == '{"cells": [], "v": 1}'
+
+
+def test_a_signed_webhook_makes_a_push_readable_in_the_server_within_5_s(
+    hub, hub_settings, author, server
+):
+    author.write("02-new.ipynb", '{"v": "webhook"}')
+    author.commit_and_push("via webhook")
+    body = json.dumps(
+        {
+            "ref": "refs/heads/main",
+            "repository": {"clone_url": "git://10.199.0.1:9418/gpu101.git"},
+        }
+    ).encode()
+    secret = state_file(hub_settings, "webhook_secret")
+    headers = {
+        webhook.SIGNATURE_HEADER: webhook.signature(secret, body),
+        webhook.DELIVERY_HEADER: f"ci-{time.time()}",
+        webhook.EVENT_HEADER: "push",
+    }
+    t0 = time.monotonic()
+    r = hub.session.post(f"{hub.url}/services/tutorial-sync/webhook", data=body, headers=headers)
+    assert r.status_code == 202 and r.json()["syncing"] == ["gpu101"], r.text
+    wait(lambda: read(server, f"{FILE}/02-new.ipynb") == '{"v": "webhook"}', 5, "webhook push")
+    print(f"push -> readable in the server (webhook): {time.monotonic() - t0:.2f} s")
+
+    bad = hub.session.post(
+        f"{hub.url}/services/tutorial-sync/webhook",
+        data=body,
+        headers={**headers, webhook.SIGNATURE_HEADER: "sha256=" + "0" * 64},
+    )
+    assert bad.status_code == 401
+
+
+def test_polling_makes_a_push_readable_within_the_interval_plus_2_s(hub, author, server):
+    author.write("03-polled.ipynb", '{"v": "poll"}')
+    author.commit_and_push("via polling")
+    elapsed = wait(
+        lambda: read(server, f"{FILE}/03-polled.ipynb") == '{"v": "poll"}', 2 + 2, "polled push"
+    )
+    print(f"push -> readable in the server (polling every 2 s): {elapsed:.2f} s")
+    status = sync_status(hub)["gpu101"]
+    assert status["commit"] == author.git("rev-parse", "HEAD") and status["last_error"] == ""
