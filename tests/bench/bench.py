@@ -9,20 +9,24 @@ network); only one is measured at a time. Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import docker
 import requests
 
 from gpu_swarm_spawner import GPUSwarmSpawner
 from gpu_swarm_spawner.inventory import task_is_live
-from tests.integration.hub import REPO, Hub, state_file
+from tests.integration.hub import REPO, Hub, container_of, state_file
 from tests.integration.spawners import inventory
+from tests.sync.gitrepos import ServedRemote
+from tutorial_sync import webhook
 
 VARIANTS = {
     # name: settings of its stack
@@ -295,13 +299,108 @@ def bench_join(repeats: int) -> list[float]:
     return times
 
 
+# ---- 5. tutorials: git push -> readable in a running server -------------------------------------
+
+TUTORIALS = {
+    "STACK": "bench-tut",
+    "HTTP_PORT": "18400",
+    "NETWORK": "bench-tut",
+    "TUTORIAL_REPOS": "gpu101=git://10.199.0.1:9418/gpu101.git",
+    "TUTORIAL_POLL": "30",
+}
+
+
+def original_poller(remote_url: str, target: Path, interval: float, stop: threading.Event):
+    """The original workshop's publishing: every ``interval`` s, pull into the shared directory
+    in place (readers can see a half-updated tree)."""
+    subprocess.run(["git", "clone", "-q", remote_url, str(target)], check=True)
+    while not stop.wait(interval):
+        subprocess.run(["git", "-C", str(target), "pull", "-q", "--ff-only"], capture_output=True)
+
+
+def bench_tutorials(samples: int) -> dict[str, list[float]]:
+    VARIANTS["tutorials"] = TUTORIALS
+    remote = ServedRemote(Path("/var/lib/gpu-jupyterhub/bench-remotes"), "gpu101")
+    author = remote.author
+    author.write("00-start.ipynb", "{}")
+    author.commit_and_push("first")
+    times: dict[str, list[float]] = {"webhook": [], "polling": [], "original": []}
+    stop = threading.Event()
+    try:
+        hub = deploy("tutorials")
+        share = Path(lib("tutorials", 'echo "$GPUHUB_TUTORIALS_DIR"').strip())
+        state = {"GPUHUB_STATE_DIR": lib("tutorials", 'echo "$GPUHUB_STATE_DIR"').strip()}
+        secret = state_file(state, "webhook_secret")
+        poller = threading.Thread(
+            target=original_poller,
+            args=(f"file://{remote.base}/gpu101.git", share / "gpu101-original", 30, stop),
+        )
+        poller.start()
+        hub.api("POST", "/users/bench-tutorials")
+        hub.api("POST", "/users/bench-tutorials/server")
+        hub.wait_ready("bench-tutorials")
+        container = container_of("jy-bench-2dtutorials")
+
+        def readable_after(path: str, content: str, t0: float, timeout: float = 60) -> float:
+            while time.monotonic() - t0 < timeout:
+                got = container.exec_run(["cat", path])
+                if got.exit_code == 0 and got.output.decode() == content:
+                    return time.monotonic() - t0
+                time.sleep(0.1)
+            raise TimeoutError(f"{path} not readable after {timeout} s")
+
+        for i in range(samples):
+            author.write(f"w{i}.ipynb", f"webhook {i}")
+            author.commit_and_push(f"webhook {i}")
+            body = json.dumps(
+                {
+                    "ref": "refs/heads/main",
+                    "repository": {"clone_url": TUTORIALS["TUTORIAL_REPOS"].split("=", 1)[1]},
+                }
+            ).encode()
+            t0 = time.monotonic()
+            r = hub.session.post(
+                f"{hub.url}/services/tutorial-sync/webhook",
+                data=body,
+                headers={
+                    webhook.SIGNATURE_HEADER: webhook.signature(secret, body),
+                    webhook.DELIVERY_HEADER: f"bench-{i}-{time.time()}",
+                },
+            )
+            r.raise_for_status()
+            times["webhook"].append(
+                readable_after(f"/srv/tutorials/gpu101/w{i}.ipynb", f"webhook {i}", t0)
+            )
+
+            author.write(f"p{i}.ipynb", f"polled {i}")
+            author.commit_and_push(f"polled {i}")
+            t0 = time.monotonic()
+            times["polling"].append(
+                readable_after(f"/srv/tutorials/gpu101/p{i}.ipynb", f"polled {i}", t0)
+            )
+            times["original"].append(
+                readable_after(f"/srv/tutorials/gpu101-original/p{i}.ipynb", f"polled {i}", t0)
+            )
+            print(
+                f"  push {i + 1}: webhook {times['webhook'][-1]:5.2f} s   polling "
+                f"{times['polling'][-1]:5.2f} s   original (pull in place) "
+                f"{times['original'][-1]:5.2f} s",
+                flush=True,
+            )
+    finally:
+        stop.set()
+        remove("tutorials")
+        remote.close()
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--crowd", type=int, default=50)
     parser.add_argument(
         "--only",
-        choices=("single", "crowd", "join"),
+        choices=("single", "crowd", "join", "tutorials"),
         help="run one part only (while working on it); the summary needs both",
     )
     args = parser.parse_args()
@@ -309,6 +408,16 @@ def main() -> None:
     slices = sum(g.slices for g in inventory().values())
     nodes = len({g.node_name for g in inventory().values()})
     print(f"bed: {nodes} nodes, {len(inventory())} simulated GPUs, {slices} slices")
+    if args.only == "tutorials":
+        print("\n5. git push -> readable in a running server (poll interval 30 s)")
+        t = bench_tutorials(3)
+        print(
+            f"\nsummary: webhook p50 {statistics.median(t['webhook']):.2f} s (goal < 5 s); "
+            f"polling p50 {statistics.median(t['polling']):.2f} s, max {max(t['polling']):.2f} s "
+            f"(goal <= 32 s); original workshop's pull-in-place every 30 s: p50 "
+            f"{statistics.median(t['original']):.2f} s, and readers can see half-updated trees"
+        )
+        return
     if args.only == "join":
         print(
             "\n4. a fresh GPU machine (Docker installed) runs setup.sh: until its slices are usable"

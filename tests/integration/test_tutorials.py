@@ -5,14 +5,12 @@ git daemon on the bed's bridge (10.199.0.1)."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.sync.gitrepos import Author
+from tests.sync.gitrepos import ServedRemote
 from tutorial_sync import webhook
 
 from .conftest import TUTORIAL_REMOTES
@@ -27,24 +25,11 @@ FILE = "/srv/tutorials/gpu101"
 @pytest.fixture(scope="module")
 def author(hub):
     """The bare remote gpu101.git, an author's clone of it, and git daemon serving it."""
-    base = Path(TUTORIAL_REMOTES)
-    shutil.rmtree(base, ignore_errors=True)
-    base.mkdir(parents=True)
-    a = Author(base)
-    a.git("init", "--bare", "-q", "-b", "main", str(base / "gpu101.git"), cwd=base)
-    a.git("remote", "set-url", "origin", f"file://{base / 'gpu101.git'}")
-    a.write("01-intro.ipynb", '{"cells": [], "v": 1}')
-    a.commit_and_push("first")
-    daemon = subprocess.Popen(
-        ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={base}"]
-        + ["--listen=10.199.0.1", "--port=9418", str(base)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    yield a
-    daemon.terminate()
-    daemon.wait(10)
-    shutil.rmtree(base, ignore_errors=True)
+    remote = ServedRemote(Path(TUTORIAL_REMOTES), "gpu101")
+    remote.author.write("01-intro.ipynb", '{"cells": [], "v": 1}')
+    remote.author.commit_and_push("first")
+    yield remote.author
+    remote.close()
 
 
 def sync_status(hub) -> dict:

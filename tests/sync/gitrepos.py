@@ -4,6 +4,7 @@ commits and pushes to it, as a tutorial author would."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -47,3 +48,27 @@ class Author:
         self.git("commit", "-q", "--allow-empty", "-m", message)
         self.git("push", "-q", *(["--force"] if force else []), "origin", self.branch)
         return self.git("rev-parse", "HEAD")
+
+
+class ServedRemote:
+    """A bare repository NAME.git under ``base``, an author's clone pushing to it, and
+    git daemon serving it at git://ADDRESS:9418/NAME.git (the tests' stand-in for GitHub)."""
+
+    def __init__(self, base: Path, name: str, address: str = "10.199.0.1"):
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+        self.base, self.url = base, f"git://{address}:9418/{name}.git"
+        self.author = Author(base)
+        self.author.git("init", "--bare", "-q", "-b", "main", str(base / f"{name}.git"), cwd=base)
+        self.author.git("remote", "set-url", "origin", f"file://{base / f'{name}.git'}")
+        self.daemon = subprocess.Popen(
+            ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={base}"]
+            + [f"--listen={address}", "--port=9418", str(base)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def close(self) -> None:
+        self.daemon.terminate()
+        self.daemon.wait(10)
+        shutil.rmtree(self.base, ignore_errors=True)
