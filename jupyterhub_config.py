@@ -101,3 +101,11 @@ else:
             "bind": "/srv/tutorials",
             "mode": "ro",
         }
+    if setting("DATASETS_DIR", ""):
+        mode = setting("DATASETS_MODE", "ro")
+        if mode not in ("ro", "rw"):
+            raise ValueError(f"GPUHUB_DATASETS_MODE is {mode!r}; write ro or rw")
+        c.GPUSwarmSpawner.volumes[setting("DATASETS_DIR", "")] = {
+            "bind": "/srv/datasets",
+            "mode": mode,
+        }

@@ -186,7 +186,8 @@ deploy_stack() {
   GPUHUB_SINGLEUSER_IMAGE_ID=$(docker image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE")
   GPUHUB_SIMULATED_GPUS=$(simulated_gpus_in_swarm)
   GPUHUB_TUTORIAL_SYNC_REPLICAS=$([ -n "$GPUHUB_TUTORIAL_REPOS" ] && echo 1 || echo 0)
-  install -d -m 0755 "$GPUHUB_TUTORIALS_DIR"  # the sync service's bind mount needs it
+  # bind-mount sources must exist (on shared storage they then exist on every machine)
+  install -d -m 0755 "$GPUHUB_TUTORIALS_DIR" ${GPUHUB_DATASETS_DIR:+"$GPUHUB_DATASETS_DIR"}
   export GPUHUB_HUB_IMAGE_ID GPUHUB_SINGLEUSER_IMAGE_ID GPUHUB_SIMULATED_GPUS \
     GPUHUB_TUTORIAL_SYNC_REPLICAS
   local out; out=$(mktemp)

@@ -1,9 +1,12 @@
-"""Spawn benchmarks: GPUSwarmSpawner vs stock dockerspawner.SwarmSpawner vs bare Swarm.
+"""Benchmarks on the multi-node test bed, run by `make bench`; figures printed, never asserted.
 
-Run by `make bench` on the multi-node test bed. Each hub is its own stack (own port and
-network); only one is measured at a time. Figures are printed, never asserted.
+1-3. spawns: GPUSwarmSpawner vs stock dockerspawner.SwarmSpawner vs the bare Swarm operation
+     (one spawn; 50 at once; refusals). Each hub is its own stack (own port and network).
+4.   a fresh GPU machine joining with worker_setup/setup.sh (also `make bench-join`).
+5.   tutorials: git push until readable in a running server (webhook, polling, the original
+     workshop's pull in place).
 
-    python -m tests.bench.bench [--repeats 10] [--crowd 50]
+    python -m tests.bench.bench [--repeats 10] [--crowd 50] [--only single|crowd|join|tutorials]
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ VARIANTS = {
         "HTTP_PORT": "18300",
         "NETWORK": "bench-gpu1",
         "DOCKER_API_THREADS": "1",
+    },
+    # the tutorial-sync round: a hub whose tutorials come from git daemon on the bed's bridge
+    "tutorials": {
+        "STACK": "bench-tut",
+        "HTTP_PORT": "18400",
+        "NETWORK": "bench-tut",
+        "TUTORIAL_REPOS": "gpu101=git://10.199.0.1:9418/gpu101.git",
+        "TUTORIAL_POLL": "30",
     },
 }
 COMMON = {"START_TIMEOUT": "60", "POLL_INTERVAL": "30", "NAMED_SLOTS": "NVIDIA-GPU"}
@@ -301,14 +312,6 @@ def bench_join(repeats: int) -> list[float]:
 
 # ---- 5. tutorials: git push -> readable in a running server -------------------------------------
 
-TUTORIALS = {
-    "STACK": "bench-tut",
-    "HTTP_PORT": "18400",
-    "NETWORK": "bench-tut",
-    "TUTORIAL_REPOS": "gpu101=git://10.199.0.1:9418/gpu101.git",
-    "TUTORIAL_POLL": "30",
-}
-
 
 def original_poller(remote_url: str, target: Path, interval: float, stop: threading.Event):
     """The original workshop's publishing: every ``interval`` s, pull into the shared directory
@@ -319,7 +322,6 @@ def original_poller(remote_url: str, target: Path, interval: float, stop: thread
 
 
 def bench_tutorials(samples: int) -> dict[str, list[float]]:
-    VARIANTS["tutorials"] = TUTORIALS
     remote = ServedRemote(Path("/var/lib/gpu-jupyterhub/bench-remotes"), "gpu101")
     author = remote.author
     author.write("00-start.ipynb", "{}")
@@ -355,7 +357,9 @@ def bench_tutorials(samples: int) -> dict[str, list[float]]:
             body = json.dumps(
                 {
                     "ref": "refs/heads/main",
-                    "repository": {"clone_url": TUTORIALS["TUTORIAL_REPOS"].split("=", 1)[1]},
+                    "repository": {
+                        "clone_url": VARIANTS["tutorials"]["TUTORIAL_REPOS"].split("=", 1)[1]
+                    },
                 }
             ).encode()
             t0 = time.monotonic()
@@ -394,46 +398,13 @@ def bench_tutorials(samples: int) -> dict[str, list[float]]:
     return times
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--crowd", type=int, default=50)
-    parser.add_argument(
-        "--only",
-        choices=("single", "crowd", "join", "tutorials"),
-        help="run one part only (while working on it); the summary needs both",
-    )
-    args = parser.parse_args()
-
-    slices = sum(g.slices for g in inventory().values())
-    nodes = len({g.node_name for g in inventory().values()})
-    print(f"bed: {nodes} nodes, {len(inventory())} simulated GPUs, {slices} slices")
-    if args.only == "tutorials":
-        print("\n5. git push -> readable in a running server (poll interval 30 s)")
-        t = bench_tutorials(3)
-        print(
-            f"\nsummary: webhook p50 {statistics.median(t['webhook']):.2f} s (goal < 5 s); "
-            f"polling p50 {statistics.median(t['polling']):.2f} s, max {max(t['polling']):.2f} s "
-            f"(goal <= 32 s); original workshop's pull-in-place every 30 s: p50 "
-            f"{statistics.median(t['original']):.2f} s, and readers can see half-updated trees"
-        )
-        return
-    if args.only == "join":
-        print(
-            "\n4. a fresh GPU machine (Docker installed) runs setup.sh: until its slices are usable"
-        )
-        joins = bench_join(3)
-        print(
-            f"\nsummary: machine joined, slices usable in p50 {statistics.median(joins):.1f} s "
-            f"(max {max(joins):.1f} s)   goal < 60 s; the original workshop's setup.sh: ~5 min"
-        )
-        return
+def spawns(args, slices: int) -> None:
     print("deploying the hubs (GPUSwarmSpawner, stock SwarmSpawner, GPUSwarmSpawner 1 thread)")
     hubs = {}
     single: dict[str, list[float]] = {}
     crowds: dict[str, dict[str, list[float]]] = {}
     try:
-        for variant in VARIANTS:
+        for variant in ("gpu", "stock", "gpu-1thread"):
             hubs[variant] = deploy(variant)
 
         if args.only != "crowd":
@@ -455,6 +426,48 @@ def main() -> None:
         for variant in hubs:
             remove(variant)
     summary(single, crowds, args.crowd)
+
+
+def joins() -> None:
+    print("\n4. a fresh GPU machine (Docker installed) runs setup.sh: until its slices are usable")
+    times = bench_join(3)
+    print(
+        f"  summary: machine joined, slices usable in p50 {statistics.median(times):.1f} s "
+        f"(max {max(times):.1f} s)   goal < 60 s; the original workshop's setup.sh: ~5 min"
+    )
+
+
+def tutorials() -> None:
+    print("\n5. git push -> readable in a running server (poll interval 30 s)")
+    t = bench_tutorials(3)
+    print(
+        f"  summary: webhook p50 {statistics.median(t['webhook']):.2f} s (goal < 5 s); "
+        f"polling p50 {statistics.median(t['polling']):.2f} s, max {max(t['polling']):.2f} s "
+        f"(goal <= 32 s); the original workshop's pull-in-place every 30 s: p50 "
+        f"{statistics.median(t['original']):.2f} s, and readers can see half-updated trees"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--crowd", type=int, default=50)
+    parser.add_argument(
+        "--only",
+        choices=("single", "crowd", "join", "tutorials"),
+        help="run one part only (while working on it)",
+    )
+    args = parser.parse_args()
+
+    slices = sum(g.slices for g in inventory().values())
+    nodes = len({g.node_name for g in inventory().values()})
+    print(f"bed: {nodes} nodes, {len(inventory())} simulated GPUs, {slices} slices")
+    if args.only in (None, "single", "crowd"):
+        spawns(args, slices)
+    if args.only in (None, "join"):
+        joins()
+    if args.only in (None, "tutorials"):
+        tutorials()
 
 
 def summary(single: dict[str, list[float]], crowds: dict, size: int) -> None:

@@ -14,6 +14,9 @@ _TEST_STACK["POLL_INTERVAL"] = "5"
 TUTORIAL_REMOTES = "/var/lib/gpu-jupyterhub/test-remotes"
 _TEST_STACK["TUTORIAL_REPOS"] = "gpu101=git://10.199.0.1:9418/gpu101.git"
 _TEST_STACK["TUTORIAL_POLL"] = "2"
+# a shared dataset cache, read-only in servers
+DATASETS = "/var/lib/gpu-jupyterhub/test-datasets"
+_TEST_STACK["DATASETS_DIR"] = DATASETS
 for _name, _value in _TEST_STACK.items():
     os.environ[f"GPUHUB_{_name}"] = os.environ.get(f"GPUHUB_TEST_{_name}", _value)
 

@@ -13,7 +13,7 @@ import pytest
 from tests.sync.gitrepos import ServedRemote
 from tutorial_sync import webhook
 
-from .conftest import TUTORIAL_REMOTES
+from .conftest import DATASETS, TUTORIAL_REMOTES
 from .hub import container_of, state_file
 
 pytestmark = pytest.mark.integration
@@ -119,3 +119,10 @@ def test_polling_makes_a_push_readable_within_the_interval_plus_2_s(hub, author,
     print(f"push -> readable in the server (polling every 2 s): {elapsed:.2f} s")
     status = sync_status(hub)["gpu101"]
     assert status["commit"] == author.git("rev-parse", "HEAD") and status["last_error"] == ""
+
+
+def test_the_shared_dataset_cache_is_mounted_read_only(server):
+    Path(DATASETS, "mnist.csv").write_text("label,pixels\n")
+    assert read(server, "/srv/datasets/mnist.csv") == "label,pixels\n"
+    result = server.exec_run(["touch", "/srv/datasets/mine.csv"], user="root")
+    assert result.exit_code != 0, "GPUHUB_DATASETS_MODE=ro: not writable, not even by root"
