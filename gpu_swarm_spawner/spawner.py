@@ -214,6 +214,7 @@ class GPUSwarmSpawner(SwarmSpawner):
     gpu_node = Unicode("")
     gpu_slices_held = Integer(0)
     gpu_memory_mb = Integer(0)  # the memory budget of the slices held (0: unknown)
+    task_ip = Unicode("")  # the server's address on the network, once its task has one
 
     _gpu_executor = None
 
@@ -398,13 +399,14 @@ class GPUSwarmSpawner(SwarmSpawner):
                 if state in STAGES:
                     progress, message = STAGES[state]
                     self._report(progress, message.format(node=self.gpu_node))
-                if self.probe_server and task and task["ID"] != probed_task:
-                    address = task_address(task, self.network_name)
-                    if address or state == "running":
-                        if probe is not None:
-                            probe.cancel()
-                        probe = asyncio.ensure_future(self.wait_for_port(address))
-                        probed_task = task["ID"]
+                address = task_address(task, self.network_name) if task else ""
+                self.task_ip = address or self.task_ip
+                new_task = bool(task) and task["ID"] != probed_task
+                if self.probe_server and new_task and (address or state == "running"):
+                    if probe is not None:
+                        probe.cancel()
+                    probe = asyncio.ensure_future(self.wait_for_port(address))
+                    probed_task = task["ID"]
                 if state == "running":
                     if probe is not None:
                         self._report(95, "Waiting for JupyterLab to answer")
@@ -447,6 +449,17 @@ class GPUSwarmSpawner(SwarmSpawner):
             writer.close()
             return
 
+    async def get_ip_and_port(self):
+        """The task's address on the network rather than the service name.
+
+        Right after a server of the same name stopped, Docker's DNS can go on answering with
+        the old task's address for a while: a participant who restarted within seconds got
+        "server never showed up" after a minute. The address needs no DNS at all.
+        """
+        if self.use_internal_ip and self.task_ip:
+            return self.task_ip, self.port
+        return await super().get_ip_and_port()
+
     async def poll(self):
         """Running, or why not: a server whose node is gone counts as stopped.
 
@@ -462,6 +475,11 @@ class GPUSwarmSpawner(SwarmSpawner):
             return f"cannot be placed: {status['Err']}"
         if state not in STAGES:
             return f"task {state}: {status.get('Err') or status.get('Message')}"
+        address = task_address(task, self.network_name)
+        routed = self.server.ip if self.server else ""
+        if address and routed and routed not in (address, self.service_name):
+            # Swarm replaced the container (it crashed): the hub's route points at the old one
+            return f"the server's container was replaced (now at {address}, routed to {routed})"
         if task.get("NodeID"):
             node = await self.docker("inspect_node", task["NodeID"])
             node_state = node.get("Status", {}).get("State")
@@ -616,6 +634,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         self.gpu_node = ""
         self.gpu_slices_held = 0
         self.gpu_memory_mb = 0
+        self.task_ip = ""
 
     def clear_state(self):
         super().clear_state()

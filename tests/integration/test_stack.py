@@ -86,3 +86,19 @@ def test_server_holds_exactly_one_gpu_slice_and_is_removed_on_stop(hub, client):
 
     hub.stop(USER)
     assert client.services.list(filters={"name": SERVICE}) == []
+
+
+def test_a_server_restarted_at_once_is_reachable(hub):
+    """Stop and start again within a second: Docker's DNS may still name the old task, so
+    the hub must reach the new server by its address (it used to wait 60 s and give up)."""
+    user = "ci-restart"
+    hub.api("POST", f"/users/{user}")
+    for _ in range(2):
+        r = hub.api("POST", f"/users/{user}/server")
+        assert r.status_code in (201, 202), r.text
+        assert hub.wait_ready(user, timeout=30) < 30
+        status = hub.session.get(f"{hub.url}/user/{user}/api/status", timeout=30)
+        assert status.status_code == 200, status.text
+        r = hub.api("DELETE", f"/users/{user}/server")
+        assert r.status_code in (202, 204), r.text
+        hub.wait_stopped(user)

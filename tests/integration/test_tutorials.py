@@ -5,6 +5,7 @@ git daemon on the bed's bridge (10.199.0.1)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from .hub import container_of, state_file
 
 pytestmark = pytest.mark.integration
 
-USER, SERVICE = "ci-tutorials", "jy-ci-2dtutorials"
+# a new user per run: a home volume left on a worker by an earlier run holds its own record
+USER = f"ci-tut{os.getpid()}"
+SERVICE = f"jy-{USER.replace('-', '-2d')}"
 FILE = "/srv/tutorials/gpu101"
 
 
@@ -49,7 +52,9 @@ def wait(condition, timeout: float, what: str) -> float:
 
 @pytest.fixture(scope="module")
 def server(hub, author):
-    wait(lambda: sync_status(hub)["gpu101"]["commit"], 30, "first publish")
+    # the share may still hold an earlier run's tutorials: wait for this remote's commit
+    head = author.git("rev-parse", "HEAD")
+    wait(lambda: sync_status(hub)["gpu101"]["commit"] == head, 30, "first publish")
     hub.api("POST", f"/users/{USER}")
     r = hub.api("POST", f"/users/{USER}/server")
     assert r.status_code in (201, 202), r.text
@@ -64,6 +69,8 @@ def read(container, path: str, user: str = "jovyan") -> str | None:
 
 
 def test_the_server_starts_with_the_tutorials_in_its_home(server):
+    log = server.logs().decode(errors="replace")
+    assert "tutorials: 1 copy" in log, f"the start hook did not copy the tutorials:\n{log[-3000:]}"
     assert read(server, "/home/jovyan/tutorials/gpu101/01-intro.ipynb") == '{"cells": [], "v": 1}'
     assert read(server, f"{FILE}/01-intro.ipynb") == '{"cells": [], "v": 1}'
 

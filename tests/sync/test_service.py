@@ -134,7 +134,8 @@ async def test_health(service):
         (["--root", "/s", "--repo", "a=x", "--interval", "0"], "must be positive"),
     ],
 )
-def test_bad_command_lines_say_what_to_fix(argv, says, capsys):
+def test_bad_command_lines_say_what_to_fix(argv, says, capsys, monkeypatch):
+    monkeypatch.delenv("GPUHUB_TUTORIAL_REPOS", raising=False)  # the fallback for --repo
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert says in capsys.readouterr().err
