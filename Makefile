@@ -15,6 +15,9 @@ images:  ## build the base, single-user and hub images (BASE_IMAGE=... for a pub
 	$(if $(BASE_IMAGE),GPUHUB_BASE_IMAGE=$(BASE_IMAGE)) bash -c \
 	  '. deploy/lib.sh && load_settings && ensure_root images && ensure_engine && ensure_images'
 
+status:  ## GPU machines, free and used slices, and running servers, as tables
+	@bash -c '. deploy/lib.sh && ensure_venv test >/dev/null && $$VENV/bin/python -m gpu_swarm_spawner.status'
+
 join-command:  ## print the one line that adds a GPU machine to this swarm (run it there)
 	@bash -c '. deploy/lib.sh && load_settings && ensure_root join-command && print_join_command'
 
@@ -42,4 +45,4 @@ unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 lint:  ## ruff lint + format check
 	bash -c '. deploy/lib.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
-.PHONY: help demo down images join-command pause-node resume-node image-tar bench-join test bench unit lint
+.PHONY: help demo down images status join-command pause-node resume-node image-tar bench-join test bench unit lint

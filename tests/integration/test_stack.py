@@ -1,11 +1,13 @@
 """The deployed stack on a real swarm: a user's server holds exactly one GPU slice."""
 
+import subprocess
+
 import docker
 import pytest
 
 from gpu_swarm_spawner.inventory import build_inventory
 
-from .hub import container_env, container_of
+from .hub import REPO, container_env, container_of
 from .spawners import wait_slices_free
 
 pytestmark = pytest.mark.integration
@@ -79,6 +81,12 @@ def test_server_holds_exactly_one_gpu_slice_and_is_removed_on_stop(hub, client):
     info = container_of(SERVICE).exec_run(["gpu-info"])
     assert info.exit_code == 0 and uuid in info.output.decode()
     assert f"memory budget: {env['GPU_MEMORY_LIMIT_MB']} MiB" in info.output.decode()
+
+    # the organizer's view lists it, on its machine, with its GPU
+    status = subprocess.run(["make", "-s", "status"], cwd=REPO, capture_output=True, text=True)
+    assert status.returncode == 0, status.stderr
+    (line,) = [x for x in status.stdout.splitlines() if x.split()[:1] == [SERVICE]]
+    assert line.split()[1:2] == [USER] and uuid in line
 
     # the server answers through the proxy
     status = hub.session.get(f"{hub.url}/user/{USER}/api/status", timeout=30)

@@ -1,0 +1,92 @@
+"""`make status`: the swarm's machines, GPUs, free and used slices, and running servers.
+
+    python -m gpu_swarm_spawner.status [--prefix jy]
+
+``render`` is pure (plain dicts from the Docker API in, text out); ``main`` reads the manager's
+Docker API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .inventory import build_inventory, gpu_kinds, task_is_live, task_reservations
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def render(nodes: list[dict], tasks: list[dict], services: list[dict], prefix: str = "jy") -> str:
+    """Machines with their GPUs and slices, then one line per participant's server."""
+    gpus = build_inventory(nodes, tasks)
+    used_on = {g.uuid: g.used for g in gpus}
+    rows = [["machine", "state", "availability", "GPUs", "slices used/total", "note"]]
+    for node in sorted(nodes, key=lambda n: n["Description"].get("Hostname", "")):
+        kinds = gpu_kinds(node)
+        used = sum(min(used_on.get(uuid, 0), n) for uuid, n in kinds.items())
+        simulated = any("simulated" in uuid for uuid in kinds)
+        rows.append(
+            [
+                node["Description"].get("Hostname", node["ID"][:12]),
+                node.get("Status", {}).get("State", "?"),
+                node.get("Spec", {}).get("Availability", "?"),
+                str(len(kinds)),
+                f"{used}/{sum(kinds.values())}" if kinds else "-",
+                "simulated GPUs" if simulated else "",
+            ]
+        )
+    used, total = sum(min(g.used, g.slices) for g in gpus), sum(g.slices for g in gpus)
+    lines = ["GPU machines", *_table(rows), ""]
+    lines.append(f"  {total - used} of {total} slices free on schedulable machines")
+
+    names = {s["ID"]: s["Spec"]["Name"] for s in services}
+    hosts = {n["ID"]: n["Description"].get("Hostname", n["ID"][:12]) for n in nodes}
+    servers = [["server", "user", "machine", "GPU", "slices", "state"]]
+    for task in sorted(tasks, key=lambda t: names.get(t.get("ServiceID"), "")):
+        name = names.get(task.get("ServiceID"), "")
+        if not name.startswith(prefix + "-") or not task_is_live(task):
+            continue
+        held = task_reservations(task)
+        labels = next(
+            (s["Spec"].get("Labels", {}) for s in services if s["ID"] == task["ServiceID"]), {}
+        )
+        servers.append(
+            [
+                name,
+                labels.get("gpu-jupyterhub.user", "?"),
+                hosts.get(task.get("NodeID"), "-"),
+                ", ".join(held) or "-",
+                str(sum(held.values())),
+                task["Status"]["State"],
+            ]
+        )
+    lines += ["", f"Servers ({len(servers) - 1})"]
+    lines += _table(servers) if len(servers) > 1 else ["  none"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prefix", default="jy", help="service name prefix of user servers")
+    args = parser.parse_args(argv)
+    import docker
+
+    try:
+        client = docker.from_env()
+        nodes, tasks = client.api.nodes(), client.api.tasks()
+        services = client.api.services()
+    except docker.errors.APIError as e:
+        print(f"status: {e.explanation}; run this on a swarm manager", file=sys.stderr)
+        return 1
+    except docker.errors.DockerException as e:
+        print(f"status: cannot reach the Docker engine ({e}); is it running?", file=sys.stderr)
+        return 1
+    print(render(nodes, tasks, services, args.prefix))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""`make status`'s table, from plain Docker API dicts."""
+
+from gpu_swarm_spawner.status import render
+
+from .clusters import node, task
+
+
+def test_machines_slices_and_servers():
+    nodes = [
+        node("n1", "gpu-a", {"GPU-aaaa-0": 3, "GPU-aaaa-1": 3}),
+        node("n2", "gpu-b", {"GPU-simulated-bb-0": 3}, availability="pause"),
+        node("n3", "manager", {}),
+    ]
+    tasks = [
+        task("n1", {"GPU-aaaa-0": 1}, service_id="s1"),
+        task("n1", {"GPU-aaaa-1": 3}, service_id="s2"),
+        task("n1", {"GPU-aaaa-0": 1}, state="complete", service_id="s3"),
+        task("n3", {}, service_id="anchor"),
+    ]
+    services = [
+        {"ID": "s1", "Spec": {"Name": "jy-alice", "Labels": {"gpu-jupyterhub.user": "alice"}}},
+        {"ID": "s2", "Spec": {"Name": "jy-bob", "Labels": {"gpu-jupyterhub.user": "bob"}}},
+        {"ID": "s3", "Spec": {"Name": "jy-carol", "Labels": {"gpu-jupyterhub.user": "carol"}}},
+        {"ID": "anchor", "Spec": {"Name": "gpuhub_net-anchor"}},
+    ]
+    out = render(nodes, tasks, services)
+    lines = out.splitlines()
+    assert any(line.split()[:5] == ["gpu-a", "ready", "active", "2", "4/6"] for line in lines)
+    assert any("gpu-b" in line and "pause" in line and "simulated GPUs" in line for line in lines)
+    assert "2 of 6 slices free on schedulable machines" in out  # the paused machine's not counted
+    assert "Servers (2)" in out
+    assert any(line.split()[:5] == ["jy-bob", "bob", "gpu-a", "GPU-aaaa-1", "3"] for line in lines)
+    assert "carol" not in out and "net-anchor" not in out
+
+
+def test_no_servers():
+    assert "Servers (0)\n  none" in render([node("n1", "a", {"GPU-x": 2})], [], [])
