@@ -4,6 +4,7 @@
 # environment of the hub service (deploy/stack.yml, filled from deploy/settings.env or the
 # caller's environment) and from Docker secrets under /run/secrets. See README, "Configuration".
 import os
+import sys
 from pathlib import Path
 
 c = get_config()  # noqa: F821  (provided by JupyterHub)
@@ -54,6 +55,31 @@ c.JupyterHub.load_roles = [
         "scopes": ["admin:users", "admin:servers", "list:users", "read:users", "access:servers"],
     }
 ]
+
+# Idle servers are stopped (and their GPU slices freed) by jupyterhub-idle-culler, a hub-managed
+# service holding only the scopes it needs to find and stop them.
+IDLE_TIMEOUT = int(setting("IDLE_TIMEOUT", "5400"))
+if IDLE_TIMEOUT > 0:
+    c.JupyterHub.services.append(
+        {
+            "name": "idle-culler",
+            "command": [
+                sys.executable,
+                "-m",
+                "jupyterhub_idle_culler",
+                f"--timeout={IDLE_TIMEOUT}",
+                f"--cull-every={setting('CULL_EVERY', '60')}",
+                f"--max-age={setting('MAX_AGE', '0')}",
+            ],
+        }
+    )
+    c.JupyterHub.load_roles.append(
+        {
+            "name": "idle-culler",
+            "services": ["idle-culler"],
+            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        }
+    )
 
 if SIMULATED:
     c.JupyterHub.template_vars = {
