@@ -167,6 +167,25 @@ class GPUSwarmSpawner(SwarmSpawner):
         """,
     )
 
+    inventory_max_age = Float(
+        1.0,
+        config=True,
+        help="""
+        Seconds a read of the swarm's nodes and tasks is reused by other spawns (reads in
+        flight are always shared). Under a burst this keeps refusals instant and the manager
+        unloaded; a slice freed within that time is seen by the next read. 0: a read per spawn
+        unless one is in flight. Default 1.
+        """,
+    )
+
+    @validate("inventory_max_age")
+    def _validate_inventory_max_age(self, proposal):
+        if proposal.value < 0:
+            raise TraitError(
+                f"GPUSwarmSpawner.inventory_max_age must be 0 or more seconds, got {proposal.value}"
+            )
+        return proposal.value
+
     @validate("placement_attempts", "docker_api_threads")
     def _validate_at_least_one(self, proposal):
         if proposal.value < 1:
@@ -256,7 +275,7 @@ class GPUSwarmSpawner(SwarmSpawner):
     # Slices spawns of this hub have asked for that Swarm does not show as placed yet, by
     # spawner (see inventory.Claim); shared by all spawners of the hub process.
     _claims: dict[int, inventory.Claim] = {}
-    # The read of the swarm in flight, shared by spawns that start while it runs: (loop, future)
+    # The latest read of the swarm, shared by spawns: (loop, future, started at loop time)
     _swarm_read: tuple | None = None
 
     async def _read_swarm(self) -> tuple[list[dict], list[dict]]:
@@ -268,15 +287,30 @@ class GPUSwarmSpawner(SwarmSpawner):
     async def gpu_inventory(self) -> list[inventory.GPU]:
         """The swarm's GPUs and their used slices, read from the Docker API.
 
-        Spawns that ask while a read is in flight share it: under a burst of 50 spawns the
-        manager answers a few reads instead of 50. Claims are added after the read, so a
-        shared read still counts every slice this hub has asked for.
+        Spawns share a read that is in flight or younger than ``inventory_max_age``: under a
+        burst of 50 spawns the manager answers a few reads instead of 50, and participants who
+        do not fit are told so without waiting for another read behind the burst's own calls.
+        Claims are added after the read, so a shared read still counts every slice this hub
+        has asked for; Swarm stays the authority on what fits.
         """
         cls = GPUSwarmSpawner
         loop = asyncio.get_running_loop()
-        if cls._swarm_read is None or cls._swarm_read[0] is not loop or cls._swarm_read[1].done():
-            cls._swarm_read = (loop, asyncio.ensure_future(self._read_swarm()))
-        nodes, tasks = await asyncio.shield(cls._swarm_read[1])
+        read = cls._swarm_read
+        reusable = (
+            read is not None
+            and read[0] is loop
+            and (
+                not read[1].done()
+                or (
+                    not read[1].cancelled()
+                    and read[1].exception() is None
+                    and loop.time() - read[2] < self.inventory_max_age
+                )
+            )
+        )
+        if not reusable:
+            read = cls._swarm_read = (loop, asyncio.ensure_future(self._read_swarm()), loop.time())
+        nodes, tasks = await asyncio.shield(read[1])
         return inventory.build_inventory(
             nodes, tasks, self.gpu_kind_prefix, claims=list(cls._claims.values())
         )
@@ -284,7 +318,10 @@ class GPUSwarmSpawner(SwarmSpawner):
     def _claim(self, claim: inventory.Claim | None) -> None:
         """Record (or, given None, drop) the slices this spawn has asked Swarm for."""
         if claim is None:
-            self._claims.pop(id(self), None)
+            if self._claims.pop(id(self), None) is not None:
+                # Swarm placed (or refused) it: a read from before may not show it, so the
+                # next spawn reads again rather than reuse that read
+                GPUSwarmSpawner._swarm_read = None
         else:
             self._claims[id(self)] = claim
 

@@ -47,6 +47,7 @@ class FakeDockerSpawner(GPUSwarmSpawner):
         ("gpu_kind_prefix", " ", "must not be empty"),
         ("placement_attempts", 0, "placement_attempts must be 1 or more"),
         ("docker_api_threads", 0, "docker_api_threads must be 1 or more"),
+        ("inventory_max_age", -1, "0 or more seconds"),
     ],
 )
 def test_bad_settings_are_refused_with_advice(trait, value, advice):
@@ -136,7 +137,9 @@ def test_mounts_use_volumes_for_names_and_binds_for_paths():
 
 
 async def test_reserve_gpu_spreads_and_refuses_when_full():
-    spawner = FakeDockerSpawner(user=SimpleNamespace(name="bob", id=2, url="/user/bob/"))
+    spawner = FakeDockerSpawner(
+        user=SimpleNamespace(name="bob", id=2, url="/user/bob/"), inventory_max_age=0
+    )
     spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3, "GPU-a1": 3})]
     spawner.tasks = [task("n1", {"GPU-a0": 1})]
     assert (await spawner.reserve_gpu()).uuid == "GPU-a1"
@@ -182,3 +185,23 @@ async def test_the_hub_reaches_the_server_at_its_task_address_and_notices_a_new_
     assert "replaced" in await spawner.poll()
     spawner.server = SimpleNamespace(ip="10.0.8.9")
     assert await spawner.poll() is None
+
+
+async def test_spawns_share_a_recent_read_of_the_swarm():
+    reads = []
+
+    class Counting(FakeDockerSpawner):
+        async def _read_swarm(self):
+            reads.append(1)
+            return self.nodes, self.tasks
+
+    GPUSwarmSpawner._swarm_read = None
+    user = SimpleNamespace(name="u", id=3, url="/user/u/")
+    spawner = Counting(user=user, hub=Hub(), inventory_max_age=30)
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
+    await spawner.gpu_inventory()
+    await spawner.gpu_inventory()
+    assert len(reads) == 1
+    spawner.inventory_max_age = 0
+    await spawner.gpu_inventory()
+    assert len(reads) == 2
