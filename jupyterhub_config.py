@@ -43,7 +43,7 @@ c.Authenticator.allow_all = True
 c.Authenticator.admin_users = set(filter(None, setting("ADMIN_USERS", "admin").split(",")))
 c.DummyAuthenticator.password = secret("demo_password")
 
-# The operations token: `make status` and the tests use it through the REST API.
+# The operations token: scripts and the tests use it for the REST API.
 c.JupyterHub.services = [{"name": "ops", "api_token": secret("ops_token")}]
 if TUTORIAL_REPOS:
     # the proxy routes /services/tutorial-sync/ (GitHub's webhook, the status page) to it
