@@ -29,6 +29,7 @@ class FakeNVML:
         self.source = source
         self.gpus = list(fixture.get("gpus", []))
         self.init_error = fixture.get("init_error", "")
+        self.shutdowns = 0
 
     @classmethod
     def from_file(cls, path: str) -> FakeNVML:
@@ -42,7 +43,7 @@ class FakeNVML:
             raise NVMLError(self.init_error)
 
     def nvmlShutdown(self):
-        pass
+        self.shutdowns += 1
 
     def nvmlDeviceGetCount(self):
         return len(self.gpus)

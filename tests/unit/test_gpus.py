@@ -3,50 +3,17 @@
 import pytest
 
 from worker_setup import gpus
-
-
-class FakeMemory:
-    def __init__(self, total):
-        self.total = total
-
-
-class FakeNVML:
-    """The handful of pynvml calls discover() makes, over fixture GPUs."""
-
-    def __init__(self, devices, init_error=None):
-        self.devices = devices
-        self.init_error = init_error
-        self.shutdowns = 0
-
-    def nvmlInit(self):
-        if self.init_error:
-            raise self.init_error
-
-    def nvmlShutdown(self):
-        self.shutdowns += 1
-
-    def nvmlDeviceGetCount(self):
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return self.devices[index]
-
-    def nvmlDeviceGetUUID(self, handle):
-        return handle["uuid"]
-
-    def nvmlDeviceGetName(self, handle):
-        return handle["name"]
-
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        return FakeMemory(handle["memory"])
+from worker_setup.fake_nvml import FakeNVML
 
 
 def test_discover_reports_uuid_name_memory_and_shuts_nvml_down():
     nvml = FakeNVML(
-        [
-            {"uuid": b"GPU-11111111-aaaa", "name": b"Tesla K80", "memory": 12 * 1024**3},
-            {"uuid": "GPU-22222222-bbbb", "name": "NVIDIA H100 80GB HBM3", "memory": 80 * 1024**3},
-        ]
+        {
+            "gpus": [  # older pynvml returns bytes, newer str: both are read
+                {"uuid": b"GPU-11111111-aaaa", "name": b"Tesla K80", "memory_mb": 12288},
+                {"uuid": "GPU-22222222-bbbb", "name": "NVIDIA H100 80GB HBM3", "memory_mb": 81920},
+            ]
+        }
     )
     found = gpus.discover(nvml)
     assert [(g.index, g.uuid, g.name, g.memory_mb) for g in found] == [
@@ -58,7 +25,7 @@ def test_discover_reports_uuid_name_memory_and_shuts_nvml_down():
 
 
 def test_nvml_that_fails_to_initialise_is_reported():
-    nvml = FakeNVML([], init_error=RuntimeError("Driver/library version mismatch"))
+    nvml = FakeNVML({"init_error": "Driver/library version mismatch"})
     with pytest.raises(gpus.NVMLUnavailable, match="version mismatch"):
         gpus.discover(nvml)
 
