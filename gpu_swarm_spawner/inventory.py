@@ -140,18 +140,15 @@ class Claim:
     service_id: str = ""
 
 
-def build_inventory(
-    nodes: list[dict],
-    tasks: list[dict],
-    kind_prefix: str = DEFAULT_KIND_PREFIX,
-    claims: Iterable[Claim] = (),
-) -> list[GPU]:
-    """Every GPU on a schedulable node, with the slices live tasks (and ``claims``) hold on it.
+def used_slices(
+    tasks: list[dict], kind_prefix: str = DEFAULT_KIND_PREFIX, claims: Iterable[Claim] = ()
+) -> dict[str, int]:
+    """``{uuid: slices}`` held by live tasks and by ``claims``, on any node.
 
-    A claim whose service already has a live task in ``tasks`` is not counted twice.
-    Sorted by node name then UUID, so callers get a stable order.
+    Kinds are GPU UUIDs, so each lives on exactly one node. A claim whose service already has
+    a live task in ``tasks`` is not counted twice.
     """
-    used: dict[str, int] = {}  # kinds are GPU UUIDs: each lives on exactly one node
+    used: dict[str, int] = {}
     counted_services = set()
     for task in tasks:
         if not task_is_live(task):
@@ -162,7 +159,20 @@ def build_inventory(
     for claim in claims:
         if not claim.service_id or claim.service_id not in counted_services:
             used[claim.uuid] = used.get(claim.uuid, 0) + claim.slices
+    return used
 
+
+def build_inventory(
+    nodes: list[dict],
+    tasks: list[dict],
+    kind_prefix: str = DEFAULT_KIND_PREFIX,
+    claims: Iterable[Claim] = (),
+) -> list[GPU]:
+    """Every GPU on a schedulable node, with the slices live tasks (and ``claims``) hold on it.
+
+    Sorted by node name then UUID, so callers get a stable order.
+    """
+    used = used_slices(tasks, kind_prefix, claims)
     gpus = []
     for node in nodes:
         if not node_is_schedulable(node):

@@ -11,7 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .inventory import build_inventory, gpu_kinds, task_is_live, task_reservations
+from .inventory import (
+    build_inventory,
+    gpu_kinds,
+    is_simulated,
+    task_is_live,
+    task_reservations,
+    totals,
+    used_slices,
+)
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -21,13 +29,12 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 def render(nodes: list[dict], tasks: list[dict], services: list[dict], prefix: str = "jy") -> str:
     """Machines with their GPUs and slices, then one line per participant's server."""
-    gpus = build_inventory(nodes, tasks)
-    used_on = {g.uuid: g.used for g in gpus}
+    used_on = used_slices(tasks)  # on every machine, paused or drained ones too
     rows = [["machine", "state", "availability", "GPUs", "slices used/total", "note"]]
     for node in sorted(nodes, key=lambda n: n["Description"].get("Hostname", "")):
         kinds = gpu_kinds(node)
         used = sum(min(used_on.get(uuid, 0), n) for uuid, n in kinds.items())
-        simulated = any("simulated" in uuid for uuid in kinds)
+        simulated = any(is_simulated(uuid) for uuid in kinds)
         rows.append(
             [
                 node["Description"].get("Hostname", node["ID"][:12]),
@@ -38,21 +45,20 @@ def render(nodes: list[dict], tasks: list[dict], services: list[dict], prefix: s
                 "simulated GPUs" if simulated else "",
             ]
         )
-    used, total = sum(min(g.used, g.slices) for g in gpus), sum(g.slices for g in gpus)
+    used, total = totals(build_inventory(nodes, tasks))
     lines = ["GPU machines", *_table(rows), ""]
     lines.append(f"  {total - used} of {total} slices free on schedulable machines")
 
-    names = {s["ID"]: s["Spec"]["Name"] for s in services}
+    specs = {s["ID"]: s["Spec"] for s in services}
     hosts = {n["ID"]: n["Description"].get("Hostname", n["ID"][:12]) for n in nodes}
     servers = [["server", "user", "machine", "GPU", "slices", "state"]]
-    for task in sorted(tasks, key=lambda t: names.get(t.get("ServiceID"), "")):
-        name = names.get(task.get("ServiceID"), "")
+    for task in tasks:
+        spec = specs.get(task.get("ServiceID"), {})
+        name = spec.get("Name", "")
         if not name.startswith(prefix + "-") or not task_is_live(task):
             continue
         held = task_reservations(task)
-        labels = next(
-            (s["Spec"].get("Labels", {}) for s in services if s["ID"] == task["ServiceID"]), {}
-        )
+        labels = spec.get("Labels", {})
         servers.append(
             [
                 name,
@@ -63,6 +69,7 @@ def render(nodes: list[dict], tasks: list[dict], services: list[dict], prefix: s
                 task["Status"]["State"],
             ]
         )
+    servers[1:] = sorted(servers[1:])
     lines += ["", f"Servers ({len(servers) - 1})"]
     lines += _table(servers) if len(servers) > 1 else ["  none"]
     return "\n".join(lines)

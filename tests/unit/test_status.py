@@ -35,3 +35,14 @@ def test_machines_slices_and_servers():
 
 def test_no_servers():
     assert "Servers (0)\n  none" in render([node("n1", "a", {"GPU-x": 2})], [], [])
+
+
+def test_a_paused_machine_shows_the_slices_its_servers_still_hold():
+    nodes = [node("n2", "gpu-b", {"GPU-b0": 3}, availability="pause")]
+    tasks = [task("n2", {"GPU-b0": 2}, service_id="s1")]
+    services = [{"ID": "s1", "Spec": {"Name": "jy-dave", "Labels": {}}}]
+    out = render(nodes, tasks, services)
+    assert any(
+        line.split()[:5] == ["gpu-b", "ready", "pause", "1", "2/3"] for line in out.splitlines()
+    )
+    assert "0 of 0 slices free on schedulable machines" in out
