@@ -293,27 +293,29 @@ class GPUSwarmSpawner(SwarmSpawner):
         Claims are added after the read, so a shared read still counts every slice this hub
         has asked for; Swarm stays the authority on what fits.
         """
-        cls = GPUSwarmSpawner
         loop = asyncio.get_running_loop()
-        read = cls._swarm_read
-        reusable = (
-            read is not None
-            and read[0] is loop
-            and (
-                not read[1].done()
-                or (
-                    not read[1].cancelled()
-                    and read[1].exception() is None
-                    and loop.time() - read[2] < self.inventory_max_age
-                )
-            )
-        )
-        if not reusable:
-            read = cls._swarm_read = (loop, asyncio.ensure_future(self._read_swarm()), loop.time())
-        nodes, tasks = await asyncio.shield(read[1])
+        read = self._shared_read(loop)
+        if read is None:
+            read = asyncio.ensure_future(self._read_swarm())
+            GPUSwarmSpawner._swarm_read = (loop, read, loop.time())
+        nodes, tasks = await asyncio.shield(read)
         return inventory.build_inventory(
-            nodes, tasks, self.gpu_kind_prefix, claims=list(cls._claims.values())
+            nodes, tasks, self.gpu_kind_prefix, claims=list(self._claims.values())
         )
+
+    def _shared_read(self, loop) -> asyncio.Future | None:
+        """The read of the swarm a spawn may share: one in flight, or one that succeeded less
+        than ``inventory_max_age`` ago; None when a new read is needed."""
+        if GPUSwarmSpawner._swarm_read is None:
+            return None
+        read_loop, read, started = GPUSwarmSpawner._swarm_read
+        if read_loop is not loop:
+            return None
+        if not read.done():
+            return read
+        if read.cancelled() or read.exception() or loop.time() - started >= self.inventory_max_age:
+            return None
+        return read
 
     def _claim(self, claim: inventory.Claim | None) -> None:
         """Record (or, given None, drop) the slices this spawn has asked Swarm for."""
