@@ -181,7 +181,11 @@ ensure_slices() {
   local rc=0
   out=$(advertise "${ADVERTISE_ARGS[@]}" 2>&1) || rc=$?
   [ $rc = 3 ] || { echo "$out" >&2; die "writing $DAEMON_JSON failed (output above)"; }
-  changed daemon.json "slices and labels written (backup kept)"
+  apply_daemon_json "slices and labels written (backup kept)"
+}
+
+apply_daemon_json() {  # apply_daemon_json WHAT-CHANGED: record it, restart the engine
+  changed daemon.json "$1"
   log "restarting the Docker engine to apply $DAEMON_JSON"
   stop_engine; start_engine
   changed restart "engine restarted"
@@ -229,10 +233,7 @@ leave() {
     0) row daemon.json "no GPU settings left" ;;
     3) echo "$out" | sed 's/^/      /'
        if [ -n "$DRY_RUN" ]; then row daemon.json "would take the GPU settings out"
-       else
-         changed daemon.json "GPU slices and labels taken out (backup kept)"
-         stop_engine; start_engine
-         changed restart "engine restarted"
+       else apply_daemon_json "GPU slices and labels taken out (backup kept)"
        fi ;;
     *) echo "$out" >&2; exit 1 ;;
   esac
