@@ -24,9 +24,8 @@ from pathlib import Path
 
 import git
 
-from . import versions
+from . import MANIFEST, versions
 
-MANIFEST = ".tutorial-manifest.json"
 VERSIONS = ".versions"
 
 

@@ -22,9 +22,8 @@ import sys
 import time
 from pathlib import Path, PurePosixPath
 
-from . import merge
+from . import MANIFEST, merge
 
-MANIFEST = ".tutorial-manifest.json"  # written by tutorial_sync.publish
 NOTICE = "UPDATED-TUTORIALS.md"
 
 

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -28,8 +27,7 @@ from gpu_swarm_spawner import GPUSwarmSpawner
 from gpu_swarm_spawner.inventory import task_is_live
 from tests.integration.hub import REPO, Hub, container_of, state_file
 from tests.integration.spawners import inventory
-from tests.sync.gitrepos import ServedRemote
-from tutorial_sync import webhook
+from tests.sync.gitrepos import ServedRemote, signed_push
 
 VARIANTS = {
     # name: settings of its stack
@@ -354,22 +352,14 @@ def bench_tutorials(samples: int) -> dict[str, list[float]]:
         for i in range(samples):
             author.write(f"w{i}.ipynb", f"webhook {i}")
             author.commit_and_push(f"webhook {i}")
-            body = json.dumps(
-                {
-                    "ref": "refs/heads/main",
-                    "repository": {
-                        "clone_url": VARIANTS["tutorials"]["TUTORIAL_REPOS"].split("=", 1)[1]
-                    },
-                }
-            ).encode()
+            body, headers = signed_push(
+                VARIANTS["tutorials"]["TUTORIAL_REPOS"].split("=", 1)[1],
+                secret,
+                delivery=f"bench-{i}-{time.time()}",
+            )
             t0 = time.monotonic()
             r = hub.session.post(
-                f"{hub.url}/services/tutorial-sync/webhook",
-                data=body,
-                headers={
-                    webhook.SIGNATURE_HEADER: webhook.signature(secret, body),
-                    webhook.DELIVERY_HEADER: f"bench-{i}-{time.time()}",
-                },
+                f"{hub.url}/services/tutorial-sync/webhook", data=body, headers=headers
             )
             r.raise_for_status()
             times["webhook"].append(

@@ -4,14 +4,13 @@ git daemon on the bed's bridge (10.199.0.1)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.sync.gitrepos import ServedRemote
+from tests.sync.gitrepos import ServedRemote, signed_push
 from tutorial_sync import webhook
 
 from .conftest import DATASETS, TUTORIAL_REMOTES
@@ -91,18 +90,11 @@ def test_a_signed_webhook_makes_a_push_readable_in_the_server_within_5_s(
 ):
     author.write("02-new.ipynb", '{"v": "webhook"}')
     author.commit_and_push("via webhook")
-    body = json.dumps(
-        {
-            "ref": "refs/heads/main",
-            "repository": {"clone_url": "git://10.199.0.1:9418/gpu101.git"},
-        }
-    ).encode()
-    secret = state_file(hub_settings, "webhook_secret")
-    headers = {
-        webhook.SIGNATURE_HEADER: webhook.signature(secret, body),
-        webhook.DELIVERY_HEADER: f"ci-{time.time()}",
-        webhook.EVENT_HEADER: "push",
-    }
+    body, headers = signed_push(
+        "git://10.199.0.1:9418/gpu101.git",
+        state_file(hub_settings, "webhook_secret"),
+        delivery=f"ci-{time.time()}",
+    )
     t0 = time.monotonic()
     r = hub.session.post(f"{hub.url}/services/tutorial-sync/webhook", data=body, headers=headers)
     assert r.status_code == 202 and r.json()["syncing"] == ["gpu101"], r.text

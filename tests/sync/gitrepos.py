@@ -4,9 +4,23 @@ commits and pushes to it, as a tutorial author would."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 from pathlib import Path
+
+from tutorial_sync import webhook
+
+
+def signed_push(clone_url: str, secret: str, delivery: str) -> tuple[bytes, dict[str, str]]:
+    """GitHub's push event for ``main`` of ``clone_url``, signed with ``secret``: body, headers."""
+    body = json.dumps({"ref": "refs/heads/main", "repository": {"clone_url": clone_url}})
+    headers = {
+        webhook.SIGNATURE_HEADER: webhook.signature(secret, body.encode()),
+        webhook.DELIVERY_HEADER: delivery,
+        webhook.EVENT_HEADER: "push",
+    }
+    return body.encode(), headers
 
 
 def blob_id(data: bytes) -> str:
