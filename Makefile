@@ -1,12 +1,25 @@
 # The README's verbs. Everything that touches Docker needs root.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
+# `make up CONFIG=FILE` (and down, status, roster, ... with the same FILE): the organizer's config
+# file; default ./config.env when it exists. The demo and the tests use none.
+ifdef CONFIG
+export GPUHUB_CONFIG := $(CONFIG)
+endif
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 demo:  ## single-machine demo hub (simulated GPU slices when there is no GPU)
-	bash deploy/demo.sh
+	GPUHUB_CONFIG=none bash deploy/demo.sh
+
+up:  ## the production hub from config.env (CONFIG=FILE for another; see deploy/config.example.env)
+	bash deploy/up.sh
+
+roster:  ## check the roster file (GPUHUB_ROSTER) and hand it to the running hub
+	bash -c '. deploy/lib.sh && load_settings && ensure_root roster && ensure_venv \
+	  && { [ -n "$$GPUHUB_ROSTER" ] || die "GPUHUB_ROSTER is empty in $$GPUHUB_CONFIG_FILE"; } \
+	  && ensure_roster && log "the hub uses it from the next login on"'
 
 down:  ## remove the stack and user servers (PURGE=1: also volumes and secrets)
 	bash deploy/down.sh
@@ -45,4 +58,4 @@ unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 lint:  ## ruff lint + format check
 	bash -c '. deploy/lib.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
-.PHONY: help demo down images status join-command pause-node resume-node image-tar bench-join test bench unit lint
+.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar bench-join test bench unit lint

@@ -21,6 +21,11 @@ def secret(name):
     return (SECRETS / name).read_text().strip()
 
 
+def names(value):
+    """Names separated by commas or spaces."""
+    return set(value.replace(",", " ").split())
+
+
 STACK = setting("STACK", "gpuhub")
 TUTORIAL_REPOS = setting("TUTORIAL_REPOS", "").split()
 SIMULATED = setting("SIMULATED_GPUS", "0") == "1"
@@ -38,10 +43,25 @@ c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
 c.JupyterHub.log_level = setting("LOG_LEVEL", "INFO")
 
 # ---- login ----------------------------------------------------------------------------------
-c.JupyterHub.authenticator_class = setting("AUTHENTICATOR", "dummy")
-c.Authenticator.allow_all = True
-c.Authenticator.admin_users = set(filter(None, setting("ADMIN_USERS", "admin").split(",")))
-c.DummyAuthenticator.password = secret("demo_password")
+c.Authenticator.admin_users = names(setting("ADMIN_USERS", "admin"))
+if setting("AUTH", "local") == "github":
+    # organizations, org:team pairs, and the roster file (deploy/stack.github.yml mounts it)
+    c.JupyterHub.authenticator_class = "gpu_swarm_spawner.auth.WorkshopGitHubOAuthenticator"
+    c.WorkshopGitHubOAuthenticator.client_id = setting("GITHUB_CLIENT_ID", "")
+    c.WorkshopGitHubOAuthenticator.client_secret = secret("github_client_secret")
+    c.WorkshopGitHubOAuthenticator.github_url = setting("GITHUB_URL", "https://github.com")
+    c.WorkshopGitHubOAuthenticator.oauth_callback_url = (
+        setting("PUBLIC_URL", "") + "/hub/oauth_callback"
+    )
+    c.WorkshopGitHubOAuthenticator.allowed_organizations = names(setting("ALLOWED_ORGS", ""))
+    # read:org lets the hub see private organization and team memberships
+    c.WorkshopGitHubOAuthenticator.scope = ["read:org"]
+    c.WorkshopGitHubOAuthenticator.roster_file = setting("ROSTER_FILE", "")
+else:
+    # the demo: any username, one shared generated password
+    c.JupyterHub.authenticator_class = "dummy"
+    c.Authenticator.allow_all = True
+    c.DummyAuthenticator.password = secret("demo_password")
 
 # The operations token: scripts and the tests use it for the REST API.
 c.JupyterHub.services = [{"name": "ops", "api_token": secret("ops_token")}]
@@ -103,6 +123,10 @@ c.SwarmSpawner.start_timeout = int(setting("START_TIMEOUT", "120"))
 c.SwarmSpawner.http_timeout = 60
 c.SwarmSpawner.poll_interval = int(setting("POLL_INTERVAL", "30"))
 c.SwarmSpawner.default_url = "/lab"
+if setting("CPU_LIMIT", ""):
+    c.SwarmSpawner.cpu_limit = float(setting("CPU_LIMIT", ""))
+if setting("MEM_LIMIT", ""):
+    c.SwarmSpawner.mem_limit = setting("MEM_LIMIT", "")
 
 if setting("SPAWNER", "gpu") == "stock-swarm":
     # The benchmark's baseline: dockerspawner as the original workshop ran it, one named slot.

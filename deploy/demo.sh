@@ -24,7 +24,7 @@ trap - ERR
 
 cat <<MSG
 
-  GPU JupyterHub is running: $(hub_url)/
+  GPU JupyterHub is running: $(public_url)/
     log in with any username and the demo password: $(cat "$GPUHUB_STATE_DIR/demo_password")
     admin user: ${GPUHUB_ADMIN_USERS}
     GPU slices: $( [ "$GPUHUB_SIMULATED_GPUS" = 1 ] && echo "SIMULATED (no NVIDIA GPU on this machine)" || echo "real GPUs" ), ${GPUHUB_SLICES_PER_GPU} per GPU

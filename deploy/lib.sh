@@ -8,9 +8,33 @@ _T0=$(date +%s)
 log() { printf '[%3ss] %s\n' "$(( $(date +%s) - _T0 ))" "$*"; }
 die() { echo "error: $*" >&2; exit 1; }
 
-# Settings: the environment wins over deploy/settings.env.
+# The organizer's config file: GPUHUB_CONFIG (`make up CONFIG=FILE`), else ./config.env when it
+# exists; GPUHUB_CONFIG=none: no config file (the demo and the tests).
+config_file() {
+  case "${GPUHUB_CONFIG:-}" in
+    none) ;;
+    '') [ -f "$REPO/config.env" ] && echo "$REPO/config.env" ;;
+    *) echo "$GPUHUB_CONFIG" ;;
+  esac
+  return 0
+}
+
+# Settings: the environment wins over the config file, which wins over deploy/settings.env.
+# Config file values are taken literally (no $-expansion); surrounding quotes are removed.
 load_settings() {
-  local line key value
+  local line key value config
+  config=$(config_file)
+  if [ -n "$config" ]; then
+    [ -r "$config" ] || die "cannot read the config file $config; copy deploy/config.example.env there and edit it"
+    while IFS= read -r line || [ -n "$line" ]; do
+      line=${line%$'\r'}
+      [[ "$line" =~ ^(GPUHUB_[A-Z0-9_]+)=(.*)$ ]] || continue  # the validator reports the rest
+      key=${BASH_REMATCH[1]}; value=${BASH_REMATCH[2]}
+      [[ "$value" =~ ^\"(.*)\"$|^\'(.*)\'$ ]] && value=${BASH_REMATCH[1]}${BASH_REMATCH[2]}
+      [ -n "${!key+x}" ] || export "$key=$value"
+    done < "$config"
+    export GPUHUB_CONFIG_FILE=$config
+  fi
   while IFS= read -r line; do
     case "$line" in ''|'#'*) continue ;; esac
     key=${line%%=*}; value=${line#*=}
@@ -104,7 +128,7 @@ ensure_gpu_slices() {
   local rc=0 out
   out=$("$VENV/bin/python" -m worker_setup.advertise \
           --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" \
-          --simulate-if-no-gpu "$GPUHUB_SIMULATE_IF_NO_GPU" \
+          --simulate-if-no-gpu "$GPUHUB_SIMULATE_IF_NO_GPU" ${GPUHUB_GPU_OPTIONAL:+--none-if-no-gpu} \
           ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} 2>&1) || rc=$?
   case $rc in
     0) ;;
@@ -169,13 +193,126 @@ ensure_secrets() {
   done
 }
 
-# The published port must be free, or already ours (a re-run).
+# The ports to publish must be free, or already ours (a re-run): check_port [KEY...]
 check_port() {
-  local port=$GPUHUB_HTTP_PORT
-  if [ -n "$(ss -Hltn "sport = :$port" 2>/dev/null)" ]; then
-    docker service inspect "${GPUHUB_STACK}_proxy" >/dev/null 2>&1 && return 0
-    die "port $port is already in use by another program; free it or choose another: GPUHUB_HTTP_PORT=8080 make demo"
+  local key port
+  for key in "${@:-GPUHUB_HTTP_PORT}"; do
+    port=${!key}
+    [ -n "$(ss -Hltn "sport = :$port" 2>/dev/null)" ] || continue
+    docker stack ls --format '{{.Name}}' 2>/dev/null | grep -x "$GPUHUB_STACK" >/dev/null && continue
+    die "port $port ($key) is already in use by another program; free it or set another port: $key=..."
+  done
+}
+
+tls_on() { [ "${GPUHUB_TLS:-off}" != off ]; }
+
+# The address participants open.
+public_url() {
+  local host=${GPUHUB_HOSTNAME:-127.0.0.1}
+  if tls_on; then
+    echo "https://$host$([ "$GPUHUB_HTTPS_PORT" = 443 ] || echo ":$GPUHUB_HTTPS_PORT")"
+  else
+    echo "http://$host$([ "$GPUHUB_HTTP_PORT" = 80 ] || echo ":$GPUHUB_HTTP_PORT")"
   fi
+}
+
+# curl the hub on this machine by its public name (which may not resolve here), certificate
+# unchecked (a self-signed one, or one ACME is still fetching): hub_curl PATH [curl args]
+hub_curl() {
+  local host=${GPUHUB_HOSTNAME:-127.0.0.1} port
+  port=$(tls_on && echo "$GPUHUB_HTTPS_PORT" || echo "$GPUHUB_HTTP_PORT")
+  curl -sfk --resolve "$host:$port:127.0.0.1" "$(public_url)$1" "${@:2}"
+}
+
+# Contents hash for the name of a Docker secret (secrets cannot change in place).
+content_version() { sha256sum "$1" | cut -c1-12; }
+
+# The gateway's certificate and key in $GPUHUB_STATE_DIR/tls: generated (self-signed, again when
+# the hostname changes), copied from GPUHUB_TLS_CERT/_KEY (files), or placeholders (acme).
+ensure_tls() {
+  local dir=$GPUHUB_STATE_DIR/tls host=$GPUHUB_HOSTNAME
+  install -d -m 0700 "$dir"
+  case $GPUHUB_TLS in
+    self-signed)
+      if [ "$(cat "$dir/self-signed-for" 2>/dev/null)" != "$host" ]; then
+        local san; san=$([[ $host =~ ^[0-9.]+$|:  ]] && echo "IP:$host" || echo "DNS:$host")
+        log "generating a self-signed certificate for $host (valid 825 days)"
+        openssl req -x509 -newkey rsa:2048 -nodes -days 825 -subj "/CN=$host" \
+          -addext "subjectAltName=$san" -keyout "$dir/key.pem" -out "$dir/cert.pem" 2>/dev/null \
+          || die "openssl could not generate a certificate for $host"
+        echo "$host" >"$dir/self-signed-for"
+      fi ;;
+    files)
+      install -m 0600 "$GPUHUB_TLS_CERT" "$dir/cert.pem"
+      install -m 0600 "$GPUHUB_TLS_KEY" "$dir/key.pem"
+      rm -f "$dir/self-signed-for" ;;
+    acme)
+      echo "# not used with GPUHUB_TLS=acme" >"$dir/cert.pem"; cp "$dir/cert.pem" "$dir/key.pem"
+      rm -f "$dir/self-signed-for" ;;
+  esac
+  chmod 0600 "$dir/key.pem"
+  GPUHUB_TLS_CERT_VERSION=$(content_version "$dir/cert.pem")
+  GPUHUB_TLS_KEY_VERSION=$(content_version "$dir/key.pem")
+  export GPUHUB_TLS_CERT_VERSION GPUHUB_TLS_KEY_VERSION
+}
+
+# The GitHub OAuth client secret as a file for its Docker secret; never printed.
+ensure_github_secret() {
+  local file=$GPUHUB_STATE_DIR/github_client_secret
+  ( umask 077
+    if [ -n "$GPUHUB_GITHUB_CLIENT_SECRET_FILE" ]; then
+      tr -d '\n' <"$GPUHUB_GITHUB_CLIENT_SECRET_FILE" >"$file.tmp"
+    else
+      printf '%s' "$GPUHUB_GITHUB_CLIENT_SECRET" >"$file.tmp"
+    fi )
+  mv "$file.tmp" "$file"
+  GPUHUB_GITHUB_SECRET_VERSION=$(content_version "$file")
+  export GPUHUB_GITHUB_SECRET_VERSION
+}
+
+# The roster, checked, copied where the hub reads it (it re-reads it when it changes).
+ensure_roster() {
+  local dir=$GPUHUB_STATE_DIR/roster
+  install -d -m 0755 "$dir"
+  GPUHUB_ROSTER_FILE=
+  if [ -n "${GPUHUB_ROSTER:-}" ]; then
+    local out; out=$("$VENV/bin/python" -m gpu_swarm_spawner.settings roster "$GPUHUB_ROSTER" 2>&1) \
+      || die "${out#error: }"
+    install -m 0644 "$GPUHUB_ROSTER" "$dir/.roster.txt.tmp"
+    mv "$dir/.roster.txt.tmp" "$dir/roster.txt"
+    GPUHUB_ROSTER_FILE=/srv/jupyterhub/roster/roster.txt
+    log "roster: ${out#*: }"
+  fi
+  export GPUHUB_ROSTER_FILE
+}
+
+# Stop with one line per problem in the settings (python -m gpu_swarm_spawner.settings).
+check_settings() {  # check_settings up|demo
+  "$VENV/bin/python" -m gpu_swarm_spawner.settings check --mode "$1" \
+    --defaults "$REPO/deploy/settings.env" ${GPUHUB_CONFIG_FILE:+--config "$GPUHUB_CONFIG_FILE"} \
+    || die "fix the settings above${GPUHUB_CONFIG_FILE:+ in $GPUHUB_CONFIG_FILE} and run this again"
+}
+
+# Where the GPU machines pull an image from: the manager's registry (make up).
+registry_image() {  # registry_image LOCAL-NAME
+  echo "$(docker info --format '{{.Swarm.NodeAddr}}'):$GPUHUB_REGISTRY_PORT/${1#*.*/}"
+}
+
+# Push the single-user image to the manager's registry (pushed by its local address, which
+# Docker trusts without TLS; the GPU machines pull it by the manager's).
+publish_images() {
+  local local_name=$GPUHUB_SINGLEUSER_LOCAL_IMAGE i
+  local push=127.0.0.1:$GPUHUB_REGISTRY_PORT/${local_name#*.*/}
+  for i in $(seq 1 120); do
+    curl -sf -o /dev/null "http://127.0.0.1:$GPUHUB_REGISTRY_PORT/v2/" && break
+    [ "$i" = 120 ] && die "the registry did not answer on port $GPUHUB_REGISTRY_PORT within 60 s; see: docker service logs ${GPUHUB_STACK}_registry"
+    sleep 0.5
+  done
+  log "pushing $local_name to the registry (the first push takes a minute or two)"
+  docker tag "$local_name" "$push"
+  local out; out=$(mktemp)
+  docker push "$push" >"$out" 2>&1 || { tail -5 "$out" >&2; die "docker push $push failed (output above)"; }
+  rm -f "$out"
 }
 
 deploy_stack() {
@@ -188,15 +325,32 @@ deploy_stack() {
   GPUHUB_TUTORIAL_SYNC_REPLICAS=$([ -n "$GPUHUB_TUTORIAL_REPOS" ] && echo 1 || echo 0)
   # bind-mount sources must exist (on shared storage they then exist on every machine)
   install -d -m 0755 "$GPUHUB_TUTORIALS_DIR" ${GPUHUB_DATASETS_DIR:+"$GPUHUB_DATASETS_DIR"}
+  GPUHUB_PUBLIC_URL=$(public_url)
   export GPUHUB_HUB_IMAGE_ID GPUHUB_SINGLEUSER_IMAGE_ID GPUHUB_SIMULATED_GPUS \
-    GPUHUB_TUTORIAL_SYNC_REPLICAS
+    GPUHUB_TUTORIAL_SYNC_REPLICAS GPUHUB_PUBLIC_URL
+  local files=(-c "$REPO/deploy/stack.yml")
+  if tls_on; then ensure_tls; files+=(-c "$REPO/deploy/stack.tls.yml")
+  else files+=(-c "$REPO/deploy/stack.http.yml"); fi
+  if [ "$GPUHUB_AUTH" = github ]; then
+    ensure_github_secret; ensure_roster; files+=(-c "$REPO/deploy/stack.github.yml")
+  fi
+  [ "${GPUHUB_REGISTRY:-0}" = 1 ] && files+=(-c "$REPO/deploy/stack.registry.yml")
   local out; out=$(mktemp)
-  docker stack deploy --resolve-image never -c "$REPO/deploy/stack.yml" "$GPUHUB_STACK" >"$out" 2>&1 \
+  docker stack deploy --prune --resolve-image never "${files[@]}" "$GPUHUB_STACK" >"$out" 2>&1 \
     || { cat "$out" >&2; die "docker stack deploy failed (output above); remove what exists with: make down"; }
   rm -f "$out"
+  remove_unused_secrets
 }
 
-hub_url() { echo "http://127.0.0.1:$GPUHUB_HTTP_PORT"; }
+# Versions of the hashed secrets that no service uses any more (best effort: a secret of a task
+# still stopping is removed by the next deploy).
+remove_unused_secrets() {
+  local name
+  for name in $(docker secret ls --format '{{.Name}}' | grep -E "^${GPUHUB_STACK}_(tls_cert|tls_key|github_client_secret)_" || true); do
+    docker secret rm "$name" >/dev/null 2>&1 || true
+  done
+}
+
 
 # Until a service runs exactly its current spec: after a deploy that changed it, the old task
 # may still answer for a few seconds.
@@ -216,18 +370,20 @@ wait_converged() {
 }
 
 wait_hub() {
-  local url; url=$(hub_url)/hub/api/
+  local url; url=$(public_url)/hub/api/
   local i
   wait_converged "${GPUHUB_STACK}_proxy"
   wait_converged "${GPUHUB_STACK}_hub"
+  tls_on && wait_converged "${GPUHUB_STACK}_gateway"
   for i in $(seq 1 240); do
-    if curl -sf -o /dev/null "$url"; then log "hub answers at $(hub_url)"; return 0; fi
+    if hub_curl /hub/api/ -o /dev/null; then log "hub answers at $(public_url)"; return 0; fi
     [ $((i % 20)) = 0 ] && log "waiting for the hub ($((i / 2)) s)..."
     sleep 0.5
   done
   docker service ps --no-trunc "${GPUHUB_STACK}_hub" "${GPUHUB_STACK}_proxy" >&2 || true
   docker service logs --tail 30 "${GPUHUB_STACK}_hub" >&2 || true
-  die "the hub did not answer at $url within 120 s (state and logs above); remove the stack with: make down"
+  tls_on && { docker service logs --tail 10 "${GPUHUB_STACK}_gateway" >&2 || true; }
+  die "the hub did not answer at $url within 120 s (state and logs above$(tls_on && echo '; with acme, the gateway log says whether the certificate was issued')); remove the stack with: make down"
 }
 
 # Remove the user servers this stack created, then the stack itself.
@@ -269,12 +425,18 @@ purge_stack_data() {
 print_join_command() {
   [ "$(docker info --format '{{.Swarm.ControlAvailable}}' 2>/dev/null)" = true ] \
     || die "this machine is not a swarm manager; run 'make demo' (or make up) here first"
-  local addr token
+  local addr token registry=''
   addr=$(docker info --format '{{.Swarm.NodeAddr}}')
   token=$(docker swarm join-token -q worker)
-  echo "# On each GPU machine, as root, in a checkout of this repository (add --image-tar FILE,"
-  echo "# made by 'make image-tar' here, when the machine cannot pull $GPUHUB_SINGLEUSER_IMAGE):"
-  echo "sudo ./worker_setup/setup.sh --manager $addr:2377 --token $token --slices-per-gpu $GPUHUB_SLICES_PER_GPU"
+  if docker service inspect "${GPUHUB_STACK}_registry" >/dev/null 2>&1; then
+    registry=" --registry $addr:$GPUHUB_REGISTRY_PORT"
+    echo "# On each GPU machine, as root, in a checkout of this repository (it pulls the"
+    echo "# single-user image from this machine's registry):"
+  else
+    echo "# On each GPU machine, as root, in a checkout of this repository (add --image-tar FILE,"
+    echo "# made by 'make image-tar' here, when the machine cannot pull $GPUHUB_SINGLEUSER_IMAGE):"
+  fi
+  echo "sudo ./worker_setup/setup.sh --manager $addr:2377 --token $token --slices-per-gpu $GPUHUB_SLICES_PER_GPU$registry"
 }
 
 # The single-user image as a file to copy to GPU machines that cannot pull it.

@@ -55,6 +55,15 @@ def unplaceable(status: dict) -> bool:
     return status["State"].lower() == "pending" and UNPLACEABLE in status.get("Err", "")
 
 
+#: Swarm's words for a task whose machine has not got the image and cannot pull it. Swarm would
+#: retry it every few seconds until the start timeout, so the spawn fails at once instead.
+NO_IMAGE = "No such image"
+
+
+def image_missing(status: dict) -> bool:
+    return status["State"].lower() == "rejected" and NO_IMAGE in status.get("Err", "")
+
+
 #: Task states on the way to running, and what the participant is told about each.
 STAGES = {
     "new": (35, "Waiting for Swarm to place the server"),
@@ -428,6 +437,13 @@ class GPUSwarmSpawner(SwarmSpawner):
                     self._claim(None)  # Swarm counts the slices itself now (or refused them)
                 if unplaceable(status):
                     raise SliceTaken(status["Err"])
+                if image_missing(status):
+                    raise RuntimeError(
+                        f"The GPU machine {self.gpu_node} cannot get the server image "
+                        f"({status['Err']}). Please tell an organizer: that machine must be "
+                        "joined with the --registry option of `make join-command`, or be given "
+                        "the image with --image-tar."
+                    )
                 if state not in STAGES and state != "rejected":
                     # failed, shutdown, complete, orphaned, remove: it will not come up
                     raise RuntimeError(

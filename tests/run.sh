@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 
 what=${1:-all}; [ $# -gt 0 ] && shift
 
+export GPUHUB_CONFIG=none  # an organizer's ./config.env is not the test stack's
 ensure_venv test
 log "lint (ruff)"
 "$VENV/bin/ruff" check . && "$VENV/bin/ruff" format --check . >/dev/null \

@@ -44,6 +44,9 @@ def choose_gpus(args) -> list[gpus.GPUInfo]:
     try:
         found = gpus.discover(nvml or gpus.load_nvml())
     except gpus.NVMLUnavailable as e:
+        if args.none_if_no_gpu and not args.simulate_if_no_gpu:
+            print(f"no NVIDIA GPU usable here ({e}); this machine advertises no GPU slices")
+            return []
         if args.simulate_if_no_gpu:
             print(f"no NVIDIA GPU usable here ({e}); advertising SIMULATED GPUs")
             return gpus.simulated(args.simulate_if_no_gpu, machine, memory)
@@ -51,6 +54,9 @@ def choose_gpus(args) -> list[gpus.GPUInfo]:
             f"{e}. Fix the driver, or pass --simulate-gpus N for a test machine."
         ) from None
     if not found:
+        if args.none_if_no_gpu and not args.simulate_if_no_gpu:
+            print("NVML reports no GPU here; this machine advertises no GPU slices")
+            return []
         if args.simulate_if_no_gpu:
             return gpus.simulated(args.simulate_if_no_gpu, machine, memory)
         raise SystemExit("NVML reports no GPU on this machine; pass --simulate-gpus N to test.")
@@ -79,6 +85,12 @@ def parse_args(argv):
         "--nvml-fixture", metavar="FILE", help="read GPUs from a fake NVML fixture (tests)"
     )
     parser.add_argument("--simulate-if-no-gpu", type=int, default=0, metavar="N")
+    parser.add_argument(
+        "--none-if-no-gpu",
+        action="store_true",
+        help="a machine without a usable GPU advertises no slices instead of stopping "
+        "(a manager that only runs the hub)",
+    )
     parser.add_argument("--simulated-memory", default="16GiB", metavar="SIZE")
     parser.add_argument("--daemon-json", default="/etc/docker/daemon.json")
     parser.add_argument(
@@ -98,6 +110,12 @@ def parse_args(argv):
         default="auto",
         metavar="auto|off|PATH",
         help=f"make the NVIDIA runtime Docker's default (auto: when {NVIDIA_RUNTIME} exists)",
+    )
+    parser.add_argument(
+        "--registry",
+        default="",
+        metavar="HOST:PORT",
+        help="the manager's image registry (plain HTTP): added to insecure-registries",
     )
     parser.add_argument("--remove", action="store_true", help="take the GPU settings out again")
     parser.add_argument("--dry-run", action="store_true", help="print the change, write nothing")
@@ -120,6 +138,8 @@ def wanted_config(args, current: dict) -> dict:
     if args.remove:
         return daemon_config.merge(current, [], named_kind=NAMED_KIND, labels=[])
     found = choose_gpus(args)
+    if not found:
+        return daemon_config.merge(current, [], named_kind=NAMED_KIND, labels=[])
     slices = slicing.slices_per_gpu(found, args.slices_per_gpu, args.slice_memory_mb)
     for g in found:
         tag = " (SIMULATED)" if g.simulated else ""
@@ -127,6 +147,8 @@ def wanted_config(args, current: dict) -> dict:
     entries = daemon_config.slice_resources(slices, args.named_kind)
     labels = daemon_config.engine_labels(found, slices)
     wanted = daemon_config.merge(current, entries, named_kind=NAMED_KIND, labels=labels)
+    if args.registry:
+        wanted = daemon_config.with_insecure_registry(wanted, args.registry)
     runtime = nvidia_runtime(args.nvidia_runtime)
     if runtime:
         print(f"NVIDIA container runtime: {runtime} (made Docker's default runtime)")

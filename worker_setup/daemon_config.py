@@ -13,6 +13,7 @@ from gpu_swarm_spawner.inventory import DEFAULT_KIND_PREFIX, LABEL_PREFIX, MEMOR
 
 KEY = "node-generic-resources"
 LABELS_KEY = "labels"
+REGISTRIES_KEY = "insecure-registries"
 
 
 class InvalidDaemonConfig(ValueError):
@@ -122,6 +123,16 @@ def merge(
     for key in (KEY, LABELS_KEY):
         if not merged[key]:
             del merged[key]
+    return merged
+
+
+def with_insecure_registry(config: dict, address: str) -> dict:
+    """A copy of ``config`` that lets the engine pull from the plain-HTTP registry at
+    ``address`` (HOST:PORT, the manager's); other entries are kept."""
+    merged = dict(config)
+    registries = list(config.get(REGISTRIES_KEY, []))
+    if address not in registries:
+        merged[REGISTRIES_KEY] = registries + [address]
     return merged
 
 

@@ -4,7 +4,7 @@
 #
 #   sudo ./worker_setup/setup.sh --manager ADDR[:2377] --token SWMTKN-...
 #        [--slices-per-gpu N | --slice-memory SIZE] [--simulate-gpus N]
-#        [--image-tar FILE] [--advertise-addr ADDR] [--dry-run]
+#        [--registry HOST:PORT | --image-tar FILE] [--advertise-addr ADDR] [--dry-run]
 #   sudo ./worker_setup/setup.sh --leave [--wait SECONDS] [--force] [--dry-run]
 #
 # Joining is a checklist of idempotent steps; a second run changes nothing and says so:
@@ -13,8 +13,11 @@
 #   gpus         GPUs found with NVML (or --simulate-gpus N), slices per GPU worked out
 #   swarm        joined to the manager's swarm (a wrong token stops here, before any change)
 #   image        the single-user image is present (already, from --image-tar, or pulled)
-#   daemon.json  slices, gpu-jupyterhub.* engine labels, NVIDIA runtime merged in (backup kept)
+#   daemon.json  slices, gpu-jupyterhub.* engine labels, NVIDIA runtime merged in (backup kept);
+#                with --registry, the manager's registry as a plain-HTTP one
 #   restart      the engine restarts only when daemon.json changed
+# With --registry (`make up` runs one on the manager) the image is pulled from it, after the
+# restart that makes the engine trust it.
 #
 # For engines set up differently (the test bed's machines in network namespaces): DOCKER_HOST,
 # GPUHUB_DAEMON_JSON, GPUHUB_DOCKERD_CMD (how to start dockerd), GPUHUB_DOCKERD_PIDFILE,
@@ -25,7 +28,7 @@ load_settings
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
-MANAGER='' TOKEN='' ADVERTISE_ADDR='' IMAGE_TAR='' DRY_RUN='' LEAVE='' FORCE='' WAIT=0
+MANAGER='' TOKEN='' ADVERTISE_ADDR='' IMAGE_TAR='' REGISTRY='' DRY_RUN='' LEAVE='' FORCE='' WAIT=0
 ADVERTISE_ARGS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -33,6 +36,7 @@ while [ $# -gt 0 ]; do
     --token) TOKEN=${2:?--token needs the swarm join token}; shift ;;
     --advertise-addr) ADVERTISE_ADDR=${2:?}; shift ;;
     --image-tar) IMAGE_TAR=${2:?--image-tar needs a file}; shift ;;
+    --registry) REGISTRY=${2:?--registry needs HOST:PORT}; ADVERTISE_ARGS+=(--registry "$2"); shift ;;
     --slices-per-gpu|--slice-memory|--simulate-gpus|--nvml-fixture|--machine-id|--named-kind|--nvidia-runtime)
       ADVERTISE_ARGS+=("$1" "${2:?$1 needs a value}"); shift ;;
     --dry-run) DRY_RUN=1 ;;
@@ -47,6 +51,9 @@ done
 
 DAEMON_JSON=${GPUHUB_DAEMON_JSON:-/etc/docker/daemon.json}
 IMAGE=$GPUHUB_SINGLEUSER_IMAGE
+# the manager's registry serves the image under its own address (deploy/lib.sh registry_image);
+# an --image-tar holds it under the name it was saved with
+[ -n "$REGISTRY" ] && [ -z "$IMAGE_TAR" ] && IMAGE=$REGISTRY/${IMAGE#*.*/}
 ROWS=()    # the summary table: "step|what happened"
 CHANGES=0
 
@@ -131,6 +138,7 @@ ensure_joined() {
 
 ensure_image() {
   local want=''
+  if [ -n "$REGISTRY" ] && [ -z "$IMAGE_TAR" ]; then ensure_registry_image; return; fi
   [ -n "$IMAGE_TAR" ] && { [ -r "$IMAGE_TAR" ] || die "--image-tar $IMAGE_TAR: no such file"; }
   if docker image inspect "$IMAGE" >/dev/null 2>&1; then
     if [ -z "$IMAGE_TAR" ]; then row image "$IMAGE present"; return; fi
@@ -149,6 +157,20 @@ ensure_image() {
     changed image "pulled $IMAGE"
   else
     die "the single-user image $IMAGE is not here and cannot be pulled; on the manager run 'make image-tar', copy the file here and pass --image-tar FILE"
+  fi
+}
+
+# From the manager's registry: pulled every time (a no-op when it is up to date), so a rebuilt
+# image arrives with the next run.
+ensure_registry_image() {
+  if [ -n "$DRY_RUN" ]; then row image "would pull $IMAGE"; return; fi
+  local before; before=$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)
+  docker pull -q "$IMAGE" >/dev/null 2>&1 \
+    || die "cannot pull $IMAGE from the manager's registry; check that 'make up' ran on the manager and that TCP ${REGISTRY##*:} to it is open"
+  if [ "$(docker image inspect -f '{{.Id}}' "$IMAGE")" = "$before" ]; then
+    row image "$IMAGE up to date"
+  else
+    changed image "pulled $IMAGE from the manager's registry"
   fi
 }
 
@@ -197,8 +219,7 @@ join() {
   PY=$(worker_python)
   plan_slices
   ensure_joined
-  ensure_image
-  ensure_slices
+  if [ -n "$REGISTRY" ]; then ensure_slices; ensure_image; else ensure_image; ensure_slices; fi
   summary
   if [ -n "$DRY_RUN" ]; then echo "dry run: nothing was changed"
   elif [ "$CHANGES" = 0 ]; then echo "nothing to change: this machine is already set up"

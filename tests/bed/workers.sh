@@ -12,6 +12,7 @@
 #   tests/bed/workers.sh env wN     the environment worker_setup/setup.sh needs for wN's engine
 #   tests/bed/workers.sh setup wN A  worker_setup/setup.sh on wN with this swarm's address and
 #                                   token, plus the arguments A (later ones override)
+#   tests/bed/workers.sh join wN A   setup.sh on bed worker wN as `up` runs it, plus arguments A
 #   tests/bed/workers.sh remove wN  take machine wN out of the swarm and remove it
 #
 # Workers join with worker_setup/setup.sh, the organizer's command, so every test run uses it.
@@ -91,6 +92,14 @@ setup_machine() {
     bash "$REPO/worker_setup/setup.sh" --manager "$MGR:2377" --token "$token" "$@" )
 }
 
+# setup.sh on bed worker wN with the bed's own arguments (its address, simulated GPUs), plus ARGS.
+join_machine() {
+  local w=$1; shift
+  setup_machine "$w" --advertise-addr "$NET.$((10 + ${w#w}))" --simulate-gpus "$GPUS" \
+    --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" --machine-id "bed-$w" \
+    ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} "$@"
+}
+
 needs_image() {
   local want; want=$(docker image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE")
   [ "$(wdocker "$1" image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE" 2>/dev/null)" != "$want" ]
@@ -137,9 +146,7 @@ up() {
       [ -s "$tar" ] || docker save "$GPUHUB_SINGLEUSER_IMAGE" >"$tar"
       image=(--image-tar "$tar")
     fi
-    out=$(setup_machine "$w" --advertise-addr "$NET.$((10 + i))" --simulate-gpus "$GPUS" \
-            --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" --machine-id "bed-$w" \
-            ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} "${image[@]}" 2>&1) \
+    out=$(join_machine "$w" "${image[@]}" 2>&1) \
       || { echo "$out" >&2; die "worker_setup/setup.sh failed on $w (output above)"; }
   done
   rm -f "$tar"
@@ -186,7 +193,8 @@ case "${1:-}" in
   machine) ensure_bridge; ensure_machine "${2:?which machine, e.g. w3}" "$NET.$((10 + ${2#w}))" ;;
   env) machine_env "${2:?which machine, e.g. w3}" ;;
   setup) w=${2:?which machine, e.g. w3}; shift 2; setup_machine "$w" "$@" ;;
+  join) w=${2:?which worker, e.g. w1}; shift 2; join_machine "$w" "$@" ;;
   remove) remove_machine "${2:?which machine, e.g. w3}" ;;
-  *) echo "usage: $0 up [N] | down | stop wN | machine wN | env wN | setup wN ARGS | remove wN" >&2
+  *) echo "usage: $0 up [N] | down | stop wN | machine wN | env wN | setup wN ARGS | join wN ARGS | remove wN" >&2
      exit 2 ;;
 esac

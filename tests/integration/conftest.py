@@ -17,8 +17,43 @@ _TEST_STACK["TUTORIAL_POLL"] = "2"
 # a shared dataset cache, read-only in servers
 DATASETS = "/var/lib/gpu-jupyterhub/test-datasets"
 _TEST_STACK["DATASETS_DIR"] = DATASETS
+_TEST_STACK["CONFIG"] = "none"  # an organizer's ./config.env is not the test stack's
 for _name, _value in _TEST_STACK.items():
     os.environ[f"GPUHUB_{_name}"] = os.environ.get(f"GPUHUB_TEST_{_name}", _value)
+
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's headless Chromium through Playwright (never a downloaded browser)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page (own cookies) that accepts the self-signed certificate of the test's
+    HTTPS gateway."""
+    context = browser.new_context(ignore_https_errors=True)
+    yield context.new_page()
+    context.close()
 
 
 @pytest.fixture(scope="session")

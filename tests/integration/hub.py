@@ -11,6 +11,7 @@ import docker
 import requests
 
 REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"  # screenshots of browser tests
 
 
 def lib(*steps: str) -> None:

@@ -1,35 +1,12 @@
 """A participant's path in a real browser: login page -> JupyterLab in a GPU-slice service."""
 
 import json
-from pathlib import Path
 
 import pytest
 
+from .hub import ARTIFACTS
+
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
-
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-    "--no-first-run",
-]
-
-
-@pytest.fixture
-def page():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
-        )
-        yield browser.new_page()
-        browser.close()
 
 
 def test_login_reaches_jupyterlab(hub, page):

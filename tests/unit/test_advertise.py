@@ -92,6 +92,17 @@ def test_nvml_failure_falls_back_to_simulated_only_when_asked(tmp_path, capsys):
     assert "advertising SIMULATED GPUs" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("fixture", ["no-driver.json", "mismatch.json"])
+def test_a_manager_without_gpu_advertises_nothing_when_gpus_are_optional(tmp_path, fixture):
+    path = tmp_path / "daemon.json"
+    path.write_text(json.dumps({"debug": True}))
+    assert run(tmp_path, "--simulate-gpus", "2")[0] == advertise.CHANGED
+    rc, config = run(tmp_path, "--nvml-fixture", str(FIXTURES / fixture), "--none-if-no-gpu")
+    assert rc == advertise.CHANGED  # the simulated slices of an earlier demo are taken out
+    assert config == {"debug": True}
+    assert run(tmp_path, "--nvml-fixture", str(FIXTURES / fixture), "--none-if-no-gpu")[0] == 0
+
+
 def test_nvidia_runtime_becomes_the_default_and_other_runtimes_stay(tmp_path):
     runtime = tmp_path / "nvidia-container-runtime"
     runtime.write_text("#!/bin/sh\n")
@@ -105,6 +116,16 @@ def test_nvidia_runtime_becomes_the_default_and_other_runtimes_stay(tmp_path):
     assert config["runtimes"]["nvidia"]["path"] == str(runtime)
     assert config["runtimes"]["runc-debug"] == {"path": "/usr/bin/runc"}
     assert advertise.main(args) == 0
+
+
+def test_the_managers_registry_is_trusted_once(tmp_path):
+    path = tmp_path / "daemon.json"
+    path.write_text(json.dumps({"insecure-registries": ["old:5000"]}))
+    args = ["--simulate-gpus", "1", "--registry", "10.0.0.5:5000"]
+    rc, config = run(tmp_path, *args)
+    assert rc == advertise.CHANGED
+    assert config["insecure-registries"] == ["old:5000", "10.0.0.5:5000"]
+    assert run(tmp_path, *args)[0] == 0
 
 
 def test_remove_takes_out_only_what_advertise_added(tmp_path):

@@ -54,7 +54,7 @@ def test_a_taken_port_is_named_with_the_fix(tmp_path):
             "check_port", tmp_path, stubs={"docker": "exit 1"}, GPUHUB_HTTP_PORT=str(port)
         )
     message = one_line_error(result)
-    assert f"port {port} is already in use" in message
+    assert f"port {port} (GPUHUB_HTTP_PORT) is already in use" in message
     assert "GPUHUB_HTTP_PORT=" in message
 
 

@@ -1,5 +1,6 @@
 """GPUSwarmSpawner logic that needs no Docker daemon: traits, env, state, the service spec."""
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -205,3 +206,16 @@ async def test_spawns_share_a_recent_read_of_the_swarm():
     spawner.inventory_max_age = 0
     await spawner.gpu_inventory()
     assert len(reads) == 2
+
+
+async def test_a_machine_without_the_image_fails_the_spawn_at_once_with_advice():
+    spawner = make_fake(start_timeout=120)
+    spawner.gpu_uuid, spawner.gpu_node, spawner.object_id = "GPU-a", "w1", "svc1"
+    status = {"State": "rejected", "Err": "No such image: 10.0.0.5:5000/x/singleuser:latest"}
+
+    async def current_task():
+        return {"ID": "t1", "NodeID": "n1", "Status": status}
+
+    spawner._current_task = current_task
+    with pytest.raises(RuntimeError, match=r"w1 cannot get the server image .*--registry"):
+        await asyncio.wait_for(spawner.start_object(), timeout=5)

@@ -1,0 +1,291 @@
+"""`make up` from the example config, pointed at a local fake GitHub, over HTTPS.
+
+The stack under test is redeployed by `make up` (GitHub login, self-signed HTTPS gateway, image
+registry), a real browser logs in through the fake GitHub's OAuth flow, and afterwards the demo
+stack the other tests use is deployed again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import docker
+import pytest
+import requests
+
+from .fake_github import GitHubData, serve
+from .hub import ARTIFACTS, REPO, lib
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+
+BED_ADDRESS = "10.199.0.1"  # the bed's bridge: reachable from the browser and from containers
+GITHUB_PORT = 18900
+HTTPS_PORT = 18443
+REGISTRY_PORT = 15000  # tests/bed/workers.sh makes the bed's workers trust it
+CLIENT_SECRET = "fake-github-client-secret-7f3a"
+HOST = "127.0.0.1"
+
+# Who is who on the fake GitHub.
+ORGS = {"gpu-workshop": {"alice"}, "gpu-school": {"tom", "olga"}}
+TEAMS = {"gpu-school:tutors": {"tom"}}
+ROSTER = "# registered by the form\nrosa\n"
+
+# The example config with what a test install changes (each of these keys is in the example).
+CHANGES = {
+    "GPUHUB_HOSTNAME": HOST,
+    "GPUHUB_TLS": "self-signed",
+    "GPUHUB_HTTPS_PORT": str(HTTPS_PORT),
+    "GPUHUB_GITHUB_CLIENT_ID": "fake-github-client",
+    "GPUHUB_GITHUB_CLIENT_SECRET": CLIENT_SECRET,
+    "GPUHUB_ALLOWED_ORGS": "gpu-workshop gpu-school:tutors",
+    "GPUHUB_ADMIN_USERS": "ada",
+    "GPUHUB_SIMULATE_IF_NO_GPU": "2",  # this machine has no GPU: keep the bed's simulated ones
+    "GPUHUB_CPU_LIMIT": "1",
+    "GPUHUB_MEM_LIMIT": "1G",
+    # the bed's git daemon, as in conftest.py (never github.com)
+    "GPUHUB_TUTORIAL_REPOS": "gpu101=git://10.199.0.1:9418/gpu101.git",
+}
+# ... and what it adds: where "GitHub" is, and the registry port the bed's workers trust
+ADDED = {"GPUHUB_GITHUB_URL": f"http://{BED_ADDRESS}:{GITHUB_PORT}"}
+ADDED["GPUHUB_REGISTRY_PORT"] = str(REGISTRY_PORT)
+
+
+def example_config(roster: Path) -> str:
+    changes = dict(CHANGES, GPUHUB_ROSTER=str(roster))
+    lines = []
+    for line in (REPO / "deploy" / "config.example.env").read_text().splitlines():
+        key = line.split("=", 1)[0]
+        if key in changes:
+            line = f"{key}={changes.pop(key)}"
+        lines.append(line)
+    assert not changes, f"settings no longer in the example config: {changes}"
+    lines += [f"{k}={v}" for k, v in ADDED.items()]
+    return "\n".join(lines) + "\n"
+
+
+def make(target: str, config: Path, **env) -> str:
+    """`make TARGET CONFIG=...` as the organizer runs it; its output, or the failure's."""
+    environment = {k: v for k, v in os.environ.items() if k != "GPUHUB_CONFIG"}
+    environment.update(env)
+    result = subprocess.run(
+        ["make", "-s", target, f"CONFIG={config}"],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, f"make {target} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def join_with_registry(worker: str) -> str:
+    result = subprocess.run(
+        ["bash", str(REPO / "tests/bed/workers.sh"), "join", worker]
+        + ["--registry", f"{BED_ADDRESS}:{REGISTRY_PORT}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"{worker}: {result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+class Production:
+    def __init__(self, tmp, settings, github: GitHubData, up_output: str, joins: dict):
+        self.config = tmp / "config.env"
+        self.roster = tmp / "roster.txt"
+        self.settings = settings
+        self.github = github
+        self.up_output = up_output
+        self.joins = joins
+        self.url = f"https://{HOST}:{HTTPS_PORT}"
+        self.cert = Path(settings["GPUHUB_STATE_DIR"], "tls", "cert.pem")
+        token = Path(settings["GPUHUB_STATE_DIR"], "ops_token").read_text().strip()
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"token {token}"
+
+    def api(self, method: str, path: str) -> requests.Response:
+        """The hub's REST API over HTTPS, checking the generated certificate (per request:
+        a session's verify loses to REQUESTS_CA_BUNDLE)."""
+        url = f"{self.url}/hub/api{path}"
+        return self.session.request(method, url, verify=str(self.cert), timeout=30)
+
+    def user(self, name: str) -> dict:
+        r = self.api("GET", f"/users/{name}")
+        r.raise_for_status()
+        return r.json()
+
+    def stop(self, name: str) -> None:
+        self.api("DELETE", f"/users/{name}/server")
+        deadline = time.monotonic() + 60
+        while self.user(name)["servers"]:
+            assert time.monotonic() < deadline, f"server of {name} did not stop"
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def production(hub, hub_settings, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("organizer")
+    github = GitHubData("fake-github-client", CLIENT_SECRET, orgs=ORGS, teams=TEAMS)
+    server = serve(BED_ADDRESS, GITHUB_PORT, github)
+    (tmp / "roster.txt").write_text(ROSTER)
+    config = tmp / "config.env"
+    config.write_text(example_config(tmp / "roster.txt"))
+    config.chmod(0o600)
+    try:
+        output = make("up", config)
+        # the bed's GPU machines run make up's join line again, now with --registry
+        joins = {w: join_with_registry(w) for w in ("w1", "w2")}
+        yield Production(tmp, hub_settings, github, output, joins)
+    finally:
+        server.shutdown()
+        # the demo stack again, for the other tests (--prune removes the gateway and registry)
+        lib("deploy_stack", "wait_hub")
+
+
+def github_login(page, url: str, login: str) -> None:
+    """The participant's path: the hub's login page, GitHub's sign-in, back to the hub."""
+    page.goto(f"{url}/hub/login")
+    page.click("a.btn-jupyter")  # "Sign in with GitHub"
+    page.wait_for_selector("#login_field")
+    assert page.url.startswith(f"http://{BED_ADDRESS}:{GITHUB_PORT}/login/oauth/authorize")
+    page.fill("#login_field", login)
+    page.click("button[name=commit]")
+
+
+def test_make_up_prints_the_url_and_the_join_command(production):
+    out = production.up_output
+    assert f"GPU JupyterHub is up: https://{HOST}:{HTTPS_PORT}/" in out
+    assert "--registry" in out and f"{BED_ADDRESS}:{REGISTRY_PORT}" in out
+    assert "sudo ./worker_setup/setup.sh --manager" in out
+    assert CLIENT_SECRET not in out
+
+
+def test_gpu_machines_joined_with_registry_pull_the_image_from_it(production):
+    image = f"{BED_ADDRESS}:{REGISTRY_PORT}/gpu-jupyterhub/singleuser:latest"
+    built = docker.from_env().images.get("gpu-jupyterhub/singleuser:latest").id
+    for worker, output in production.joins.items():
+        # pulled now, or by an earlier run ("up to date" is a successful pull too)
+        assert f"pulled {image} from the manager's registry" in output or (
+            f"{image} up to date" in output
+        ), output
+        engine = docker.DockerClient(base_url=f"unix:///var/run/docker-{worker}.sock")
+        assert engine.images.get(image).id == built
+        daemon_json = json.loads(Path(f"/etc/docker/{worker}.json").read_text())
+        assert f"{BED_ADDRESS}:{REGISTRY_PORT}" in daemon_json["insecure-registries"]
+
+
+def test_https_with_the_generated_certificate_and_http_redirects(production):
+    r = production.api("GET", "/")
+    assert r.status_code == 200 and "version" in r.json()
+    http = requests.get(
+        f"http://{HOST}:{production.settings['GPUHUB_HTTP_PORT']}/hub/login",
+        allow_redirects=False,
+        timeout=30,
+    )
+    assert http.status_code in (301, 308)
+    assert http.headers["Location"].startswith(f"https://{HOST}:{HTTPS_PORT}/")
+
+
+def test_the_client_secret_is_a_docker_secret_only(production):
+    client = docker.from_env()
+    (hub,) = client.services.list(filters={"name": f"{production.settings['GPUHUB_STACK']}_hub"})
+    assert CLIENT_SECRET not in json.dumps(hub.attrs)
+    secrets = [
+        s["SecretName"] for s in hub.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Secrets"]
+    ]
+    assert any(name.startswith(f"{hub.name[:-4]}_github_client_secret_") for name in secrets)
+
+
+def test_an_org_member_logs_in_and_lands_in_jupyterlab(production, page):
+    github_login(page, production.url, "alice")
+    try:
+        page.wait_for_selector(".jp-LabShell", timeout=180_000)
+    finally:
+        page.screenshot(path=str(ARTIFACTS / "github-login.png"))
+    assert "/user/alice/lab" in page.url
+    server = production.user("alice")["servers"][""]
+    assert server["ready"]
+    # the server's image came from the manager's registry, with the organizer's limits
+    client = docker.from_env()
+    (service,) = client.services.list(filters={"name": "jy-alice"})
+    spec = service.attrs["Spec"]["TaskTemplate"]
+    assert spec["ContainerSpec"]["Image"].startswith(f"{BED_ADDRESS}:{REGISTRY_PORT}/")
+    assert spec["Resources"]["Limits"]["NanoCPUs"] == 1_000_000_000
+    assert spec["Resources"]["Limits"]["MemoryBytes"] == 1024**3
+    assert "POST /login/oauth/access_token" in production.github.requests
+    assert "GET /api/v3/orgs/gpu-workshop/members/alice" in production.github.requests
+
+
+def test_a_team_member_logs_in(production, page):
+    github_login(page, production.url, "tom")
+    page.wait_for_url("**/user/tom/**", timeout=180_000)
+    production.stop("tom")
+
+
+@pytest.mark.parametrize("login", ["nina", "olga"])  # nobody; in the org but not the team
+def test_others_are_refused_with_a_clear_page(production, page, login):
+    github_login(page, production.url, login)
+    page.wait_for_load_state()
+    text = page.inner_text("body")
+    assert "403" in text
+    assert "not on this workshop's participant list" in text
+    assert "roster" in text
+    r = production.api("GET", f"/users/{login}")
+    assert r.status_code == 404  # never became a user
+
+
+def test_a_roster_user_logs_in_and_the_roster_reloads(production, page, browser):
+    github_login(page, production.url, "rosa")
+    page.wait_for_url("**/user/rosa/**", timeout=180_000)
+    production.stop("rosa")
+
+    # rick is not on the roster yet; the organizer adds him and reloads it
+    late = browser.new_context(ignore_https_errors=True).new_page()
+    github_login(late, production.url, "rick")
+    late.wait_for_load_state()
+    assert "not on this workshop's participant list" in late.inner_text("body")
+    alice_before = production.user("alice")["servers"][""]["started"]
+    production.roster.write_text(ROSTER + "@Rick\n")
+    out = make("roster", production.config)
+    assert "2 GitHub usernames" in out
+    github_login(late, production.url, "rick")
+    late.wait_for_url("**/user/rick/**", timeout=180_000)
+    production.stop("rick")
+    # nobody's server was restarted by it
+    assert production.user("alice")["servers"][""]["started"] == alice_before
+
+
+def test_an_admin_sees_the_admin_page_and_a_participant_does_not(production, page, browser):
+    github_login(page, production.url, "ada")  # only in GPUHUB_ADMIN_USERS
+    page.wait_for_url("**/user/ada/**", timeout=180_000)
+    page.goto(f"{production.url}/hub/admin")
+    page.wait_for_selector("text=alice", timeout=30_000)  # the user list, with alice's server
+    page.screenshot(path=str(ARTIFACTS / "github-admin.png"))
+    production.stop("ada")
+
+    participant = browser.new_context(ignore_https_errors=True).new_page()
+    github_login(participant, production.url, "alice")
+    participant.wait_for_url("**/user/alice/**", timeout=60_000)
+    response = participant.goto(f"{production.url}/hub/admin")
+    assert response.status == 403
+
+
+def test_the_hub_database_and_cookie_secret_survive_down_and_up(production, page):
+    github_login(page, production.url, "alice")
+    page.wait_for_url("**/user/alice/**", timeout=60_000)
+    production.stop("alice")
+    make("down", production.config)
+    make("up", production.config)
+    users = production.api("GET", "/users").json()
+    assert {"alice", "tom", "rosa", "rick", "ada"} <= {u["name"] for u in users}
+    assert next(u for u in users if u["name"] == "ada")["admin"]
+    # the browser's login cookie is still good: same cookie secret
+    page.goto(f"{production.url}/hub/home")
+    assert page.url.startswith(f"{production.url}/hub/home")
+    assert "alice" in page.inner_text("body")
