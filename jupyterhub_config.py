@@ -145,6 +145,14 @@ else:
     c.GPUSwarmSpawner.docker_api_threads = int(setting("DOCKER_API_THREADS", "4"))
     c.GPUSwarmSpawner.service_labels = {"gpu-jupyterhub.stack": STACK}
     c.GPUSwarmSpawner.volumes = {"jy-home-{username}": "/home/jovyan"}
+    # the spawn page: environments (NAME=IMAGE, the first is the default) and a full GPU
+    ENVIRONMENTS = dict(entry.split("=", 1) for entry in setting("ENVIRONMENTS", "").split())
+    if ENVIRONMENTS:
+        c.GPUSwarmSpawner.allowed_images = ENVIRONMENTS
+        c.GPUSwarmSpawner.image = next(iter(ENVIRONMENTS.values()))
+    if setting("FULL_GPU", "admins") != "off":
+        c.GPUSwarmSpawner.full_gpu_slices = int(setting("SLICES_PER_GPU", "3"))
+        c.GPUSwarmSpawner.full_gpu_for = setting("FULL_GPU", "admins")
     if TUTORIAL_REPOS:
         # the published tutorials (shared storage at the same path on every machine), read-only
         c.GPUSwarmSpawner.volumes[setting("TUTORIALS_DIR", "/srv/tutorials")] = {

@@ -171,16 +171,31 @@ ensure_images() {
     log "base image (debootstrap; cached after the first build)"
     bash "$REPO/images/base/build.sh" "$GPUHUB_BASE_IMAGE" | sed 's/^/      /'
   fi
-  local name dockerfile image
-  for name in singleuser hub; do
-    dockerfile=$REPO/images/$name/Dockerfile
-    image=$([ $name = hub ] && echo "$GPUHUB_HUB_IMAGE" || echo "$GPUHUB_SINGLEUSER_IMAGE")
-    log "image $image"
-    local out; out=$(mktemp)
-    DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE_IMAGE=$GPUHUB_BASE_IMAGE" \
-        -f "$dockerfile" -t "$image" "$REPO" >"$out" 2>&1 \
-      || { tail -30 "$out" >&2; die "building $image failed (output above)"; }
-    rm -f "$out"
+  build_image singleuser "$GPUHUB_SINGLEUSER_IMAGE" --build-arg "BASE_IMAGE=$GPUHUB_BASE_IMAGE"
+  build_image hub "$GPUHUB_HUB_IMAGE" --build-arg "BASE_IMAGE=$GPUHUB_BASE_IMAGE"
+}
+
+build_image() {  # build_image DIR-UNDER-images IMAGE [docker build args]
+  local dir=$1 image=$2 out; shift 2
+  log "image $image"
+  out=$(mktemp)
+  DOCKER_BUILDKIT=0 docker build -q "$@" -f "$REPO/images/$dir/Dockerfile" -t "$image" "$REPO" \
+      >"$out" 2>&1 || { tail -30 "$out" >&2; die "building $image failed (output above)"; }
+  rm -f "$out"
+}
+
+# The images of GPUHUB_ENVIRONMENTS (NAME=IMAGE ...): gpu-jupyterhub/X:TAG is built from
+# images/X/Dockerfile when that exists (Docker's cache makes a re-run quick); any other image
+# must be here already or pullable.
+ensure_environment_images() {
+  local entry image dir
+  for entry in $GPUHUB_ENVIRONMENTS; do
+    image=${entry#*=}; dir=${image#gpu-jupyterhub/}; dir=${dir%%:*}
+    if [ "$dir" != "${image%%:*}" ] && [ -f "$REPO/images/$dir/Dockerfile" ]; then
+      build_image "$dir" "$image" --build-arg "SINGLEUSER_IMAGE=$GPUHUB_SINGLEUSER_IMAGE"
+    elif ! docker image inspect "$image" >/dev/null 2>&1 && ! docker pull -q "$image" >/dev/null 2>&1; then
+      die "GPUHUB_ENVIRONMENTS: image $image is neither here nor pullable; build it (docker build -t $image ...) and run this again"
+    fi
   done
 }
 
@@ -298,21 +313,40 @@ registry_image() {  # registry_image LOCAL-NAME
   echo "$(docker info --format '{{.Swarm.NodeAddr}}'):$GPUHUB_REGISTRY_PORT/${1#*.*/}"
 }
 
-# Push the single-user image to the manager's registry (pushed by its local address, which
-# Docker trusts without TLS; the GPU machines pull it by the manager's).
+# Servers' images by their names in the manager's registry: the single-user image and those of
+# GPUHUB_ENVIRONMENTS are tagged so (this machine then never pulls them) and listed in
+# GPUHUB_PUBLISH for publish_images.
+use_registry_names() {
+  local entry envs='' image
+  GPUHUB_PUBLISH=$GPUHUB_SINGLEUSER_IMAGE
+  GPUHUB_SINGLEUSER_IMAGE=$(registry_image "$GPUHUB_SINGLEUSER_IMAGE")
+  for entry in $GPUHUB_ENVIRONMENTS; do
+    image=${entry#*=}
+    GPUHUB_PUBLISH+=" $image"
+    envs+="${entry%%=*}=$(registry_image "$image") "
+  done
+  GPUHUB_ENVIRONMENTS=${envs% }
+  for image in $GPUHUB_PUBLISH; do docker tag "$image" "$(registry_image "$image")"; done
+  export GPUHUB_SINGLEUSER_IMAGE GPUHUB_ENVIRONMENTS GPUHUB_PUBLISH
+}
+
+# Push GPUHUB_PUBLISH to the manager's registry (by its local address, which Docker trusts
+# without TLS; the GPU machines pull them by the manager's).
 publish_images() {
-  local local_name=$GPUHUB_SINGLEUSER_LOCAL_IMAGE i
-  local push=127.0.0.1:$GPUHUB_REGISTRY_PORT/${local_name#*.*/}
+  local image push i out
   for i in $(seq 1 120); do
     curl -sf -o /dev/null "http://127.0.0.1:$GPUHUB_REGISTRY_PORT/v2/" && break
     [ "$i" = 120 ] && die "the registry did not answer on port $GPUHUB_REGISTRY_PORT within 60 s; see: docker service logs ${GPUHUB_STACK}_registry"
     sleep 0.5
   done
-  log "pushing $local_name to the registry (the first push takes a minute or two)"
-  docker tag "$local_name" "$push"
-  local out; out=$(mktemp)
-  docker push "$push" >"$out" 2>&1 || { tail -5 "$out" >&2; die "docker push $push failed (output above)"; }
-  rm -f "$out"
+  for image in $GPUHUB_PUBLISH; do
+    push=127.0.0.1:$GPUHUB_REGISTRY_PORT/${image#*.*/}
+    log "pushing $image to the registry (a new image takes a minute or two)"
+    docker tag "$image" "$push"
+    out=$(mktemp)
+    docker push "$push" >"$out" 2>&1 || { tail -5 "$out" >&2; die "docker push $push failed (output above)"; }
+    rm -f "$out"
+  done
 }
 
 deploy_stack() {

@@ -21,13 +21,12 @@ GPUHUB_GPU_OPTIONAL=1 ensure_gpu_slices
 ensure_swarm
 check_port GPUHUB_HTTP_PORT GPUHUB_REGISTRY_PORT $(tls_on && echo GPUHUB_HTTPS_PORT)
 ensure_images
+ensure_environment_images
 ensure_secrets
 
-# GPU machines pull the single-user image from the registry this stack runs on the manager
+# GPU machines pull the servers' images from the registry this stack runs on the manager
 export GPUHUB_REGISTRY=1
-GPUHUB_SINGLEUSER_LOCAL_IMAGE=$GPUHUB_SINGLEUSER_IMAGE
-GPUHUB_SINGLEUSER_IMAGE=$(registry_image "$GPUHUB_SINGLEUSER_LOCAL_IMAGE")
-docker tag "$GPUHUB_SINGLEUSER_LOCAL_IMAGE" "$GPUHUB_SINGLEUSER_IMAGE"
+use_registry_names
 
 trap 'echo "make up stopped before the hub answered; fix the cause and run it again, or remove what it deployed with: make down" >&2' ERR
 deploy_stack
@@ -44,7 +43,8 @@ cat <<MSG
     ${login}
     admins: ${GPUHUB_ADMIN_USERS}
     HTTPS: ${GPUHUB_TLS}$( [ "$GPUHUB_TLS" = self-signed ] && echo " (certificate: $GPUHUB_STATE_DIR/tls/cert.pem)")
-    GPU machines pull $GPUHUB_SINGLEUSER_IMAGE
+    GPU machines pull the servers' images from $(registry_image "")
+    environments: ${GPUHUB_ENVIRONMENTS:-the single-user image only}; full GPU: ${GPUHUB_FULL_GPU}
   See the GPU machines and servers with: sudo make status
 
 MSG

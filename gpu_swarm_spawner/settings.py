@@ -28,6 +28,7 @@ _ORG = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})"
 _ORG_OR_TEAM = re.compile(rf"^{_ORG}(?::[A-Za-z0-9._-]+)?$")
 _SIZE = re.compile(r"^\d+(?:\.\d+)?[KMGT]?$", re.IGNORECASE)
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*=\S+$")
+_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*$")
 _STACK = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 TLS_MODES = ("acme", "self-signed", "files", "off")
@@ -232,10 +233,24 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     if not _STACK.match(settings.get("GPUHUB_STACK", "")):
         errors.append("GPUHUB_STACK: use lower-case letters, digits, - and _")
     errors += _choice(settings, "GPUHUB_PLACEMENT", ("spread", "pack"))
+    errors += _choice(settings, "GPUHUB_FULL_GPU", ("admins", "all", "off"))
+    errors += _environments(settings.get("GPUHUB_ENVIRONMENTS", ""))
     errors += _choice(settings, "GPUHUB_DATASETS_MODE", ("ro", "rw"))
     for repo in settings.get("GPUHUB_TUTORIAL_REPOS", "").split():
         if not _REPO.match(repo):
             errors.append(f"GPUHUB_TUTORIAL_REPOS: {repo!r} is not NAME=URL[#BRANCH]")
+    return errors
+
+
+def _environments(value: str) -> list[str]:
+    errors, seen = [], set()
+    for entry in value.split():
+        name, _, image = entry.partition("=")
+        if not name or not image or not _IMAGE.match(image):
+            errors.append(f"GPUHUB_ENVIRONMENTS: {entry!r} is not NAME=IMAGE")
+        elif name in seen:
+            errors.append(f"GPUHUB_ENVIRONMENTS: {name!r} is listed twice")
+        seen.add(name)
     return errors
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import jinja2
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, TaskTemplate
 from dockerspawner import SwarmSpawner
 from traitlets import (
@@ -21,7 +22,12 @@ from traitlets import (
     validate,
 )
 
-from . import inventory, placement
+from . import inventory, placement, profiles
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
+    autoescape=True,
+)
 
 
 class NoGPUSliceAvailable(RuntimeError):
@@ -102,6 +108,33 @@ class GPUSwarmSpawner(SwarmSpawner):
             raise TraitError(
                 f"GPUSwarmSpawner.gpu_slices must be 1 or more, got {proposal.value}; "
                 "every server needs at least one slice (use 1 for a shared GPU)"
+            )
+        return proposal.value
+
+    full_gpu_slices = Integer(
+        0,
+        config=True,
+        help="""
+        The slices of a whole GPU (the GPU machines' slices per GPU, e.g. 3). When it is more
+        than ``gpu_slices``, the spawn page offers a "full GPU" that reserves all of them on
+        one GPU (to ``full_gpu_for``). 0: no such choice.
+        """,
+    )
+
+    full_gpu_for = Unicode(
+        "admins",
+        config=True,
+        help="""
+        Who may choose a full GPU on the spawn page: ``admins`` or ``all``.
+        """,
+    )
+
+    @validate("full_gpu_for")
+    def _validate_full_gpu_for(self, proposal):
+        if proposal.value not in profiles.FULL_GPU_FOR:
+            raise TraitError(
+                f"GPUSwarmSpawner.full_gpu_for is {proposal.value!r}; "
+                f"write one of: {', '.join(profiles.FULL_GPU_FOR)}"
             )
         return proposal.value
 
@@ -241,6 +274,7 @@ class GPUSwarmSpawner(SwarmSpawner):
     gpu_uuid = Unicode("")
     gpu_node = Unicode("")
     gpu_slices_held = Integer(0)
+    gpu_slices_wanted = Integer(0)  # this spawn's choice (spawn page); 0: gpu_slices
     gpu_memory_mb = Integer(0)  # the memory budget of the slices held (0: unknown)
     task_ip = Unicode("")  # the server's address on the network, once its task has one
 
@@ -345,22 +379,59 @@ class GPUSwarmSpawner(SwarmSpawner):
             dataclasses.replace(g, used=g.slices) if g.uuid in exclude else g
             for g in await self.gpu_inventory()
         ]
-        gpu = placement.choose(gpus, self.gpu_slices, self.placement_policy, seed=self.user.name)
+        slices = self.slices_wanted
+        gpu = placement.choose(gpus, slices, self.placement_policy, seed=self.user.name)
         if gpu is not None:
             # no await since the inventory was built: no other spawn of this hub chose meanwhile
-            self._claim(inventory.Claim(gpu.uuid, self.gpu_slices))
+            self._claim(inventory.Claim(gpu.uuid, slices))
         else:
             used, total = inventory.totals(gpus)
             detail = ", ".join(f"{g.node_name}:{g.uuid}={g.used}/{g.slices}" for g in gpus)
             raise NoGPUSliceAvailable(
-                placement.refusal_message(gpus, self.gpu_slices),
-                f"No GPU with {self.gpu_slices} free slice(s) for {self._log_name}: "
+                placement.refusal_message(gpus, slices),
+                f"No GPU with {slices} free slice(s) for {self._log_name}: "
                 f"{used}/{total} slices in use on {len(gpus)} GPU(s) ({detail or 'none'})",
             )
         return gpu
 
+    # ---- the spawn page ------------------------------------------------------------------------
+
+    @property
+    def slices_wanted(self) -> int:
+        return self.gpu_slices_wanted or self.gpu_slices
+
+    def spawn_offer(self) -> profiles.Offer:
+        """What this user may choose: the environments of ``allowed_images``, a full GPU."""
+        images = self._get_allowed_images()
+        return profiles.offer(
+            images if isinstance(images, dict) else {},
+            self.image,
+            self.gpu_slices,
+            self.full_gpu_slices,
+            self.full_gpu_for,
+            is_admin=bool(getattr(self.user, "admin", False)),
+        )
+
+    @default("options_form")
+    def _default_options_form(self):
+        def form(spawner):
+            offered = spawner.spawn_offer()
+            if not offered.has_choices:
+                return ""  # nothing to choose: the server starts at once
+            return _TEMPLATES.get_template("spawn_options.html").render(offer=offered)
+
+        return form
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return profiles.options_from_form
+
     async def start(self):
         self._progress_events = []  # this spawn's stages (progress() reads them)
+        try:
+            self.gpu_slices_wanted = profiles.slices_for(self.user_options, self.spawn_offer())
+        except profiles.ChoiceError as e:
+            raise NoGPUSliceAvailable(str(e), f"{self._log_name}: {e}") from None
         try:
             return await self._start_on_a_gpu()
         finally:
@@ -371,12 +442,12 @@ class GPUSwarmSpawner(SwarmSpawner):
         for attempt in range(1, self.placement_attempts + 1):
             gpu = await self.reserve_gpu(frozenset(lost))
             self.gpu_uuid, self.gpu_node = gpu.uuid, gpu.node_name
-            self.gpu_slices_held = self.gpu_slices
-            self.gpu_memory_mb = gpu.memory_budget_mb(self.gpu_slices)
+            self.gpu_slices_held = self.slices_wanted
+            self.gpu_memory_mb = gpu.memory_budget_mb(self.slices_wanted)
             kind = "SIMULATED GPU" if gpu.simulated else "GPU"
             self.log.info(
                 "Reserving %d slice(s) of %s %s on %s for %s (%d/%d free, attempt %d)",
-                self.gpu_slices,
+                self.slices_wanted,
                 kind,
                 gpu.uuid,
                 gpu.node_name,
@@ -387,7 +458,7 @@ class GPUSwarmSpawner(SwarmSpawner):
             )
             self._report(
                 20,
-                f"Reserving {self.gpu_slices} slice(s) of {kind} {gpu.uuid} on {gpu.node_name}",
+                f"Reserving {self.slices_wanted} slice(s) of {kind} {gpu.uuid} on {gpu.node_name}",
             )
             try:
                 return await super().start()
@@ -395,9 +466,12 @@ class GPUSwarmSpawner(SwarmSpawner):
                 lost.add(gpu.uuid)
                 self.log.info("%s lost the race for %s: %s", self._log_name, gpu.uuid, e)
                 self._report(15, f"{gpu.uuid} was taken a moment ago; trying another GPU")
-                await self.remove_object()
-                self.object_id = ""
-                self.clear_gpu()
+                await self._discard_service()
+            except Exception:
+                # the hub does not stop a server whose start failed: its service would stay,
+                # retried by Swarm and holding its slices
+                await self._discard_service()
+                raise
         # Every attempt lost a race. If the GPUs are now full, reserve_gpu says so; otherwise
         # many servers are starting at this very moment.
         await self.reserve_gpu()
@@ -407,6 +481,12 @@ class GPUSwarmSpawner(SwarmSpawner):
             f"{self._log_name}: gave up after {self.placement_attempts} lost slice races "
             f"({', '.join(sorted(lost))})",
         )
+
+    async def _discard_service(self) -> None:
+        if self.object_id:
+            await self.remove_object()
+            self.object_id = ""
+        self.clear_gpu()
 
     async def _current_task(self) -> dict | None:
         """The service's newest task (one API call; SwarmSpawner.get_task makes two)."""

@@ -12,7 +12,8 @@
 #   engine       the Docker engine is installed (Debian's docker.io) and running
 #   gpus         GPUs found with NVML (or --simulate-gpus N), slices per GPU worked out
 #   swarm        joined to the manager's swarm (a wrong token stops here, before any change)
-#   image        the single-user image is present (already, from --image-tar, or pulled)
+#   image        the single-user image is present (already, from --image-tar, or pulled; with
+#                --registry: every image of the manager's registry, pulled)
 #   daemon.json  slices, gpu-jupyterhub.* engine labels, NVIDIA runtime merged in (backup kept);
 #                with --registry, the manager's registry as a plain-HTTP one
 #   restart      the engine restarts only when daemon.json changed
@@ -138,7 +139,7 @@ ensure_joined() {
 
 ensure_image() {
   local want=''
-  if [ -n "$REGISTRY" ] && [ -z "$IMAGE_TAR" ]; then ensure_registry_image; return; fi
+  if [ -n "$REGISTRY" ] && [ -z "$IMAGE_TAR" ]; then ensure_registry_images; return; fi
   [ -n "$IMAGE_TAR" ] && { [ -r "$IMAGE_TAR" ] || die "--image-tar $IMAGE_TAR: no such file"; }
   if docker image inspect "$IMAGE" >/dev/null 2>&1; then
     if [ -z "$IMAGE_TAR" ]; then row image "$IMAGE present"; return; fi
@@ -160,17 +161,33 @@ ensure_image() {
   fi
 }
 
-# From the manager's registry: pulled every time (a no-op when it is up to date), so a rebuilt
-# image arrives with the next run.
-ensure_registry_image() {
-  if [ -n "$DRY_RUN" ]; then row image "would pull $IMAGE"; return; fi
-  local before; before=$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)
-  docker pull -q "$IMAGE" >/dev/null 2>&1 \
-    || die "cannot pull $IMAGE from the manager's registry; check that 'make up' ran on the manager and that TCP ${REGISTRY##*:} to it is open"
-  if [ "$(docker image inspect -f '{{.Id}}' "$IMAGE")" = "$before" ]; then
-    row image "$IMAGE up to date"
+# Every image of the manager's registry (the single-user image and the spawn page's
+# environments), pulled now so that no participant's first start waits for a download of
+# gigabytes; pulled every time (a no-op when up to date), so rebuilt images arrive with a re-run.
+ensure_registry_images() {
+  if [ -n "$DRY_RUN" ]; then row image "would pull the images of $REGISTRY"; return; fi
+  local images image before pulled=() current=()
+  images=$(python3 - "$REGISTRY" <<'PY' 2>/dev/null
+import json, sys, urllib.request
+base = f"http://{sys.argv[1]}/v2"
+get = lambda path: json.load(urllib.request.urlopen(base + path, timeout=30))
+for repo in get("/_catalog")["repositories"]:
+    for tag in get(f"/{repo}/tags/list").get("tags") or []:
+        print(f"{sys.argv[1]}/{repo}:{tag}")
+PY
+  ) || true
+  grep -x "$IMAGE" <<<"$images" >/dev/null \
+    || die "cannot find $IMAGE in the manager's registry $REGISTRY; check that 'make up' ran on the manager and that TCP ${REGISTRY##*:} to it is open"
+  for image in $images; do
+    before=$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
+    docker pull -q "$image" >/dev/null 2>&1 || die "docker pull $image from the manager's registry failed"
+    if [ "$(docker image inspect -f '{{.Id}}' "$image")" = "$before" ]; then current+=("$image")
+    else pulled+=("$image"); fi
+  done
+  if [ ${#pulled[@]} -gt 0 ]; then
+    changed image "pulled from the manager's registry: ${pulled[*]}"
   else
-    changed image "pulled $IMAGE from the manager's registry"
+    row image "up to date: ${current[*]}"
   fi
 }
 

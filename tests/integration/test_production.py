@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from .fake_github import GitHubData, serve
-from .hub import ARTIFACTS, REPO, lib
+from .hub import ARTIFACTS, REPO, container_env, container_of, lib
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -34,6 +34,11 @@ ORGS = {"gpu-workshop": {"alice"}, "gpu-school": {"tom", "olga"}}
 TEAMS = {"gpu-school:tutors": {"tom"}}
 ROSTER = "# registered by the form\nrosa\n"
 
+STANDINS = {
+    "PyTorch": "gpu-jupyterhub/standin-pytorch:latest",
+    "TensorFlow": "gpu-jupyterhub/standin-tensorflow:latest",
+}
+
 # The example config with what a test install changes (each of these keys is in the example).
 CHANGES = {
     "GPUHUB_HOSTNAME": HOST,
@@ -46,6 +51,8 @@ CHANGES = {
     "GPUHUB_SIMULATE_IF_NO_GPU": "2",  # this machine has no GPU: keep the bed's simulated ones
     "GPUHUB_CPU_LIMIT": "1",
     "GPUHUB_MEM_LIMIT": "1G",
+    # slim stand-ins for the PyTorch and TensorFlow images (built by the fixture)
+    "GPUHUB_ENVIRONMENTS": " ".join(f"{n}={i}" for n, i in STANDINS.items()),
     # the bed's git daemon, as in conftest.py (never github.com)
     "GPUHUB_TUTORIAL_REPOS": "gpu101=git://10.199.0.1:9418/gpu101.git",
 }
@@ -81,6 +88,17 @@ def make(target: str, config: Path, **env) -> str:
     )
     assert result.returncode == 0, f"make {target} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
+
+
+def build_standin(environment: str, image: str) -> None:
+    subprocess.run(
+        ["docker", "build", "-q", "--build-arg", f"ENVIRONMENT={environment}"]
+        + ["-f", "images/standin/Dockerfile", "-t", image, "."],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        env=dict(os.environ, DOCKER_BUILDKIT="0"),
+    )
 
 
 def join_with_registry(worker: str) -> str:
@@ -137,6 +155,8 @@ def production(hub, hub_settings, tmp_path_factory):
     config = tmp / "config.env"
     config.write_text(example_config(tmp / "roster.txt"))
     config.chmod(0o600)
+    for name, image in STANDINS.items():
+        build_standin(name.lower(), image)
     try:
         output = make("up", config)
         # the bed's GPU machines run make up's join line again, now with --registry
@@ -168,14 +188,16 @@ def test_make_up_prints_the_url_and_the_join_command(production):
 
 def test_gpu_machines_joined_with_registry_pull_the_image_from_it(production):
     image = f"{BED_ADDRESS}:{REGISTRY_PORT}/gpu-jupyterhub/singleuser:latest"
-    built = docker.from_env().images.get("gpu-jupyterhub/singleuser:latest").id
+    local = docker.from_env().images
+    expected = {image: local.get("gpu-jupyterhub/singleuser:latest").id}
+    for standin in STANDINS.values():
+        expected[f"{BED_ADDRESS}:{REGISTRY_PORT}/{standin}"] = local.get(standin).id
     for worker, output in production.joins.items():
         # pulled now, or by an earlier run ("up to date" is a successful pull too)
-        assert f"pulled {image} from the manager's registry" in output or (
-            f"{image} up to date" in output
-        ), output
+        assert "pulled from the manager's registry" in output or "up to date" in output, output
         engine = docker.DockerClient(base_url=f"unix:///var/run/docker-{worker}.sock")
-        assert engine.images.get(image).id == built
+        for name, image_id in expected.items():  # the environments' images too
+            assert engine.images.get(name).id == image_id, (worker, name)
         daemon_json = json.loads(Path(f"/etc/docker/{worker}.json").read_text())
         assert f"{BED_ADDRESS}:{REGISTRY_PORT}" in daemon_json["insecure-registries"]
 
@@ -202,8 +224,25 @@ def test_the_client_secret_is_a_docker_secret_only(production):
     assert any(name.startswith(f"{hub.name[:-4]}_github_client_secret_") for name in secrets)
 
 
+def start_from_spawn_page(page, environment: str, full_gpu: bool = False) -> None:
+    """The spawn page's choices: an environment and, when offered, a full GPU."""
+    page.wait_for_selector("#gpuhub-image", timeout=60_000)
+    page.select_option("#gpuhub-image", environment)
+    if full_gpu:
+        page.check("#gpuhub-gpu-full")
+    page.click("#spawn_form input[type=submit], #spawn_form button[type=submit]")
+
+
+def server_spec(user: str) -> dict:
+    (service,) = docker.from_env().services.list(filters={"name": f"jy-{user}"})
+    return service.attrs["Spec"]["TaskTemplate"]
+
+
 def test_an_org_member_logs_in_and_lands_in_jupyterlab(production, page):
     github_login(page, production.url, "alice")
+    page.wait_for_selector("#gpuhub-image", timeout=60_000)
+    assert page.locator("#gpuhub-gpu-full").count() == 0  # a full GPU is for admins
+    start_from_spawn_page(page, "PyTorch")
     try:
         page.wait_for_selector(".jp-LabShell", timeout=180_000)
     finally:
@@ -211,11 +250,11 @@ def test_an_org_member_logs_in_and_lands_in_jupyterlab(production, page):
     assert "/user/alice/lab" in page.url
     server = production.user("alice")["servers"][""]
     assert server["ready"]
-    # the server's image came from the manager's registry, with the organizer's limits
-    client = docker.from_env()
-    (service,) = client.services.list(filters={"name": "jy-alice"})
-    spec = service.attrs["Spec"]["TaskTemplate"]
-    assert spec["ContainerSpec"]["Image"].startswith(f"{BED_ADDRESS}:{REGISTRY_PORT}/")
+    # the chosen environment's image, from the manager's registry, with the organizer's limits
+    spec = server_spec("alice")
+    registry = f"{BED_ADDRESS}:{REGISTRY_PORT}/"
+    assert spec["ContainerSpec"]["Image"] == registry + STANDINS["PyTorch"]
+    assert container_env(container_of("jy-alice"))["GPUHUB_ENVIRONMENT"] == "pytorch-standin"
     assert spec["Resources"]["Limits"]["NanoCPUs"] == 1_000_000_000
     assert spec["Resources"]["Limits"]["MemoryBytes"] == 1024**3
     assert "POST /login/oauth/access_token" in production.github.requests
@@ -224,8 +263,7 @@ def test_an_org_member_logs_in_and_lands_in_jupyterlab(production, page):
 
 def test_a_team_member_logs_in(production, page):
     github_login(page, production.url, "tom")
-    page.wait_for_url("**/user/tom/**", timeout=180_000)
-    production.stop("tom")
+    page.wait_for_url("**/hub/spawn**", timeout=60_000)  # in: the spawn page
 
 
 @pytest.mark.parametrize("login", ["nina", "olga"])  # nobody; in the org but not the team
@@ -242,8 +280,7 @@ def test_others_are_refused_with_a_clear_page(production, page, login):
 
 def test_a_roster_user_logs_in_and_the_roster_reloads(production, page, browser):
     github_login(page, production.url, "rosa")
-    page.wait_for_url("**/user/rosa/**", timeout=180_000)
-    production.stop("rosa")
+    page.wait_for_url("**/hub/spawn**", timeout=60_000)
 
     # rick is not on the roster yet; the organizer adds him and reloads it
     late = browser.new_context(ignore_https_errors=True).new_page()
@@ -255,15 +292,24 @@ def test_a_roster_user_logs_in_and_the_roster_reloads(production, page, browser)
     out = make("roster", production.config)
     assert "2 GitHub usernames" in out
     github_login(late, production.url, "rick")
-    late.wait_for_url("**/user/rick/**", timeout=180_000)
-    production.stop("rick")
+    late.wait_for_url("**/hub/spawn**", timeout=60_000)
     # nobody's server was restarted by it
     assert production.user("alice")["servers"][""]["started"] == alice_before
 
 
 def test_an_admin_sees_the_admin_page_and_a_participant_does_not(production, page, browser):
     github_login(page, production.url, "ada")  # only in GPUHUB_ADMIN_USERS
-    page.wait_for_url("**/user/ada/**", timeout=180_000)
+    page.wait_for_selector("#gpuhub-gpu-full", timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "spawn-page-admin.png"))
+    start_from_spawn_page(page, "TensorFlow", full_gpu=True)
+    page.wait_for_selector(".jp-LabShell", timeout=180_000)
+    # a full GPU: every slice of one GPU, in the TensorFlow environment
+    spec = server_spec("ada")
+    reserved = spec["Resources"]["Reservations"]["GenericResources"]
+    assert [r["DiscreteResourceSpec"]["Value"] for r in reserved] == [3]
+    env = container_env(container_of("jy-ada"))
+    assert env["GPUHUB_ENVIRONMENT"] == "tensorflow-standin"
+    assert env["GPU_SLICES"] == "3"
     page.goto(f"{production.url}/hub/admin")
     page.wait_for_selector("text=alice", timeout=30_000)  # the user list, with alice's server
     page.screenshot(path=str(ARTIFACTS / "github-admin.png"))

@@ -106,6 +106,9 @@ def test_a_misspelt_key_is_named_with_its_line_and_the_likely_fix():
         ({"GPUHUB_ADMIN_USERS": "ada, not_ok"}, "'not_ok' is not a username"),
         ({"GPUHUB_TUTORIAL_REPOS": "https://x/y.git"}, "is not NAME=URL"),
         ({"GPUHUB_DATASETS_MODE": "rwx"}, "GPUHUB_DATASETS_MODE is 'rwx'"),
+        ({"GPUHUB_FULL_GPU": "yes"}, "GPUHUB_FULL_GPU is 'yes'; write one of: admins, all, off"),
+        ({"GPUHUB_ENVIRONMENTS": "PyTorch"}, "'PyTorch' is not NAME=IMAGE"),
+        ({"GPUHUB_ENVIRONMENTS": "A=x:1 A=y:2"}, "'A' is listed twice"),
     ],
 )
 def test_each_problem_is_one_line_naming_the_key(base, changes, key):

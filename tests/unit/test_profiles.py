@@ -1,0 +1,70 @@
+"""The spawn page: which environments and GPU shares a user is offered, and what a choice
+reserves; the rendered form."""
+
+from types import SimpleNamespace
+
+import pytest
+from jupyterhub.objects import Hub
+
+from gpu_swarm_spawner import GPUSwarmSpawner
+from gpu_swarm_spawner.profiles import ChoiceError, offer, options_from_form, slices_for
+
+IMAGES = {"PyTorch": "reg/pytorch:1", "TensorFlow": "reg/tensorflow:1"}
+
+
+def test_admins_are_offered_a_full_gpu_and_participants_a_slice():
+    admin = offer(IMAGES, "reg/tensorflow:1", 1, 3, "admins", is_admin=True)
+    assert admin.environments == ["PyTorch", "TensorFlow"]
+    assert admin.default_environment == "TensorFlow"
+    assert slices_for({"gpu": "full"}, admin) == 3
+    assert slices_for({}, admin) == slices_for({"gpu": "slice"}, admin) == 1
+
+    participant = offer(IMAGES, "reg/pytorch:1", 1, 3, "admins", is_admin=False)
+    assert participant.full_gpu_slices == 0
+    with pytest.raises(ChoiceError, match="not offered to you"):
+        slices_for({"gpu": "full"}, participant)
+    assert offer(IMAGES, "x", 1, 3, "all", is_admin=False).full_gpu_slices == 3
+
+
+def test_no_choices_without_environments_or_a_bigger_share():
+    assert not offer({}, "img", 1, 0, "all", is_admin=True).has_choices
+    assert not offer({}, "img", 3, 3, "all", is_admin=True).has_choices  # a slice is the GPU
+    assert offer({}, "img", 1, 3, "all", is_admin=True).has_choices
+
+
+def test_a_made_up_choice_is_refused_with_what_to_choose():
+    with pytest.raises(ChoiceError, match="choose 'slice' or 'full'"):
+        slices_for({"gpu": "two"}, offer({}, "img", 1, 3, "all", is_admin=True))
+
+
+def test_form_fields_become_user_options():
+    assert options_from_form({"image": ["PyTorch"], "gpu": ["full"]}) == {
+        "image": "PyTorch",
+        "gpu": "full",
+    }
+    assert options_from_form({}) == {"gpu": "slice"}
+
+
+def spawner(admin, **config):
+    user = SimpleNamespace(name="ada", id=1, url="/user/ada/", admin=admin)
+    return GPUSwarmSpawner(user=user, hub=Hub(), **config)
+
+
+def test_the_spawn_page_form_lists_the_environments_and_the_full_gpu_for_admins():
+    config = dict(allowed_images=IMAGES, image="reg/pytorch:1", full_gpu_slices=3)
+    html = spawner(True, **config).options_form(spawner(True, **config))
+    assert '<option value="PyTorch" selected>PyTorch</option>' in html
+    assert '<option value="TensorFlow" >TensorFlow</option>' in html
+    assert 'value="full"' in html and "A full GPU (3 slices" in html
+    participant = spawner(False, **config)
+    assert 'value="full"' not in participant.options_form(participant)
+    plain = spawner(False)
+    assert plain.options_form(plain) == ""  # nothing to choose: no form at all
+
+
+async def test_a_refused_choice_fails_the_spawn_with_the_message():
+    s = spawner(False, full_gpu_slices=3)
+    s.user_options = {"gpu": "full"}
+    with pytest.raises(Exception) as refused:
+        await s.start()
+    assert "not offered to you" in refused.value.jupyterhub_message
