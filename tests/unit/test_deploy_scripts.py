@@ -91,3 +91,52 @@ def test_settings_from_the_environment_win(tmp_path):
         GPUHUB_STACK="mystack",
     )
     assert result.stdout.split() == ["mystack", "8000", "/var/lib/gpu-jupyterhub/mystack"]
+
+
+def tls(tmp_path, host, mode="self-signed", **env):
+    script = "ensure_tls && echo $GPUHUB_TLS_CERT_VERSION"
+    result = run_lib(
+        script,
+        tmp_path,
+        GPUHUB_CONFIG="none",
+        GPUHUB_STATE_DIR=str(tmp_path / "state"),
+        GPUHUB_TLS=mode,
+        GPUHUB_HOSTNAME=host,
+        **env,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()[-1]
+
+
+def subject_alt_name(cert: Path) -> str:
+    out = subprocess.run(
+        ["openssl", "x509", "-in", str(cert), "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.splitlines()[-1].strip()
+
+
+def test_a_self_signed_certificate_is_made_once_per_hostname(tmp_path):
+    cert = tmp_path / "state" / "tls" / "cert.pem"
+    first = tls(tmp_path, "10.0.0.5")
+    assert subject_alt_name(cert) == "IP Address:10.0.0.5"
+    assert tls(tmp_path, "10.0.0.5") == first  # kept: the secret's name does not change
+    assert tls(tmp_path, "hub.example.org") != first
+    assert subject_alt_name(cert) == "DNS:hub.example.org"
+    assert (tmp_path / "state" / "tls" / "key.pem").stat().st_mode & 0o077 == 0
+
+
+def test_provided_certificate_files_are_used(tmp_path):
+    (tmp_path / "mine.pem").write_text("CERT\n")
+    (tmp_path / "mine.key").write_text("KEY\n")
+    tls(
+        tmp_path,
+        "hub.example.org",
+        mode="files",
+        GPUHUB_TLS_CERT=str(tmp_path / "mine.pem"),
+        GPUHUB_TLS_KEY=str(tmp_path / "mine.key"),
+    )
+    assert (tmp_path / "state" / "tls" / "cert.pem").read_text() == "CERT\n"
+    assert (tmp_path / "state" / "tls" / "key.pem").read_text() == "KEY\n"
