@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import jinja2
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, TaskTemplate
 from dockerspawner import SwarmSpawner
+from tornado import web
 from traitlets import (
     Bool,
     Dict,
@@ -426,12 +427,20 @@ class GPUSwarmSpawner(SwarmSpawner):
     def _default_options_from_form(self):
         return profiles.options_from_form
 
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        def apply(spawner, user_options):
+            # the environment (user_options["image"]) is applied by DockerSpawner.start
+            try:
+                offered = spawner.spawn_offer()
+                spawner.gpu_slices_wanted = profiles.slices_for(user_options, offered)
+            except profiles.ChoiceError as e:
+                raise web.HTTPError(400, str(e)) from None
+
+        return apply
+
     async def start(self):
         self._progress_events = []  # this spawn's stages (progress() reads them)
-        try:
-            self.gpu_slices_wanted = profiles.slices_for(self.user_options, self.spawn_offer())
-        except profiles.ChoiceError as e:
-            raise NoGPUSliceAvailable(str(e), f"{self._log_name}: {e}") from None
         try:
             return await self._start_on_a_gpu()
         finally:

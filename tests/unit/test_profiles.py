@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 from jupyterhub.objects import Hub
+from tornado.web import HTTPError
 
 from gpu_swarm_spawner import GPUSwarmSpawner
 from gpu_swarm_spawner.profiles import ChoiceError, offer, options_from_form, slices_for
@@ -62,9 +63,15 @@ def test_the_spawn_page_form_lists_the_environments_and_the_full_gpu_for_admins(
     assert plain.options_form(plain) == ""  # nothing to choose: no form at all
 
 
-async def test_a_refused_choice_fails_the_spawn_with_the_message():
-    s = spawner(False, full_gpu_slices=3)
-    s.user_options = {"gpu": "full"}
-    with pytest.raises(Exception) as refused:
-        await s.start()
-    assert "not offered to you" in refused.value.jupyterhub_message
+async def test_a_choice_is_applied_and_a_refused_one_is_a_400_with_the_message():
+    admin = spawner(True, full_gpu_slices=3)
+    await admin._run_apply_user_options({"gpu": "full"})
+    assert admin.slices_wanted == 3
+    await admin._run_apply_user_options({})
+    assert admin.slices_wanted == 1
+
+    participant = spawner(False, full_gpu_slices=3)
+    with pytest.raises(HTTPError) as refused:
+        await participant._run_apply_user_options({"gpu": "full"})
+    assert refused.value.status_code == 400
+    assert "not offered to you" in refused.value.log_message
