@@ -34,9 +34,11 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def browser():
-    """Debian's headless Chromium through Playwright (never a downloaded browser)."""
+    """Debian's headless Chromium through Playwright (never a downloaded browser). Per test:
+    Playwright's sync API keeps an event loop running while it is open, which the asyncio
+    tests that follow could not start theirs beside."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
