@@ -335,3 +335,33 @@ def test_the_hub_database_and_cookie_secret_survive_down_and_up(production, page
     page.goto(f"{production.url}/hub/home")
     assert page.url.startswith(f"{production.url}/hub/home")
     assert "alice" in page.inner_text("body")
+
+
+def gateway_config(**env) -> dict:
+    """The configuration the gateway would run with this environment (start-gateway --check)."""
+    out = docker.from_env().containers.run(
+        "gpu-jupyterhub/hub:latest",
+        ["start-gateway", "--check"],
+        environment={"GPUHUB_HTTP_PORT": "80", "GPUHUB_HTTPS_PORT": "443", **env},
+        remove=True,
+        stderr=False,
+    )
+    return json.loads(out)
+
+
+def test_the_acme_gateway_asks_for_a_certificate_for_the_hostname():
+    # issuance needs the internet, which tests never reach: the configuration is checked
+    config = gateway_config(
+        GPUHUB_TLS="acme", GPUHUB_HOSTNAME="hub.example.org", GPUHUB_ACME_EMAIL="org@example.org"
+    )
+    (policy,) = config["apps"]["tls"]["automation"]["policies"]
+    assert policy["subjects"] == ["hub.example.org"]
+    assert {"module": "acme", "email": "org@example.org"} in policy["issuers"]
+    servers = config["apps"]["http"]["servers"].values()
+    assert {tuple(s["listen"]) for s in servers} == {(":443",), (":80",)}
+    assert "proxy:8000" in json.dumps(config)
+
+
+def test_the_gateway_refuses_to_start_without_a_mode():
+    with pytest.raises(docker.errors.ContainerError, match="expected acme, self-signed or files"):
+        gateway_config(GPUHUB_TLS="", GPUHUB_HOSTNAME="hub.example.org")
