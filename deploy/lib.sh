@@ -250,7 +250,7 @@ ensure_tls() {
   case $GPUHUB_TLS in
     self-signed)
       if [ "$(cat "$dir/self-signed-for" 2>/dev/null)" != "$host" ]; then
-        local san; san=$([[ $host =~ ^[0-9.]+$|:  ]] && echo "IP:$host" || echo "DNS:$host")
+        local san; san=$([[ $host =~ ^[0-9.]+$|: ]] && echo "IP:$host" || echo "DNS:$host")
         log "generating a self-signed certificate for $host (valid 825 days)"
         openssl req -x509 -newkey rsa:2048 -nodes -days 825 -subj "/CN=$host" \
           -addext "subjectAltName=$san" -keyout "$dir/key.pem" -out "$dir/cert.pem" 2>/dev/null \
