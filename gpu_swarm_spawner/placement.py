@@ -20,8 +20,14 @@ def _tiebreak(gpu: GPU, seed: str) -> tuple:
     return (hashlib.sha256(f"{seed}/{gpu.uuid}".encode()).hexdigest(), gpu.uuid)
 
 
-def candidates(gpus: list[GPU], slices: int, policy: str = "spread", seed: str = "") -> list[GPU]:
+def candidates(
+    gpus: list[GPU], slices: int, policy: str = "spread", seed: str = "", prefer_node: str = ""
+) -> list[GPU]:
     """GPUs that can hold ``slices`` slices, best first under ``policy``.
+
+    GPUs of ``prefer_node`` (the machine holding the user's home volume) come first when one of
+    them fits, so a returning participant finds their files; the policy orders within each
+    group.
 
     Between GPUs with equally many free slices, ``spread`` prefers the node with fewer slices
     in use and ``pack`` the node with more (so pack fills a machine before starting the next).
@@ -40,13 +46,21 @@ def candidates(gpus: list[GPU], slices: int, policy: str = "spread", seed: str =
     fitting = [g for g in gpus if g.free >= slices]
     sign = -1 if policy == "spread" else 1
     return sorted(
-        fitting, key=lambda g: (sign * g.free, -sign * node_used[g.node_id], *_tiebreak(g, seed))
+        fitting,
+        key=lambda g: (
+            g.node_name != prefer_node if prefer_node else False,
+            sign * g.free,
+            -sign * node_used[g.node_id],
+            *_tiebreak(g, seed),
+        ),
     )
 
 
-def choose(gpus: list[GPU], slices: int, policy: str = "spread", seed: str = "") -> GPU | None:
+def choose(
+    gpus: list[GPU], slices: int, policy: str = "spread", seed: str = "", prefer_node: str = ""
+) -> GPU | None:
     """The best GPU for a request of ``slices`` slices, or None when no GPU has room."""
-    ranked = candidates(gpus, slices, policy, seed)
+    ranked = candidates(gpus, slices, policy, seed, prefer_node)
     return ranked[0] if ranked else None
 
 

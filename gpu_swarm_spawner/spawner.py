@@ -112,6 +112,16 @@ class GPUSwarmSpawner(SwarmSpawner):
             )
         return proposal.value
 
+    prefer_home_node = Bool(
+        True,
+        config=True,
+        help="""
+        Start a returning user's server on the machine that ran their previous one when a GPU
+        there has room: home volumes (``jy-home-<user>``) are local to a machine, so elsewhere
+        the user would find an empty home. Turn off when homes are on shared storage.
+        """,
+    )
+
     full_gpu_slices = Integer(
         0,
         config=True,
@@ -276,6 +286,7 @@ class GPUSwarmSpawner(SwarmSpawner):
     gpu_node = Unicode("")
     gpu_slices_held = Integer(0)
     gpu_slices_wanted = Integer(0)  # this spawn's choice (spawn page); 0: gpu_slices
+    home_node = Unicode("")  # the machine of the user's last server (its home volume); kept
     gpu_memory_mb = Integer(0)  # the memory budget of the slices held (0: unknown)
     task_ip = Unicode("")  # the server's address on the network, once its task has one
 
@@ -381,7 +392,19 @@ class GPUSwarmSpawner(SwarmSpawner):
             for g in await self.gpu_inventory()
         ]
         slices = self.slices_wanted
-        gpu = placement.choose(gpus, slices, self.placement_policy, seed=self.user.name)
+        home = self.home_node if self.prefer_home_node else ""
+        gpu = placement.choose(
+            gpus, slices, self.placement_policy, seed=self.user.name, prefer_node=home
+        )
+        if gpu is not None and home and gpu.node_name != home:
+            self.log.info(
+                "%s: no room on %s (their home), starting elsewhere", self._log_name, home
+            )
+            self._report(
+                18,
+                f"No GPU on {home}, where your files from last time are, has room: this server "
+                f"starts on {gpu.node_name} with the home there (your files stay on {home})",
+            )
         if gpu is not None:
             # no await since the inventory was built: no other spawn of this hub chose meanwhile
             self._claim(inventory.Claim(gpu.uuid, slices))
@@ -470,7 +493,9 @@ class GPUSwarmSpawner(SwarmSpawner):
                 f"Reserving {self.slices_wanted} slice(s) of {kind} {gpu.uuid} on {gpu.node_name}",
             )
             try:
-                return await super().start()
+                started = await super().start()
+                self.home_node = gpu.node_name
+                return started
             except SliceTaken as e:
                 lost.add(gpu.uuid)
                 self.log.info("%s lost the race for %s: %s", self._log_name, gpu.uuid, e)
@@ -757,6 +782,8 @@ class GPUSwarmSpawner(SwarmSpawner):
 
     def get_state(self):
         state = super().get_state()
+        if self.home_node:
+            state["home_node"] = self.home_node  # outlives the server (clear_state keeps it)
         if self.gpu_uuid:
             state.update(
                 gpu_uuid=self.gpu_uuid,
@@ -772,6 +799,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         self.gpu_node = state.get("gpu_node", "")
         self.gpu_slices_held = state.get("gpu_slices", 0)
         self.gpu_memory_mb = state.get("gpu_memory_mb", 0)
+        self.home_node = state.get("home_node", "")
 
     def clear_gpu(self):
         self.gpu_uuid = ""

@@ -1,6 +1,7 @@
 """The deployed stack on a real swarm: a user's server holds exactly one GPU slice."""
 
 import subprocess
+import time
 
 import docker
 import pytest
@@ -8,7 +9,7 @@ import pytest
 from gpu_swarm_spawner.inventory import build_inventory
 
 from .hub import REPO, container_env, container_of
-from .spawners import wait_slices_free
+from .spawners import inventory, wait_slices_free
 
 pytestmark = pytest.mark.integration
 
@@ -110,3 +111,47 @@ def test_a_server_restarted_at_once_is_reachable(hub):
         r = hub.api("DELETE", f"/users/{user}/server")
         assert r.status_code in (202, 204), r.text
         hub.wait_stopped(user)
+
+
+def test_a_returning_user_goes_back_to_the_machine_with_their_home(hub, client):
+    """Home volumes are local to a machine: a restarted server goes back there (when a GPU has
+    room) even when spread alone would pick another machine, and finds its files."""
+    user, service = "ci-home", "jy-ci-2dhome"
+    hub.api("POST", f"/users/{user}")
+    assert hub.api("POST", f"/users/{user}/server").status_code in (201, 202)
+    hub.wait_ready(user)
+    container = container_of(service)
+    assert container.exec_run(["sh", "-c", "echo kept > ~/notes.txt"]).exit_code == 0
+    (task,) = [t for t in client.services.get(service).tasks() if t["Status"]["State"] == "running"]
+    home = client.nodes.get(task["NodeID"]).attrs["Description"]["Hostname"]
+    hub.stop(user)
+    wait_slices_free()
+
+    # one slice of each GPU of the home machine taken: spread alone would now go elsewhere
+    fillers = [
+        client.services.create(
+            container.image.tags[0],
+            ["sleep", "infinity"],
+            name=f"ci-filler-{n}",
+            labels={"gpu-jupyterhub.stack": hub.stack},
+            resources=docker.types.Resources(generic_resources={uuid: 1}),
+        )
+        for n, uuid in enumerate(u for u, g in inventory().items() if g.node_name == home)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while sum(g.used for g in inventory().values()) < len(fillers):
+            assert time.monotonic() < deadline, "the fillers did not start"
+            time.sleep(0.5)
+        assert hub.api("POST", f"/users/{user}/server").status_code in (201, 202)
+        hub.wait_ready(user)
+        running = [
+            t for t in client.services.get(service).tasks() if t["Status"]["State"] == "running"
+        ]
+        node = client.nodes.get(running[0]["NodeID"]).attrs["Description"]["Hostname"]
+        assert node == home
+        assert container_of(service).exec_run(["cat", "/home/jovyan/notes.txt"]).output == b"kept\n"
+        hub.stop(user)
+    finally:
+        for filler in fillers:
+            filler.remove()

@@ -50,6 +50,15 @@ def test_spread_is_the_default_and_ties_break_by_node_then_uuid():
     assert [g.uuid for g in candidates(tied, 1)] == ["GPU-x", "GPU-y", "GPU-z"]
 
 
+def test_the_home_machine_comes_first_when_it_has_room():
+    # spread alone picks beta; alice's home volume is on alpha
+    assert choose(CLUSTER, 1, "spread", prefer_node="alpha").uuid == "GPU-a0"
+    assert choose(CLUSTER, 2, "spread", prefer_node="alpha").uuid == "GPU-a0"
+    # alpha cannot hold 3 on one GPU: elsewhere
+    assert choose(CLUSTER, 3, "spread", prefer_node="alpha").uuid == "GPU-b0"
+    assert choose(CLUSTER, 1, "spread", prefer_node="gone").uuid == "GPU-b0"
+
+
 def test_a_request_is_served_from_one_gpu_only():
     # 4 slices are free in all, but no single GPU has 3
     split = [gpu("GPU-a0", "alpha", 3, 1), gpu("GPU-a1", "alpha", 3, 1)]

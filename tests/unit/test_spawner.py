@@ -94,6 +94,35 @@ def test_state_round_trip_keeps_the_gpu():
     assert restored.gpu_uuid == "" and restored.gpu_slices_held == 0
 
 
+def test_the_home_machine_outlives_the_server_in_the_state():
+    spawner = make_spawner()
+    spawner.home_node = "beta"
+    spawner.clear_state()  # the server stopped
+    restored = make_spawner()
+    restored.load_state(spawner.get_state())
+    assert restored.home_node == "beta"
+
+
+async def test_a_returning_user_goes_back_to_the_machine_with_their_home():
+    spawner = FakeDockerSpawner(
+        user=SimpleNamespace(name="bob", id=2, url="/user/bob/"), inventory_max_age=0
+    )
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3}), node("n2", "beta", {"GPU-b0": 3})]
+    spawner.tasks = [task("n2", {"GPU-b0": 2})]  # spread alone would pick alpha
+    spawner.home_node = "beta"
+    assert (await spawner.reserve_gpu()).uuid == "GPU-b0"
+
+    spawner.tasks = [task("n2", {"GPU-b0": 3})]  # beta is full: elsewhere, and the user is told
+    spawner._progress_events = []
+    assert (await spawner.reserve_gpu()).uuid == "GPU-a0"
+    assert "your files stay on beta" in spawner._progress_events[-1]["message"]
+
+    spawner.prefer_home_node = False
+    spawner.tasks = [task("n2", {"GPU-b0": 2})]
+    assert (await spawner.reserve_gpu()).uuid == "GPU-a0"
+    spawner._claim(None)  # claims are shared by the class: leave none for other tests
+
+
 async def test_each_spawn_reserves_only_its_own_gpu():
     """A second spawn (a lost race, or the user's next server) must not keep the first GPU."""
     spawner = make_fake(
