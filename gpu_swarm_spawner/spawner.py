@@ -140,15 +140,6 @@ class GPUSwarmSpawner(SwarmSpawner):
         """,
     )
 
-    @validate("full_gpu_for")
-    def _validate_full_gpu_for(self, proposal):
-        if proposal.value not in profiles.FULL_GPU_FOR:
-            raise TraitError(
-                f"GPUSwarmSpawner.full_gpu_for is {proposal.value!r}; "
-                f"write one of: {', '.join(profiles.FULL_GPU_FOR)}"
-            )
-        return proposal.value
-
     gpu_kind_prefix = Unicode(
         inventory.DEFAULT_KIND_PREFIX,
         config=True,
@@ -178,12 +169,16 @@ class GPUSwarmSpawner(SwarmSpawner):
         """,
     )
 
-    @validate("placement_policy")
-    def _validate_placement_policy(self, proposal):
-        if proposal.value not in placement.POLICIES:
+    # the settings that take one of a few words, and those words
+    _CHOICES = {"placement_policy": placement.POLICIES, "full_gpu_for": profiles.FULL_GPU_FOR}
+
+    @validate(*_CHOICES)
+    def _validate_choice(self, proposal):
+        choices = self._CHOICES[proposal.trait.name]
+        if proposal.value not in choices:
             raise TraitError(
-                f"GPUSwarmSpawner.placement_policy is {proposal.value!r}; "
-                f"write one of: {', '.join(placement.POLICIES)}"
+                f"GPUSwarmSpawner.{proposal.trait.name} is {proposal.value!r}; "
+                f"write one of: {', '.join(choices)}"
             )
         return proposal.value
 

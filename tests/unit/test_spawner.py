@@ -45,6 +45,7 @@ class FakeDockerSpawner(GPUSwarmSpawner):
     [
         ("gpu_slices", 0, "1 or more"),
         ("placement_policy", "roundrobin", "spread, pack"),
+        ("full_gpu_for", "everyone", "write one of: admins, all"),
         ("gpu_kind_prefix", " ", "must not be empty"),
         ("placement_attempts", 0, "placement_attempts must be 1 or more"),
         ("docker_api_threads", 0, "docker_api_threads must be 1 or more"),
