@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from gpu_swarm_spawner.settings import names
+
 c = get_config()  # noqa: F821  (provided by JupyterHub)
 
 SECRETS = Path(os.environ.get("GPUHUB_SECRETS_DIR", "/run/secrets"))
@@ -19,11 +21,6 @@ def setting(name, default):
 
 def secret(name):
     return (SECRETS / name).read_text().strip()
-
-
-def names(value):
-    """Names separated by commas or spaces."""
-    return set(value.replace(",", " ").split())
 
 
 STACK = setting("STACK", "gpuhub")
@@ -43,7 +40,7 @@ c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
 c.JupyterHub.log_level = setting("LOG_LEVEL", "INFO")
 
 # ---- login ----------------------------------------------------------------------------------
-c.Authenticator.admin_users = names(setting("ADMIN_USERS", "admin"))
+c.Authenticator.admin_users = set(names(setting("ADMIN_USERS", "admin")))
 if setting("AUTH", "local") == "github":
     # organizations, org:team pairs, and the roster file (deploy/stack.github.yml mounts it)
     c.JupyterHub.authenticator_class = "gpu_swarm_spawner.auth.WorkshopGitHubOAuthenticator"
@@ -53,7 +50,7 @@ if setting("AUTH", "local") == "github":
     c.WorkshopGitHubOAuthenticator.oauth_callback_url = (
         setting("PUBLIC_URL", "") + "/hub/oauth_callback"
     )
-    c.WorkshopGitHubOAuthenticator.allowed_organizations = names(setting("ALLOWED_ORGS", ""))
+    c.WorkshopGitHubOAuthenticator.allowed_organizations = set(names(setting("ALLOWED_ORGS", "")))
     # read:org lets the hub see private organization and team memberships
     c.WorkshopGitHubOAuthenticator.scope = ["read:org"]
     c.WorkshopGitHubOAuthenticator.roster_file = setting("ROSTER_FILE", "")

@@ -103,7 +103,9 @@ def _choice(settings, key, choices) -> list[str]:
     return []
 
 
-def _names(value: str) -> list[str]:
+def names(value: str) -> list[str]:
+    """Names separated by commas or spaces (GPUHUB_ADMIN_USERS, GPUHUB_ALLOWED_ORGS); the hub's
+    configuration reads them with this too."""
     return [n for n in re.split(r"[,\s]+", value) if n]
 
 
@@ -158,7 +160,7 @@ def _limits(settings) -> list[str]:
 
 def _login(settings, exists) -> list[str]:
     errors = _choice(settings, "GPUHUB_AUTH", AUTH_MODES)
-    for name in _names(settings.get("GPUHUB_ADMIN_USERS", "")):
+    for name in names(settings.get("GPUHUB_ADMIN_USERS", "")):
         try:
             roster.parse(name)
         except roster.RosterError:
@@ -183,7 +185,7 @@ def _login(settings, exists) -> list[str]:
     url = settings.get("GPUHUB_GITHUB_URL", "")
     if not re.match(r"^https?://[^/\s]+/?$", url):
         errors.append(f"GPUHUB_GITHUB_URL is {url!r}; write https://github.com (or your server)")
-    orgs = _names(settings.get("GPUHUB_ALLOWED_ORGS", ""))
+    orgs = names(settings.get("GPUHUB_ALLOWED_ORGS", ""))
     for org in orgs:
         if not _ORG_OR_TEAM.match(org):
             errors.append(f"GPUHUB_ALLOWED_ORGS: {org!r} is not ORG or ORG:TEAM")
@@ -275,20 +277,21 @@ def _check(args) -> int:
     errors += [f"{args.config or 'settings'}: {e}" for e in problems(settings, mode=args.mode)]
     roster_file = settings.get("GPUHUB_ROSTER", "")
     if settings.get("GPUHUB_AUTH") == "github" and roster_file:
-        errors += _roster_problems(roster_file)
+        errors += _read_roster(roster_file)[1]
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
     return 1 if errors else 0
 
 
-def _roster_problems(path: str) -> list[str]:
+def _read_roster(path: str) -> tuple[set[str], list[str]]:
+    """The roster's usernames, and its problems (none when the names are usable)."""
     try:
         names = roster.parse(Path(path).read_text(encoding="utf-8"), path)
     except OSError as e:
-        return [f"GPUHUB_ROSTER: cannot read {path} ({e.strerror})"]
+        return set(), [f"GPUHUB_ROSTER: cannot read {path} ({e.strerror})"]
     except (UnicodeDecodeError, roster.RosterError) as e:
-        return [f"GPUHUB_ROSTER: {e}"]
-    return [] if names else [f"GPUHUB_ROSTER: {path} lists no GitHub username"]
+        return set(), [f"GPUHUB_ROSTER: {e}"]
+    return names, [] if names else [f"GPUHUB_ROSTER: {path} lists no GitHub username"]
 
 
 def main(argv=None) -> int:
@@ -307,12 +310,11 @@ def main(argv=None) -> int:
 
 
 def _print_roster(path: str) -> int:
-    errors = _roster_problems(path)
+    names, errors = _read_roster(path)
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
     if not errors:
-        count = len(roster.parse(Path(path).read_text(encoding="utf-8"), path))
-        print(f"{path}: {count} GitHub usernames")
+        print(f"{path}: {len(names)} GitHub usernames")
     return 1 if errors else 0
 
 
