@@ -308,9 +308,14 @@ check_settings() {  # check_settings up|demo
     || die "fix the settings above${GPUHUB_CONFIG_FILE:+ in $GPUHUB_CONFIG_FILE} and run this again"
 }
 
+# An image's name in a registry at HOST:PORT (any registry host in the name is replaced).
+image_in_registry() {  # image_in_registry HOST:PORT IMAGE
+  echo "$1/${2#*.*/}"
+}
+
 # Where the GPU machines pull an image from: the manager's registry (make up).
 registry_image() {  # registry_image LOCAL-NAME
-  echo "$(docker info --format '{{.Swarm.NodeAddr}}'):$GPUHUB_REGISTRY_PORT/${1#*.*/}"
+  image_in_registry "$(docker info --format '{{.Swarm.NodeAddr}}'):$GPUHUB_REGISTRY_PORT" "$1"
 }
 
 # Servers' images by their names in the manager's registry: the single-user image and those of
@@ -340,7 +345,7 @@ publish_images() {
     sleep 0.5
   done
   for image in $GPUHUB_PUBLISH; do
-    push=127.0.0.1:$GPUHUB_REGISTRY_PORT/${image#*.*/}
+    push=$(image_in_registry "127.0.0.1:$GPUHUB_REGISTRY_PORT" "$image")
     log "pushing $image to the registry (a new image takes a minute or two)"
     docker tag "$image" "$push"
     out=$(mktemp)

@@ -52,9 +52,9 @@ done
 
 DAEMON_JSON=${GPUHUB_DAEMON_JSON:-/etc/docker/daemon.json}
 IMAGE=$GPUHUB_SINGLEUSER_IMAGE
-# the manager's registry serves the image under its own address (deploy/lib.sh registry_image);
-# an --image-tar holds it under the name it was saved with
-[ -n "$REGISTRY" ] && [ -z "$IMAGE_TAR" ] && IMAGE=$REGISTRY/${IMAGE#*.*/}
+# the manager's registry serves the image under its own address; an --image-tar holds it
+# under the name it was saved with
+[ -n "$REGISTRY" ] && [ -z "$IMAGE_TAR" ] && IMAGE=$(image_in_registry "$REGISTRY" "$IMAGE")
 ROWS=()    # the summary table: "step|what happened"
 CHANGES=0
 
