@@ -42,25 +42,23 @@ def choose_gpus(args) -> list[gpus.GPUInfo]:
     else:
         nvml = None
     try:
-        found = gpus.discover(nvml or gpus.load_nvml())
+        found, reason = gpus.discover(nvml or gpus.load_nvml()), ""
     except gpus.NVMLUnavailable as e:
-        if args.none_if_no_gpu and not args.simulate_if_no_gpu:
-            print(f"no NVIDIA GPU usable here ({e}); this machine advertises no GPU slices")
-            return []
-        if args.simulate_if_no_gpu:
-            print(f"no NVIDIA GPU usable here ({e}); advertising SIMULATED GPUs")
-            return gpus.simulated(args.simulate_if_no_gpu, machine, memory)
-        raise SystemExit(
-            f"{e}. Fix the driver, or pass --simulate-gpus N for a test machine."
-        ) from None
-    if not found:
-        if args.none_if_no_gpu and not args.simulate_if_no_gpu:
-            print("NVML reports no GPU here; this machine advertises no GPU slices")
-            return []
-        if args.simulate_if_no_gpu:
-            return gpus.simulated(args.simulate_if_no_gpu, machine, memory)
-        raise SystemExit("NVML reports no GPU on this machine; pass --simulate-gpus N to test.")
-    return found
+        found, reason = [], str(e)
+    if found:
+        return found
+    # no usable GPU: simulated ones, none at all, or stop (in that order of the options)
+    if args.simulate_if_no_gpu:
+        if reason:
+            print(f"no NVIDIA GPU usable here ({reason}); advertising SIMULATED GPUs")
+        return gpus.simulated(args.simulate_if_no_gpu, machine, memory)
+    if args.none_if_no_gpu:
+        why = f"no NVIDIA GPU usable here ({reason})" if reason else "NVML reports no GPU here"
+        print(f"{why}; this machine advertises no GPU slices")
+        return []
+    if reason:
+        raise SystemExit(f"{reason}. Fix the driver, or pass --simulate-gpus N for a test machine.")
+    raise SystemExit("NVML reports no GPU on this machine; pass --simulate-gpus N to test.")
 
 
 def nvidia_runtime(setting: str) -> str:
