@@ -42,15 +42,18 @@ def settings() -> dict[str, str]:
 class Hub:
     """The hub's REST API, authenticated with the operations token."""
 
-    def __init__(self, url: str, token: str, password: str, stack: str):
+    def __init__(self, url: str, token: str, password: str, stack: str, verify: str | bool = True):
         self.url = url
         self.password = password
         self.stack = stack
+        self.verify = verify  # a CA file: the certificate of the stack's HTTPS gateway
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"token {token}"
 
     def api(self, method: str, path: str, **kwargs) -> requests.Response:
-        return self.session.request(method, f"{self.url}/hub/api{path}", timeout=30, **kwargs)
+        # verify per request: a session's verify loses to REQUESTS_CA_BUNDLE
+        url = f"{self.url}/hub/api{path}"
+        return self.session.request(method, url, timeout=30, verify=self.verify, **kwargs)
 
     def server(self, user: str) -> dict | None:
         r = self.api("GET", f"/users/{user}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import docker
@@ -18,7 +17,7 @@ import pytest
 import requests
 
 from .fake_github import GitHubData, serve
-from .hub import ARTIFACTS, REPO, container_env, container_of, lib
+from .hub import ARTIFACTS, REPO, Hub, container_env, container_of, lib
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -124,26 +123,8 @@ class Production:
         self.url = f"https://{HOST}:{HTTPS_PORT}"
         self.cert = Path(settings["GPUHUB_STATE_DIR"], "tls", "cert.pem")
         token = Path(settings["GPUHUB_STATE_DIR"], "ops_token").read_text().strip()
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"token {token}"
-
-    def api(self, method: str, path: str) -> requests.Response:
-        """The hub's REST API over HTTPS, checking the generated certificate (per request:
-        a session's verify loses to REQUESTS_CA_BUNDLE)."""
-        url = f"{self.url}/hub/api{path}"
-        return self.session.request(method, url, verify=str(self.cert), timeout=30)
-
-    def user(self, name: str) -> dict:
-        r = self.api("GET", f"/users/{name}")
-        r.raise_for_status()
-        return r.json()
-
-    def stop(self, name: str) -> None:
-        self.api("DELETE", f"/users/{name}/server")
-        deadline = time.monotonic() + 60
-        while self.user(name)["servers"]:
-            assert time.monotonic() < deadline, f"server of {name} did not stop"
-            time.sleep(0.5)
+        # the hub's REST API over HTTPS, checking the generated certificate
+        self.hub = Hub(self.url, token, "", settings["GPUHUB_STACK"], verify=str(self.cert))
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +184,7 @@ def test_gpu_machines_joined_with_registry_pull_the_image_from_it(production):
 
 
 def test_https_with_the_generated_certificate_and_http_redirects(production):
-    r = production.api("GET", "/")
+    r = production.hub.api("GET", "/")
     assert r.status_code == 200 and "version" in r.json()
     http = requests.get(
         f"http://{HOST}:{production.settings['GPUHUB_HTTP_PORT']}/hub/login",
@@ -248,7 +229,7 @@ def test_an_org_member_logs_in_and_lands_in_jupyterlab(production, page):
     finally:
         page.screenshot(path=str(ARTIFACTS / "github-login.png"))
     assert "/user/alice/lab" in page.url
-    server = production.user("alice")["servers"][""]
+    server = production.hub.server("alice")
     assert server["ready"]
     # the chosen environment's image, from the manager's registry, with the organizer's limits
     spec = server_spec("alice")
@@ -274,7 +255,7 @@ def test_others_are_refused_with_a_clear_page(production, page, login):
     assert "403" in text
     assert "not on this workshop's participant list" in text
     assert "roster" in text
-    r = production.api("GET", f"/users/{login}")
+    r = production.hub.api("GET", f"/users/{login}")
     assert r.status_code == 404  # never became a user
 
 
@@ -287,14 +268,14 @@ def test_a_roster_user_logs_in_and_the_roster_reloads(production, page, browser)
     github_login(late, production.url, "rick")
     late.wait_for_load_state()
     assert "not on this workshop's participant list" in late.inner_text("body")
-    alice_before = production.user("alice")["servers"][""]["started"]
+    alice_before = production.hub.server("alice")["started"]
     production.roster.write_text(ROSTER + "@Rick\n")
     out = make("roster", production.config)
     assert "2 GitHub usernames" in out
     github_login(late, production.url, "rick")
     late.wait_for_url("**/hub/spawn**", timeout=60_000)
     # nobody's server was restarted by it
-    assert production.user("alice")["servers"][""]["started"] == alice_before
+    assert production.hub.server("alice")["started"] == alice_before
 
 
 def test_an_admin_sees_the_admin_page_and_a_participant_does_not(production, page, browser):
@@ -313,7 +294,7 @@ def test_an_admin_sees_the_admin_page_and_a_participant_does_not(production, pag
     page.goto(f"{production.url}/hub/admin")
     page.wait_for_selector("text=alice", timeout=30_000)  # the user list, with alice's server
     page.screenshot(path=str(ARTIFACTS / "github-admin.png"))
-    production.stop("ada")
+    production.hub.stop("ada")
 
     participant = browser.new_context(ignore_https_errors=True).new_page()
     github_login(participant, production.url, "alice")
@@ -325,10 +306,10 @@ def test_an_admin_sees_the_admin_page_and_a_participant_does_not(production, pag
 def test_the_hub_database_and_cookie_secret_survive_down_and_up(production, page):
     github_login(page, production.url, "alice")
     page.wait_for_url("**/user/alice/**", timeout=60_000)
-    production.stop("alice")
+    production.hub.stop("alice")
     make("down", production.config)
     make("up", production.config)
-    users = production.api("GET", "/users").json()
+    users = production.hub.api("GET", "/users").json()
     assert {"alice", "tom", "rosa", "rick", "ada"} <= {u["name"] for u in users}
     assert next(u for u in users if u["name"] == "ada")["admin"]
     # the browser's login cookie is still good: same cookie secret
