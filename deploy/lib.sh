@@ -221,22 +221,23 @@ check_port() {
 
 tls_on() { [ "${GPUHUB_TLS:-off}" != off ]; }
 
-# The address participants open.
+public_host() { echo "${GPUHUB_HOSTNAME:-127.0.0.1}"; }
+public_port() { tls_on && echo "$GPUHUB_HTTPS_PORT" || echo "$GPUHUB_HTTP_PORT"; }
+
+# The address participants open (the scheme's default port left out).
 public_url() {
-  local host=${GPUHUB_HOSTNAME:-127.0.0.1}
-  if tls_on; then
-    echo "https://$host$([ "$GPUHUB_HTTPS_PORT" = 443 ] || echo ":$GPUHUB_HTTPS_PORT")"
-  else
-    echo "http://$host$([ "$GPUHUB_HTTP_PORT" = 80 ] || echo ":$GPUHUB_HTTP_PORT")"
-  fi
+  local scheme port; port=$(public_port)
+  scheme=$(tls_on && echo https || echo http)
+  case "$scheme:$port" in
+    https:443|http:80) echo "$scheme://$(public_host)" ;;
+    *) echo "$scheme://$(public_host):$port" ;;
+  esac
 }
 
 # curl the hub on this machine by its public name (which may not resolve here), certificate
 # unchecked (a self-signed one, or one ACME is still fetching): hub_curl PATH [curl args]
 hub_curl() {
-  local host=${GPUHUB_HOSTNAME:-127.0.0.1} port
-  port=$(tls_on && echo "$GPUHUB_HTTPS_PORT" || echo "$GPUHUB_HTTP_PORT")
-  curl -sfk --resolve "$host:$port:127.0.0.1" "$(public_url)$1" "${@:2}"
+  curl -sfk --resolve "$(public_host):$(public_port):127.0.0.1" "$(public_url)$1" "${@:2}"
 }
 
 # Contents hash for the name of a Docker secret (secrets cannot change in place).
