@@ -1,7 +1,18 @@
-"""A JupyterHub spawner that gives each user's Swarm service a slice of one GPU."""
+"""A JupyterHub spawner that gives each user's Swarm service a slice of one GPU.
 
-from .spawner import GPUSwarmSpawner, NoGPUSliceAvailable
+The spawner is imported on first use: the package's pure modules (``contract``, ``inventory``,
+``settings``, ...) then import without JupyterHub, dockerspawner or jinja2, so GPU machines and
+the config-file reader need nothing but the standard library (and nvidia-ml-py for NVML).
+"""
 
 __version__ = "0.1.0"
 
 __all__ = ["GPUSwarmSpawner", "NoGPUSliceAvailable", "__version__"]
+
+
+def __getattr__(name):
+    if name in ("GPUSwarmSpawner", "NoGPUSliceAvailable"):
+        from . import spawner
+
+        return getattr(spawner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
