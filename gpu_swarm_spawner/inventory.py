@@ -13,42 +13,16 @@ to choose a GPU and to explain a refusal.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-#: Kinds that start with this are GPUs. NVIDIA GPU UUIDs look like ``GPU-<hex groups>``.
-DEFAULT_KIND_PREFIX = "GPU-"
-
-#: Simulated GPUs (machines without an NVIDIA GPU: demo, tests) carry this after the prefix.
-SIMULATED_MARKER = "simulated-"
-
-#: Engine labels (``labels`` in daemon.json) the worker setup puts on a GPU machine. Engine
-#: labels travel with the node's description, so they are set at join time without
-#: ``docker node update`` (which Docker 20.10 refuses while GPU tasks run).
-LABEL_PREFIX = "gpu-jupyterhub."
-#: Total memory of one GPU, in MiB: ``gpu-jupyterhub.memory-mb.<uuid>=16384``.
-MEMORY_LABEL = LABEL_PREFIX + "memory-mb."
+from .contract import KIND_PREFIX as DEFAULT_KIND_PREFIX
+from .contract import MEMORY_LABEL, is_simulated
 
 #: Task states in which a task holds (or is about to hold) its reservation on a node.
 _LIVE_TASK_STATES = frozenset(
     {"new", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running"}
 )
-
-
-def is_simulated(uuid: str, kind_prefix: str = DEFAULT_KIND_PREFIX) -> bool:
-    """True when a GPU UUID names a simulated GPU rather than a real one."""
-    return uuid.startswith(kind_prefix + SIMULATED_MARKER)
-
-
-def simulated_uuid(machine_id: str, index: int, kind_prefix: str = DEFAULT_KIND_PREFIX) -> str:
-    """The UUID given to simulated GPU number ``index`` of a machine.
-
-    ``machine_id`` is any stable per-machine string; machines with different ids get different
-    UUIDs, so simulated GPUs of several machines never share a generic-resource kind.
-    """
-    short = hashlib.sha256(machine_id.encode()).hexdigest()[:8]
-    return f"{kind_prefix}{SIMULATED_MARKER}{short}-{index}"
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from traitlets import (
     validate,
 )
 
-from . import inventory, placement, profiles
+from . import contract, inventory, placement, profiles
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
@@ -141,7 +141,7 @@ class GPUSwarmSpawner(SwarmSpawner):
     )
 
     gpu_kind_prefix = Unicode(
-        inventory.DEFAULT_KIND_PREFIX,
+        contract.KIND_PREFIX,
         config=True,
         help="""
         Generic-resource kinds that start with this are GPUs; the rest of the kind is ignored
@@ -738,7 +738,7 @@ class GPUSwarmSpawner(SwarmSpawner):
                     "GPU_UUID": self.gpu_uuid,
                     "GPU_SLICES": str(self.gpu_slices_held),
                     "GPU_NODE": self.gpu_node,
-                    "GPU_SIMULATED": "1" if inventory.is_simulated(self.gpu_uuid) else "0",
+                    "GPU_SIMULATED": "1" if contract.is_simulated(self.gpu_uuid) else "0",
                     # TensorFlow otherwise grabs all memory of the GPU it shares with others
                     "TF_FORCE_GPU_ALLOW_GROWTH": "true",
                 }

@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 import json
 
-from gpu_swarm_spawner.inventory import DEFAULT_KIND_PREFIX, LABEL_PREFIX, MEMORY_LABEL
+from gpu_swarm_spawner.contract import KIND_PREFIX as DEFAULT_KIND_PREFIX
+from gpu_swarm_spawner.contract import LABEL_PREFIX, MEMORY_LABEL
 
 KEY = "node-generic-resources"
 LABELS_KEY = "labels"

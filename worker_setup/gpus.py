@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_swarm_spawner.inventory import simulated_uuid
+from gpu_swarm_spawner.contract import simulated_uuid
 
 
 class NVMLUnavailable(RuntimeError):

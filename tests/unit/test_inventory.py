@@ -1,4 +1,4 @@
-from gpu_swarm_spawner import inventory
+from gpu_swarm_spawner import contract, inventory
 from gpu_swarm_spawner.inventory import GPU, build_inventory, totals
 
 from .clusters import node, task
@@ -77,12 +77,12 @@ def test_custom_kind_prefix():
 
 
 def test_simulated_uuids_are_marked_and_stable():
-    uuid = inventory.simulated_uuid("3d1219c7aa55", 1)
-    assert uuid == inventory.simulated_uuid("3d1219c7aa55", 1)
+    uuid = contract.simulated_uuid("3d1219c7aa55", 1)
+    assert uuid == contract.simulated_uuid("3d1219c7aa55", 1)
     assert uuid.startswith("GPU-simulated-") and uuid.endswith("-1")
-    assert inventory.simulated_uuid("w1", 0) != inventory.simulated_uuid("w2", 0)
-    assert inventory.is_simulated(uuid)
-    assert not inventory.is_simulated("GPU-8d2c6f1e-1b7a-4c55-9d3e-000000000000")
+    assert contract.simulated_uuid("w1", 0) != contract.simulated_uuid("w2", 0)
+    assert contract.is_simulated(uuid)
+    assert not contract.is_simulated("GPU-8d2c6f1e-1b7a-4c55-9d3e-000000000000")
     assert GPU(uuid, "n", "h", 3, 0).simulated
 
 
@@ -105,7 +105,7 @@ def test_claims_count_until_swarm_counts_the_task_itself():
 def test_gpu_memory_comes_from_the_engine_labels():
     labelled = node("n1", "alpha", {A0: 3, A1: 4})
     labelled["Description"]["Engine"] = {
-        "Labels": {f"{inventory.MEMORY_LABEL}{A0}": "12288", f"{inventory.MEMORY_LABEL}{A1}": "x"}
+        "Labels": {f"{contract.MEMORY_LABEL}{A0}": "12288", f"{contract.MEMORY_LABEL}{A1}": "x"}
     }
     gpus = by_uuid(build_inventory([labelled], []))
     assert gpus[A0].memory_mb == 12288

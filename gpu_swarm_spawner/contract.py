@@ -1,0 +1,51 @@
+"""What the GPU machines and the hub agree on: names, labels and the simulated-GPU marker.
+
+The worker setup (``worker_setup/``, run on GPU machines with nothing but the standard library
+and nvidia-ml-py) writes these into daemon.json; the spawner and ``make status`` read them back
+from the Docker API. Standard library only: keep it importable on a bare GPU machine
+(tests/unit/test_worker_venv.py checks that).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+#: Generic-resource kinds that start with this are GPUs. NVIDIA GPU UUIDs look like
+#: ``GPU-<hex groups>``.
+KIND_PREFIX = "GPU-"
+
+#: Simulated GPUs (machines without an NVIDIA GPU: demo, tests) carry this after the prefix.
+SIMULATED_MARKER = "simulated-"
+
+#: Engine labels (``labels`` in daemon.json) the worker setup puts on a GPU machine. Engine
+#: labels travel with the node's description, so they are set at join time without
+#: ``docker node update`` (which Docker 20.10 refuses while GPU tasks run).
+LABEL_PREFIX = "gpu-jupyterhub."
+#: Total memory of one GPU, in MiB: ``gpu-jupyterhub.memory-mb.<uuid>=16384``.
+MEMORY_LABEL = LABEL_PREFIX + "memory-mb."
+
+#: Labels of a participant's service (and home volume): whose it is, which GPU, how many
+#: slices, which stack created it.
+USER_LABEL = LABEL_PREFIX + "user"
+GPU_LABEL = LABEL_PREFIX + "gpu"
+SLICES_LABEL = LABEL_PREFIX + "slices"
+STACK_LABEL = LABEL_PREFIX + "stack"
+
+#: Participants' services are ``jy-<escaped user>[--<server>]``; homes ``jy-home-<user>``.
+SERVICE_PREFIX = "jy"
+HOME_VOLUME = SERVICE_PREFIX + "-home-{username}"
+
+
+def is_simulated(uuid: str, kind_prefix: str = KIND_PREFIX) -> bool:
+    """True when a GPU UUID names a simulated GPU rather than a real one."""
+    return uuid.startswith(kind_prefix + SIMULATED_MARKER)
+
+
+def simulated_uuid(machine_id: str, index: int, kind_prefix: str = KIND_PREFIX) -> str:
+    """The UUID given to simulated GPU number ``index`` of a machine.
+
+    ``machine_id`` is any stable per-machine string; machines with different ids get different
+    UUIDs, so simulated GPUs of several machines never share a generic-resource kind.
+    """
+    short = hashlib.sha256(machine_id.encode()).hexdigest()[:8]
+    return f"{kind_prefix}{SIMULATED_MARKER}{short}-{index}"
