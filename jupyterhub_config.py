@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from gpu_swarm_spawner import HUB_TEMPLATES
 from gpu_swarm_spawner.settings import names
 
 c = get_config()  # noqa: F821  (provided by JupyterHub)
@@ -38,6 +39,8 @@ c.ConfigurableHTTPProxy.api_url = "http://proxy:8001"
 c.ConfigurableHTTPProxy.auth_token = secret("proxy_token")
 c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
 c.JupyterHub.log_level = setting("LOG_LEVEL", "INFO")
+# the home page says why the last start failed (templates/hub/home.html)
+c.JupyterHub.template_paths = [HUB_TEMPLATES]
 
 # ---- login ----------------------------------------------------------------------------------
 c.Authenticator.admin_users = set(names(setting("ADMIN_USERS", "admin")))

@@ -5,13 +5,18 @@ The spawner is imported on first use: the package's pure modules (``contract``, 
 the config-file reader need nothing but the standard library (and nvidia-ml-py for NVML).
 """
 
+import os
+
 __version__ = "0.1.0"
 
-__all__ = ["GPUSwarmSpawner", "NoGPUSliceAvailable", "__version__"]
+#: The hub's page templates that extend JupyterHub's (``c.JupyterHub.template_paths``).
+HUB_TEMPLATES = os.path.join(os.path.dirname(__file__), "templates", "hub")
+
+__all__ = ["GPUSwarmSpawner", "HUB_TEMPLATES", "NoGPUSliceAvailable", "SpawnFailed", "__version__"]
 
 
 def __getattr__(name):
-    if name in ("GPUSwarmSpawner", "NoGPUSliceAvailable"):
+    if name in ("GPUSwarmSpawner", "NoGPUSliceAvailable", "SpawnFailed"):
         from . import spawner
 
         return getattr(spawner, name)

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import jinja2
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, TaskTemplate
 from dockerspawner import SwarmSpawner
+from jupyterhub.spawner import SpawnException
 from tornado import web
 from traitlets import (
     Bool,
@@ -31,12 +32,25 @@ _TEMPLATES = jinja2.Environment(
 )
 
 
-class NoGPUSliceAvailable(RuntimeError):
-    """No GPU has room for the request. ``jupyterhub_message`` is what the participant sees."""
+class SpawnFailed(SpawnException):
+    """A start that failed for a reason the participant should read, on whichever page they are.
+
+    JupyterHub shows ``jupyterhub_message`` on the error page (a failure within the spawn's
+    first second), the spawn-pending page (later), the spawn form and the REST API's JSON body;
+    any other exception raised in the first second becomes "500 : Unhandled error starting
+    server". The log gets ``log_message``, with the details an organizer needs.
+    """
+
+    def __init__(self, message: str, log_message: str = "", *, reason="error", status_code=500):
+        super().__init__(message, reason=reason, log_message=log_message, status_code=status_code)
+        self.jupyterhub_message = message
+
+
+class NoGPUSliceAvailable(SpawnFailed):
+    """No GPU has room for the request: HTTP 503, with what the participant can do about it."""
 
     def __init__(self, message: str, log_message: str):
-        super().__init__(log_message)
-        self.jupyterhub_message = message
+        super().__init__(message, log_message, reason="capacity", status_code=503)
 
 
 def task_address(task: dict, network_name: str) -> str:
@@ -320,6 +334,18 @@ class GPUSwarmSpawner(SwarmSpawner):
                 seen += 1
             await asyncio.sleep(0.2)
 
+    @property
+    def failure_message(self) -> str:
+        """What the participant was told when this server's latest start failed; "" when it
+        did not fail (or a new start began). The hub's home page shows it (templates/hub)."""
+        spawn = self._spawn_future
+        if self.active or spawn is None or not spawn.done() or spawn.cancelled():
+            return ""
+        error = spawn.exception()
+        if error is None:
+            return ""
+        return getattr(error, "jupyterhub_message", "") or f"The server could not start: {error}"
+
     # ---- choosing a GPU --------------------------------------------------------------------
 
     # Slices spawns of this hub have asked for that Swarm does not show as placed yet, by
@@ -547,11 +573,12 @@ class GPUSwarmSpawner(SwarmSpawner):
                 if unplaceable(status):
                     raise SliceTaken(status["Err"])
                 if image_missing(status):
-                    raise RuntimeError(
+                    raise SpawnFailed(
                         f"The GPU machine {self.gpu_node} cannot get the server image "
                         f"({status['Err']}). Please tell an organizer: that machine must be "
                         "joined with the --registry option of `make join-command`, or be given "
-                        "the image with --image-tar."
+                        "the image with --image-tar.",
+                        reason="image",
                     )
                 if state not in STAGES and state != "rejected":
                     # failed, shutdown, complete, orphaned, remove: it will not come up

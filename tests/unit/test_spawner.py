@@ -1,13 +1,15 @@
 """GPUSwarmSpawner logic that needs no Docker daemon: traits, env, state, the service spec."""
 
 import asyncio
+import re
 from types import SimpleNamespace
 
 import pytest
 from jupyterhub.objects import Hub
+from tornado import web
 from traitlets import TraitError
 
-from gpu_swarm_spawner import GPUSwarmSpawner, NoGPUSliceAvailable
+from gpu_swarm_spawner import GPUSwarmSpawner, NoGPUSliceAvailable, SpawnFailed
 
 from .clusters import node, task
 
@@ -180,6 +182,24 @@ async def test_reserve_gpu_spreads_and_refuses_when_full():
         await spawner.reserve_gpu()
     assert refused.value.jupyterhub_message.startswith("All GPU slices are in use (6/6)")
     assert "alpha:GPU-a0=3/3" in str(refused.value)
+    # an HTTP error JupyterHub passes through (page, REST), not "500 : Unhandled error"
+    assert isinstance(refused.value, web.HTTPError) and refused.value.status_code == 503
+
+
+async def test_the_failure_message_is_what_the_last_failed_start_told_the_participant():
+    spawner = make_fake()
+    assert spawner.failure_message == ""
+    loop = asyncio.get_running_loop()
+    spawner._spawn_future = loop.create_future()
+    assert spawner.failure_message == ""  # still starting
+    spawner._spawn_future.set_exception(NoGPUSliceAvailable("All GPU slices are in use", "log"))
+    assert spawner.failure_message == "All GPU slices are in use"
+    spawner._spawn_future = loop.create_future()
+    spawner._spawn_future.set_exception(ValueError("boom"))
+    assert spawner.failure_message == "The server could not start: boom"
+    spawner._spawn_future = loop.create_future()
+    spawner._spawn_future.set_result(None)
+    assert spawner.failure_message == ""
 
 
 def test_task_address_is_read_from_the_attachment_on_the_servers_network():
@@ -247,5 +267,9 @@ async def test_a_machine_without_the_image_fails_the_spawn_at_once_with_advice()
         return {"ID": "t1", "NodeID": "n1", "Status": status}
 
     spawner._current_task = current_task
-    with pytest.raises(RuntimeError, match=r"w1 cannot get the server image .*--registry"):
+    with pytest.raises(SpawnFailed) as failed:
         await asyncio.wait_for(spawner.start_object(), timeout=5)
+    # what the participant reads on the page, not "500 : Unhandled error"
+    assert re.search(
+        r"w1 cannot get the server image .*--registry", failed.value.jupyterhub_message
+    )

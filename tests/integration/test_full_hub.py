@@ -1,0 +1,119 @@
+"""What a participant meets when every GPU slice is taken: the page they see, and the REST API.
+
+The slices are filled by services holding whole GPUs (started by GPUSwarmSpawners driven
+directly, running ``sleep``): the hub reads the same swarm, so to its spawner the hub is full.
+"""
+
+import asyncio
+import time
+
+import pytest
+
+from .hub import ARTIFACTS
+from .spawners import inventory, make_spawner, remove_services, wait_slices_free
+
+pytestmark = pytest.mark.integration
+
+REFUSAL = "All GPU slices are in use"
+
+
+@pytest.fixture(scope="module")
+def full(hub, hub_settings):
+    """Every slice of the bed taken, by services outside the hub."""
+    remove_services(hub.stack)
+    wait_slices_free()
+    gpus = inventory()
+    per_gpu = {g.slices for g in gpus.values()}
+    assert len(per_gpu) == 1, gpus
+    (slices,) = per_gpu
+    holders = [
+        make_spawner(f"ci-holder-{i}", hub_settings, gpu_slices=slices) for i in range(len(gpus))
+    ]
+
+    async def start_all():
+        await asyncio.gather(*(s.start() for s in holders))
+
+    asyncio.run(start_all())
+    assert all(g.free == 0 for g in inventory().values()), inventory()
+    total = sum(g.slices for g in gpus.values())
+    yield f"{REFUSAL} ({total}/{total})"
+    remove_services(hub.stack)
+
+
+def log_in(page, hub, user):
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", hub.password)
+    page.click("#login_submit")
+
+
+def test_rest_api_answers_a_full_hub_with_503_and_the_message(hub, full):
+    user = "ci-full-rest"
+    hub.api("POST", f"/users/{user}")
+    t0 = time.monotonic()
+    r = hub.api("POST", f"/users/{user}/server")
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 503, (r.status_code, r.text)
+    assert r.json()["message"].startswith(full), r.text
+    assert elapsed < 2, f"refusal took {elapsed:.2f} s"
+    assert hub.server(user) is None
+    # the spawn-pending page's progress stream (what it shows when a refusal comes later)
+    r = hub.api("GET", f"/users/{user}/server/progress", stream=True)
+    events = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data:")]
+    assert events and '"failed": true' in events[-1], events
+    assert f"Spawn failed: {full}" in events[-1], events
+
+
+@pytest.mark.browser
+def test_a_participant_reads_the_refusal_on_the_page_and_on_the_home_page(hub, full, page):
+    """Refused within the spawn's first second: JupyterHub's error page, with our message."""
+    user = "ci-full-page"
+    ARTIFACTS.mkdir(exist_ok=True)
+    log_in(page, hub, user)  # logging in starts the server (no options to choose)
+    page.wait_for_selector(".error, #last-start-failed, .jp-LabShell", timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "full-hub-refusal.png"))
+    text = page.inner_text("body")
+    assert full in text, text
+    assert "Unhandled error" not in text, text
+
+    # the home page says what happened instead of offering "Start My Server" as if nothing had
+    page.goto(f"{hub.url}/hub/home")
+    notice = page.locator("#last-start-failed")
+    assert full in notice.inner_text(), page.inner_text("body")
+    page.screenshot(path=str(ARTIFACTS / "full-hub-home.png"))
+
+    # and so does the spawn-pending page (where a refusal after the first second is read)
+    response = page.goto(f"{hub.url}/hub/spawn-pending/{user}")
+    assert response.status == 503
+    assert full in page.inner_text("body")
+
+
+@pytest.mark.browser
+def test_several_participants_at_once_each_read_the_refusal(hub, full, browser):
+    """A burst: refusals may come within the first second (error page) or after it (the
+    spawn-pending page's progress log); either way each participant reads the message."""
+    users = [f"ci-full-burst-{i}" for i in range(4)]
+    contexts = [browser.new_context() for _ in users]
+    pages = [c.new_page() for c in contexts]
+    try:
+        for page, user in zip(pages, users):
+            page.goto(f"{hub.url}/hub/login")
+            page.fill("#username_input", user)
+            page.fill("#password_input", hub.password)
+        for page in pages:  # as close together as one browser can click
+            page.click("#login_submit", no_wait_after=True)
+        paths = []
+        for i, page in enumerate(pages):
+            page.wait_for_function(
+                f"document.body && document.body.innerText.includes({REFUSAL!r})",
+                timeout=60_000,
+            )
+            page.screenshot(path=str(ARTIFACTS / f"full-hub-burst-{i}.png"))
+            assert "Unhandled error" not in page.inner_text("body")
+            paths.append("spawn-pending" if "/spawn-pending/" in page.url else "error page")
+        print("refusals were read on:", paths)
+    finally:
+        for context in contexts:
+            context.close()
+    for user in users:
+        assert hub.server(user) is None
