@@ -27,19 +27,27 @@ def request_server(hub, user):
 
 
 def servers_by_service(stack):
-    """{service name: (node hostname, reserved GPU, slices)} of the stack's user servers."""
+    """{service name: (node hostname, GPU, slices, container id)} of the stack's user servers;
+    the GPU and slices are what the service reserves in Swarm (not the spawner's labels)."""
     client = docker.from_env()
     out = {}
     for service in client.services.list(filters={"label": f"gpu-jupyterhub.stack={stack}"}):
-        labels = service.attrs["Spec"]["Labels"]
+        resources = service.attrs["Spec"]["TaskTemplate"]["Resources"]
+        (reserved,) = [
+            r["DiscreteResourceSpec"] for r in resources["Reservations"]["GenericResources"]
+        ]
         (task,) = [t for t in service.tasks() if t["DesiredState"] == "running"]
         node = client.nodes.get(task["NodeID"]).attrs["Description"]["Hostname"]
-        out[service.name] = (
-            node,
-            labels["gpu-jupyterhub.gpu"],
-            int(labels["gpu-jupyterhub.slices"]),
-        )
+        container = task["Status"].get("ContainerStatus", {}).get("ContainerID", "")
+        out[service.name] = (node, reserved["Kind"], reserved["Value"], container)
     return out
+
+
+def hub_container(stack):
+    """The id of the hub's running container."""
+    service = docker.from_env().services.get(f"{stack}_hub")
+    (task,) = [t for t in service.tasks() if t["Status"]["State"] == "running"]
+    return task["Status"]["ContainerStatus"]["ContainerID"]
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +84,12 @@ def test_twenty_at_once_fill_every_slice_and_never_oversubscribe(hub, crowd):
     servers = servers_by_service(hub.stack)
     assert len(servers) == capacity
     per_gpu = Counter()
-    for _, uuid, slices in servers.values():
+    for _, uuid, slices, _ in servers.values():
         per_gpu[uuid] += slices
     gpus = inventory()
     assert all(per_gpu[u] <= gpus[u].slices for u in per_gpu), per_gpu
     # and each container sees exactly the GPU its service reserved
-    for name, (_, uuid, _) in servers.items():
+    for name, (_, uuid, _, _) in servers.items():
         assert container_env(container_of(name))["NVIDIA_VISIBLE_DEVICES"] == uuid
 
 
@@ -98,6 +106,7 @@ def test_one_more_participant_is_refused_in_under_two_seconds(hub, crowd):
 
 def test_servers_survive_a_hub_restart(hub, crowd):
     before = servers_by_service(hub.stack)
+    hub_before = hub_container(hub.stack)
     service = docker.from_env().services.get(f"{hub.stack}_hub")
     service.force_update()
     time.sleep(2)
@@ -111,7 +120,9 @@ def test_servers_survive_a_hub_restart(hub, crowd):
         time.sleep(1)
     else:
         pytest.fail("the restarted hub did not report every server ready")
-    assert servers_by_service(hub.stack) == before, "no server moved, restarted or vanished"
+    assert hub_container(hub.stack) != hub_before, "the hub did not restart"
+    # same node, GPU, slices and container: no server moved, restarted or vanished
+    assert servers_by_service(hub.stack) == before
     for user in crowd["ready"]:
         r = hub.session.get(f"{hub.url}/user/{user}/api/status", timeout=30)
         assert r.status_code == 200, (user, r.status_code)
@@ -121,7 +132,7 @@ def test_servers_of_a_vanished_worker_are_reported_stopped(hub, crowd, bed):
     servers = servers_by_service(hub.stack)
     on_w1 = {
         n.split("jy-", 1)[1].replace("-2d", "-")
-        for n, (node, _, _) in servers.items()
+        for n, (node, _, _, _) in servers.items()
         if node == "w1"
     }
     assert on_w1, servers

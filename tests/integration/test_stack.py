@@ -6,6 +6,7 @@ import time
 import docker
 import pytest
 
+from gpu_swarm_spawner import placement
 from gpu_swarm_spawner.inventory import build_inventory
 
 from .hub import REPO, container_env, container_of
@@ -105,7 +106,9 @@ def test_a_server_restarted_at_once_is_reachable(hub):
     for _ in range(2):
         r = hub.api("POST", f"/users/{user}/server")
         assert r.status_code in (201, 202), r.text
-        assert hub.wait_ready(user, timeout=30) < 30
+        # it used to wait the hub's 60 s http_timeout and give up: well under that now
+        elapsed = hub.wait_ready(user, timeout=90)
+        assert elapsed < 30, f"the restarted server took {elapsed:.1f} s to be reachable"
         status = hub.session.get(f"{hub.url}/user/{user}/api/status", timeout=30)
         assert status.status_code == 200, status.text
         r = hub.api("DELETE", f"/users/{user}/server")
@@ -143,6 +146,9 @@ def test_a_returning_user_goes_back_to_the_machine_with_their_home(hub, client):
         while sum(g.used for g in inventory().values()) < len(fillers):
             assert time.monotonic() < deadline, "the fillers did not start"
             time.sleep(0.5)
+        # the set-up discriminates: spread alone (no home preference) would go elsewhere now
+        gpus = list(inventory().values())
+        assert placement.choose(gpus, 1, "spread", seed=user).node_name != home, gpus
         assert hub.api("POST", f"/users/{user}/server").status_code in (201, 202)
         hub.wait_ready(user)
         running = [
