@@ -89,6 +89,23 @@ def test_a_participant_reads_the_refusal_on_the_page_and_on_the_home_page(hub, f
 
 
 @pytest.mark.browser
+def test_an_admin_reads_the_refusal_on_the_spawn_form(hub, full, page):
+    """With choices to make (an admin may take a full GPU), the refusal comes back on the
+    spawn form."""
+    log_in(page, hub, "admin")
+    page.wait_for_selector("#gpuhub-gpu-full", timeout=60_000)
+    page.check("#gpuhub-gpu-full")
+    with page.expect_response(lambda r: r.request.method == "POST") as answer:
+        page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+    assert answer.value.status == 503
+    page.wait_for_selector("#gpuhub-gpu-full")
+    page.screenshot(path=str(ARTIFACTS / "full-hub-refusal-form.png"))
+    text = page.inner_text("body")
+    assert full in text, text
+    assert "Unhandled error" not in text, text
+
+
+@pytest.mark.browser
 def test_several_participants_at_once_each_read_the_refusal(hub, full, browser):
     """A burst: refusals may come within the first second (error page) or after it (the
     spawn-pending page's progress log); either way each participant reads the message."""
