@@ -87,8 +87,20 @@ worker_python() {
   echo "$py"
 }
 
+# Run the worker's python ($PY) on this checkout's code. The repository goes on PYTHONPATH: the
+# small venv above holds nvidia-ml-py only, and the worker code needs nothing else (the standard
+# library and gpu_swarm_spawner.contract; tests/unit/test_worker_venv.py checks that).
+worker_py() {
+  (cd "$REPO" && PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$@")
+}
+
 advertise() {  # advertise ARGS...: worker_setup.advertise on this machine's daemon.json
-  (cd "$REPO" && "$PY" -m worker_setup.advertise --daemon-json "$DAEMON_JSON" "$@")
+  worker_py -m worker_setup.advertise --daemon-json "$DAEMON_JSON" "$@"
+}
+
+# A name the GPU machines and the hub share, from gpu_swarm_spawner/contract.py (its one place).
+contract() {  # contract NAME
+  worker_py -c 'import sys; from gpu_swarm_spawner import contract; print(getattr(contract, sys.argv[1]))' "$1"
 }
 
 swarm_state() { docker info --format '{{.Swarm.LocalNodeState}}' 2>/dev/null || echo unknown; }
@@ -191,10 +203,11 @@ PY
   fi
 }
 
-# Servers of participants running on this machine: their service names (jy-...).
+# Servers of participants running on this machine: their service names (<SERVICE_PREFIX>-...).
 local_servers() {
+  local prefix; prefix=$(contract SERVICE_PREFIX)
   docker ps --filter label=com.docker.swarm.service.name \
-    --format '{{.Label "com.docker.swarm.service.name"}}' | { grep '^jy-' || true; }
+    --format '{{.Label "com.docker.swarm.service.name"}}' | { grep "^$prefix-" || true; }
 }
 
 # Find the GPUs and work out the daemon.json change before anything changes: a machine whose
