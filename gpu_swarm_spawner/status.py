@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .contract import USER_LABEL
 from .inventory import (
     build_inventory,
     gpu_kinds,
@@ -62,7 +63,7 @@ def render(nodes: list[dict], tasks: list[dict], services: list[dict], prefix: s
         servers.append(
             [
                 name,
-                labels.get("gpu-jupyterhub.user", "?"),
+                labels.get(USER_LABEL, "?"),
                 hosts.get(task.get("NodeID"), "-"),
                 ", ".join(held) or "-",
                 str(sum(held.values())),

@@ -36,18 +36,20 @@ def choose_gpus(args) -> list[gpus.GPUInfo]:
     memory = slicing.parse_size_mb(args.simulated_memory)
     if args.simulate_gpus:
         return gpus.simulated(args.simulate_gpus, machine, memory)
-    if args.nvml_fixture:
-        print(f"FAKE NVML: GPUs from the fixture {args.nvml_fixture}, not from a driver")
-        nvml = FakeNVML.from_file(args.nvml_fixture)
-    else:
-        nvml = None
     try:
-        found, reason = gpus.discover(nvml or gpus.load_nvml()), ""
+        if args.nvml_fixture:
+            print(f"FAKE NVML: GPUs from the fixture {args.nvml_fixture}, not from a driver")
+            nvml = FakeNVML.from_file(args.nvml_fixture)
+        else:
+            nvml = gpus.load_nvml()
+        found, reason, failed = gpus.discover(nvml), "", None
     except gpus.NVMLUnavailable as e:
-        found, reason = [], str(e)
+        found, reason, failed = [], str(e), e
     if found:
         return found
-    # no usable GPU: simulated ones, none at all, or stop (in that order of the options)
+    # No usable GPU: simulated ones, none at all, or stop (in that order of the options). One
+    # failed GPU makes the whole machine unusable: its fix (a reboot or GPU reset) stops every
+    # server here, so it is done before participants arrive, not under them.
     if args.simulate_if_no_gpu:
         if reason:
             print(f"no NVIDIA GPU usable here ({reason}); advertising SIMULATED GPUs")
@@ -56,8 +58,15 @@ def choose_gpus(args) -> list[gpus.GPUInfo]:
         why = f"no NVIDIA GPU usable here ({reason})" if reason else "NVML reports no GPU here"
         print(f"{why}; this machine advertises no GPU slices")
         return []
+    test_machine = "For a test machine without a working GPU, pass --simulate-gpus N instead."
+    if isinstance(failed, gpus.GPUFailed):
+        raise SystemExit(
+            f"{reason}. Until then this machine advertises none of its GPUs, not even the "
+            "working ones: the fix stops every server here, so it belongs before participants "
+            f"start, not under them. {test_machine}"
+        )
     if reason:
-        raise SystemExit(f"{reason}. Fix the driver, or pass --simulate-gpus N for a test machine.")
+        raise SystemExit(f"{reason}. {test_machine}")
     raise SystemExit("NVML reports no GPU on this machine; pass --simulate-gpus N to test.")
 
 

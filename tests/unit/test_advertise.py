@@ -2,14 +2,18 @@
 runtime, --dry-run and --remove."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from worker_setup import advertise, slicing
+from worker_setup import advertise, fake_nvml, slicing
 from worker_setup.gpus import GPUInfo
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "nvml"
+from .nvml_failures import FAILURES, FIXTURES, K80_UUIDS, K80X2, fixture_failing
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -136,3 +140,67 @@ def test_remove_takes_out_only_what_advertise_added(tmp_path):
     assert rc == advertise.CHANGED
     assert config == {"debug": True, "labels": ["rack=7"]}
     assert run(tmp_path, "--remove")[0] == 0
+
+
+# A GPU failing after NVML started (or NVML failing at any other call) is a machine without a
+# usable GPU: one line naming the GPU and the fix, then simulate / none / stop as the options say.
+
+
+@pytest.mark.parametrize("call", list(FAILURES))
+def test_a_failing_nvml_call_stops_with_one_line_and_changes_nothing(tmp_path, call):
+    fail, line = FAILURES[call]
+    path = tmp_path / "daemon.json"
+    path.write_text('{"debug": true}')
+    result = subprocess.run(
+        [sys.executable, "-m", "worker_setup.advertise", "--daemon-json", str(path),
+         "--nvml-fixture", str(fixture_failing(tmp_path, fail)), "--nvidia-runtime", "off"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr  # no traceback
+    assert lines[0].startswith(line)
+    assert lines[0].endswith("pass --simulate-gpus N instead.")
+    if call in fake_nvml.GPU_CALLS:
+        assert "this machine advertises none of its GPUs, not even the working ones" in lines[0]
+    assert path.read_text() == '{"debug": true}'
+    assert not list(tmp_path.glob("daemon.json.bak-*"))
+
+
+@pytest.mark.parametrize("call", list(FAILURES))
+def test_a_failing_nvml_call_falls_back_to_simulated_gpus_when_asked(tmp_path, capsys, call):
+    fail, line = FAILURES[call]
+    fixture = str(fixture_failing(tmp_path, fail))
+    rc, config = run(tmp_path, "--nvml-fixture", fixture, "--simulate-if-no-gpu", "2")
+    assert rc == advertise.CHANGED
+    resources = config["node-generic-resources"]
+    assert len(resources) == 2 and all(r.startswith("GPU-simulated-") for r in resources)
+    assert not any(uuid in json.dumps(config) for uuid in K80_UUIDS), "no real GPU of the two"
+    assert "gpu-jupyterhub.simulated=true" in config["labels"]
+    out = capsys.readouterr().out
+    assert f"no NVIDIA GPU usable here ({line}" in out and "advertising SIMULATED GPUs" in out
+
+
+@pytest.mark.parametrize("call", list(FAILURES))
+def test_a_failing_nvml_call_advertises_nothing_when_gpus_are_optional(tmp_path, capsys, call):
+    fail, line = FAILURES[call]
+    assert run(tmp_path, "--nvml-fixture", str(K80X2))[0] == advertise.CHANGED
+    fixture = str(fixture_failing(tmp_path, fail))
+    rc, config = run(tmp_path, "--nvml-fixture", fixture, "--none-if-no-gpu")
+    assert rc == advertise.CHANGED  # the two GPUs advertised before are taken out, GPU 0 too
+    assert config == {}
+    out = capsys.readouterr().out
+    assert f"no NVIDIA GPU usable here ({line}" in out
+    assert "this machine advertises no GPU slices" in out
+
+
+def test_one_lost_gpu_of_four_stops_the_machine_naming_that_gpu(tmp_path):
+    with pytest.raises(SystemExit) as stopped:
+        run(tmp_path, "--nvml-fixture", str(FIXTURES / "h100x4-gpu1-lost.json"))
+    message = str(stopped.value)
+    assert message.startswith(
+        "GPU 1 (PCI 00000000:2A:00.0) failed: GPU is lost; reboot the machine or reset the GPU "
+        "with nvidia-smi -r, then run this again. "
+    )
+    assert "none of its GPUs, not even the working ones" in message
+    assert not (tmp_path / "daemon.json").exists()

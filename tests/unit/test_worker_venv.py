@@ -1,0 +1,238 @@
+"""A GPU machine runs the worker code with the standard library and nvidia-ml-py only.
+
+Without the repository's .venv, worker_setup/setup.sh makes a venv holding nothing but
+nvidia-ml-py and runs the worker code from the checkout. These tests do the same with venvs made
+here (no network: pynvml's single module file is copied in), so an import of jinja2,
+dockerspawner or any other package of the hub's makes them fail; and they read every module and
+every python snippet setup.sh runs for imports that only a fuller environment has.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .nvml_failures import FIXTURES, K80_UUIDS, K80X2
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = REPO / "worker_setup"
+SETUP_SH = WORKER / "setup.sh"
+WORKER_MODULES = sorted(p.stem for p in WORKER.glob("*.py"))
+#: Beyond the standard library, what the worker code may import.
+ALLOWED = {"pynvml", "gpu_swarm_spawner.contract", "worker_setup"}
+#: Packages of the hub's environment that a GPU machine does not have.
+HUB_ONLY = ("jinja2", "traitlets", "jupyterhub", "dockerspawner", "docker")
+
+
+def make_venv(path: Path, with_pynvml: bool) -> Path:
+    """A venv at ``path`` without pip and without system site-packages; its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    if with_pynvml:
+        origin = importlib.util.find_spec("pynvml").origin
+        assert origin.endswith("pynvml.py"), f"pynvml is no longer one file: {origin}"
+        purelib = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        shutil.copy(origin, purelib)
+    return python
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory):
+    """(python with the standard library only, python with nvidia-ml-py only)."""
+    root = tmp_path_factory.mktemp("venvs")
+    return make_venv(root / "stdlib", False), make_venv(root / "nvml", True)
+
+
+def run_in(python: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """``python ARGS`` with the checkout on PYTHONPATH (as setup.sh runs it) and nothing else
+    of this environment: not its PATH, not its venv."""
+    clean = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONNOUSERSITE": "1",
+             "HOME": str(cwd), "LC_ALL": "C.UTF-8"}  # fmt: skip
+    return subprocess.run(
+        [str(python), *args], cwd=cwd, env={**clean, **env},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_the_venvs_hold_nothing_of_the_hubs(venvs, tmp_path):
+    """Else the tests below could not fail."""
+    stdlib, nvml = venvs
+    assert run_in(nvml, "-c", "import pynvml", cwd=tmp_path).returncode == 0
+    assert run_in(stdlib, "-c", "import pynvml", cwd=tmp_path).returncode != 0
+    for name in HUB_ONLY:
+        result = run_in(nvml, "-c", f"import {name}", cwd=tmp_path)
+        assert "ModuleNotFoundError" in result.stderr, f"{name} is importable in the venv"
+
+
+@pytest.mark.parametrize("module", WORKER_MODULES)
+def test_each_worker_module_imports_with_nvidia_ml_py_alone(venvs, tmp_path, module):
+    result = run_in(venvs[1], "-c", f"import worker_setup.{module}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def test_advertise_runs_with_nvidia_ml_py_alone(venvs, tmp_path):
+    daemon_json = tmp_path / "daemon.json"
+    args = ["-m", "worker_setup.advertise", "--daemon-json", str(daemon_json),
+            "--nvidia-runtime", "off"]  # fmt: skip
+    result = run_in(venvs[1], *args, "--nvml-fixture", str(K80X2), cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    config = json.loads(daemon_json.read_text())
+    assert config["node-generic-resources"] == [f"{uuid}=3" for uuid in K80_UUIDS]
+    assert "gpu-jupyterhub.gpu-model=Tesla K80" in config["labels"]
+
+    result = run_in(venvs[1], *args, "--simulate-gpus", "2", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    assert "GPU-simulated-" in result.stdout
+
+    # pynvml's own exception for a lost GPU, in the venv: one line, no traceback
+    lost = str(FIXTURES / "h100x4-gpu1-lost.json")
+    result = run_in(venvs[1], *args, "--nvml-fixture", lost, cwd=tmp_path)
+    assert result.returncode == 1
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("GPU 1 (PCI 00000000:2A:00.0) failed: GPU is lost;")
+
+
+def imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of each absolute import in ``source``; ``from a import b`` gives a.b."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def allowed(module: str, extra: set[str] = ALLOWED) -> bool:
+    top = module.split(".")[0]
+    return (
+        top in sys.stdlib_module_names
+        or top == "__future__"
+        or any(module == a or module.startswith(a + ".") for a in extra)
+    )
+
+
+def test_worker_code_imports_only_the_standard_library_nvml_and_the_contract():
+    """Also the imports inside functions, which the venv runs above may not reach."""
+    wrong = [
+        f"worker_setup/{path.name}:{line}: {module}"
+        for path in sorted(WORKER.glob("*.py"))
+        for line, module in imports(path.read_text())
+        if not allowed(module)
+    ]
+    assert not wrong, "the worker may import only the standard library, pynvml and contract"
+
+
+def setup_sh_python() -> list[str]:
+    """The python setup.sh runs inline: ``python... -c '...'`` and ``python3 - <<'PY'``."""
+    text = SETUP_SH.read_text()
+    snippets = re.findall(r"(?:python\S*|worker_py)\s+-c(?:\s|\\\n)+'([^']*)'", text)
+    for match in re.finditer(r"^(.*)<<'(\w+)'.*\n", text, re.M):
+        if "python" in match.group(1):
+            snippets.append(text[match.end() : text.index(f"\n{match.group(2)}\n", match.end())])
+    return snippets
+
+
+def test_setup_sh_runs_only_standard_library_python_and_the_worker_modules():
+    snippets = setup_sh_python()
+    assert len(snippets) >= 5, snippets  # pynvml probes, daemon.json, image tar, registry, contract
+    wrong = [
+        f"{module} in: {snippet[:60]}"
+        for snippet in snippets
+        for _, module in imports(snippet)
+        if not allowed(module, {"pynvml", "gpu_swarm_spawner.contract"})
+    ]
+    assert not wrong
+    modules = re.findall(r"\s-m\s+([\w.]+)", SETUP_SH.read_text())
+    assert "worker_setup.advertise" in modules
+    assert all(m.startswith("worker_setup.") or allowed(m, set()) for m in modules), modules
+
+
+# setup.sh itself on a machine without the repository's .venv: python3 has the standard library
+# only, the worker python nvidia-ml-py only. Always with --dry-run, and docker, id and everything
+# that could install or start an engine are stand-ins, pid and log files in tmp_path: these
+# tests never reach this machine's Docker engine or packages.
+DOCKER_STUB = """#!/bin/sh
+echo "$*" >>"$(dirname "$0")/docker.log"
+case "$STUB_ENGINE:$1" in
+  up:info) echo gpu-7 ;;
+  up:ps) printf 'jy-alice\\nother_service\\njy-bob--gpu\\n' ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def run_setup_sh(venvs, tmp_path, *args, engine="down"):
+    assert "--dry-run" in args, "only ever a dry run here"
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "docker").write_text(DOCKER_STUB)
+    (stubs / "id").write_text("#!/bin/sh\necho 0\n")
+    for name in ("dockerd", "apt-get", "systemctl", "setsid", "nohup"):
+        (stubs / name).write_text(f"#!/bin/sh\necho '{name} must not run here' >&2\nexit 1\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    (stubs / "python3").symlink_to(venvs[0])
+    env = {
+        "PATH": f"{stubs}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "GPUHUB_CONFIG": "none",
+        "GPUHUB_VENV": str(tmp_path / "no-venv"),
+        "GPUHUB_WORKER_PYTHON": str(venvs[1]),
+        "GPUHUB_DAEMON_JSON": str(tmp_path / "daemon.json"),
+        "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock",
+        "GPUHUB_DOCKERD_CMD": "exit 1",
+        "GPUHUB_DOCKERD_PIDFILE": str(tmp_path / "docker.pid"),
+        "GPUHUB_DOCKERD_LOG": str(tmp_path / "dockerd.log"),
+        "GPUHUB_ENGINE_WAIT": "1",
+        "STUB_ENGINE": engine,
+        # python (3.11+) then leaves the current directory off sys.path: the checkout must
+        # come from setup.sh's PYTHONPATH
+        "PYTHONSAFEPATH": "1",
+    }
+    with socket.socket() as manager:  # the manager's swarm port answers
+        manager.bind(("127.0.0.1", 0))
+        manager.listen()
+        join = ["--manager", f"127.0.0.1:{manager.getsockname()[1]}", "--token", "SWMTKN-1-abc-def"]
+        result = subprocess.run(
+            [str(SETUP_SH), *join, *args], cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    docker_log = stubs / "docker.log"
+    return result, docker_log.read_text() if docker_log.exists() else ""
+
+
+def test_setup_sh_plans_a_join_with_nvidia_ml_py_alone(venvs, tmp_path):
+    result, docker = run_setup_sh(venvs, tmp_path, "--nvml-fixture", str(K80X2), "--dry-run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 GPU(s): 2 Tesla K80 11441 MiB -> 3 slices" in result.stdout
+    assert "dry run: nothing was changed" in result.stdout
+    assert not (tmp_path / "daemon.json").exists()
+    assert not re.search(r"^(swarm join|pull|load)", docker, re.M)
+
+
+def test_setup_sh_stops_before_joining_when_a_gpu_is_lost(venvs, tmp_path):
+    lost = str(FIXTURES / "h100x4-gpu1-lost.json")
+    result, docker = run_setup_sh(venvs, tmp_path, "--nvml-fixture", lost, "--dry-run")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "GPU 1 (PCI 00000000:2A:00.0) failed: GPU is lost;" in result.stderr
+    assert "swarm join" not in docker
+
+
+def test_setup_sh_finds_participants_servers_by_the_contracts_prefix(venvs, tmp_path):
+    result, _ = run_setup_sh(venvs, tmp_path, "--leave", "--dry-run", engine="up")
+    assert result.returncode == 1
+    assert "participants' servers still run here: jy-alice jy-bob--gpu;" in result.stderr
