@@ -24,7 +24,7 @@ from traitlets import (
     validate,
 )
 
-from . import contract, inventory, placement, profiles
+from . import contract, inventory, naming, placement, profiles
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
@@ -60,6 +60,17 @@ def task_address(task: dict, network_name: str) -> str:
             addresses = attachment.get("Addresses") or [""]
             return addresses[0].split("/", 1)[0]
     return ""
+
+
+def with_gpu_slices(generic, kind: str, slices: int) -> list[dict]:
+    """Generic resources to reserve: ``generic`` (as docker-py takes them, ``{kind: value}`` or
+    the Engine API's list of ``{"DiscreteResourceSpec": {"Kind": ..., "Value": ...}}``) plus
+    ``slices`` of the GPU ``kind``, which replace any entry of that kind. The Engine API's list.
+    """
+    # docker-py's own conversion (and checks) of the dict form
+    listed = Resources(generic_resources=generic or [])["Reservations"]["GenericResources"]
+    others = [entry for entry in listed if all(s.get("Kind") != kind for s in entry.values())]
+    return [*others, {"DiscreteResourceSpec": {"Kind": kind, "Value": slices}}]
 
 
 class SliceTaken(RuntimeError):
@@ -260,10 +271,12 @@ class GPUSwarmSpawner(SwarmSpawner):
         True,
         config=True,
         help="""
-        After the container runs, wait until the server accepts connections on its address on
-        the overlay network before handing it to the hub (probes every 0.1 s, at most
+        After the container runs, wait until the server accepts connections where the hub will
+        connect to it (``get_ip_and_port``: the task's address on the overlay network; the
+        service name with ``use_internal_hostname``; ``host_ip`` and the published port with
+        ``use_internal_ip = False``) before handing it to the hub (probes every 0.1 s, at most
         ``http_timeout``). Spawns then finish as soon as the server listens, instead of after
-        the hub's backed-off checks. Turn off only where the hub is not on that network.
+        the hub's backed-off checks. Turn off only where the hub cannot reach that address.
         """,
     )
 
@@ -275,10 +288,39 @@ class GPUSwarmSpawner(SwarmSpawner):
         """,
     )
 
+    pids_limit = Integer(
+        0,
+        config=True,
+        help="""
+        The most processes (and threads) a server may run at once, e.g. ``2048``: a fork bomb
+        or a runaway data loader then stops there instead of exhausting the machine that other
+        participants share. 0: no limit. Needs Docker 20.10 (API 1.41) on the swarm's
+        managers and GPU machines. Leave room for the frameworks: every thread counts, and
+        PyTorch's data loaders start a process per worker.
+        """,
+    )
+
+    @validate("pids_limit")
+    def _validate_pids_limit(self, proposal):
+        if proposal.value < 0:
+            raise TraitError(
+                f"GPUSwarmSpawner.pids_limit must be 0 (no limit) or more, got {proposal.value}; "
+                "write a number of processes such as 2048"
+            )
+        return proposal.value
+
     @default("prefix")
     def _default_prefix(self):
         # services are named jy-<escaped username>[--<server name>]
         return "jy"
+
+    @default("object_name")
+    def _object_name_default(self):
+        """dockerspawner's name (``jy-<escaped user>[--<server>]``) fitted into a Swarm service
+        name: unchanged where it fits (so running servers are found again), else cut and ended
+        with a hash of the whole name (``naming.fit``). dockerspawner calls this again when the
+        image changes."""
+        return naming.service_name(super()._object_name_default())
 
     @default("use_internal_ip")
     def _default_use_internal_ip(self):
@@ -287,8 +329,10 @@ class GPUSwarmSpawner(SwarmSpawner):
 
     @default("extra_endpoint_spec")
     def _default_extra_endpoint_spec(self):
-        # DNS round robin: works without IPVS and is all a single-task service needs
-        return {"mode": "dnsrr"}
+        # DNS round robin: works without IPVS and is all a single-task service needs. A port
+        # published for a hub that does not use internal IPs needs the routing mesh's virtual
+        # IP instead: Swarm refuses ingress ports with dnsrr.
+        return {"mode": "dnsrr"} if self.use_internal_ip else {}
 
     # What the running server holds; persisted in the hub database (get_state/load_state).
     gpu_uuid = Unicode("")
@@ -603,6 +647,8 @@ class GPUSwarmSpawner(SwarmSpawner):
                         self._report(95, "Waiting for JupyterLab to answer")
                         # a server that never listens is left to the hub's own check
                         await asyncio.wait({probe}, timeout=self.http_timeout)
+                        if probe.done():
+                            probe.result()  # a probe that failed (no published port) fails
                     return
                 if loop.time() > deadline:
                     raise TimeoutError(
@@ -612,6 +658,7 @@ class GPUSwarmSpawner(SwarmSpawner):
                 if probe is None:
                     await asyncio.sleep(delay)
                 elif (await asyncio.wait({probe}, timeout=delay))[0]:
+                    probe.result()  # a probe that failed (no published port) fails the start
                     self._report(95, "JupyterLab is answering")
                     return
                 delay = min(delay * 1.5, 2.0)
@@ -620,36 +667,57 @@ class GPUSwarmSpawner(SwarmSpawner):
                 probe.cancel()
 
     async def wait_for_port(self, address: str) -> None:
-        """Until something accepts connections on the server's port (the caller bounds it).
+        """Until the server accepts connections where the hub will connect to it (the caller
+        bounds the wait); ``address`` is the task's address on the network, or "".
 
         The hub's own readiness check backs off up to a second between tries, and its first
         tries come before the service name resolves on the overlay; cheap TCP probes every
-        0.1 s let its first check succeed instead. The probes go to the task's overlay address:
-        a name not yet registered would fall through to the upstream DNS and block a resolver
-        thread for seconds. Before the container exists the address does not answer at all,
-        hence the short connect timeout.
+        0.1 s let its first check succeed instead. They dial what ``get_ip_and_port`` hands the
+        hub (``connect_address``), by default the task's address: a name not yet registered
+        would fall through to the upstream DNS and block a resolver thread for seconds. Before
+        the container exists the address does not answer at all, hence the short connect
+        timeout.
         """
+        host, port = await self.connect_address(address)
         while True:
             try:
-                _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(address or self.service_name, self.port), timeout=0.5
-                )
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=0.5)
             except (OSError, asyncio.TimeoutError):
                 await asyncio.sleep(0.1)
                 continue
             writer.close()
             return
 
-    async def get_ip_and_port(self):
-        """The task's address on the network rather than the service name.
+    async def connect_address(self, task_ip: str) -> tuple[str, int]:
+        """Where the hub connects to the server (dockerspawner's options), given the task's
+        address on the network (or ""):
 
-        Right after a server of the same name stopped, Docker's DNS can go on answering with
-        the old task's address for a while: a participant who restarted within seconds got
-        "server never showed up" after a minute. The address needs no DNS at all.
+        - ``use_internal_hostname`` (dockerspawner turns it on with ``internal_ssl``): the
+          service name, which the server's certificate is made for (``ssl_alt_names``);
+        - ``use_internal_ip`` (the default here): the task's address, or the service name while
+          the task has none. Right after a server of the same name stopped, Docker's DNS can go
+          on answering with the old task's address for a while (a participant who restarted
+          within seconds got "server never showed up" after a minute); the address needs no DNS;
+        - neither: ``host_ip`` and the port Swarm published for the server's port.
         """
-        if self.use_internal_ip and self.task_ip:
-            return self.task_ip, self.port
-        return await super().get_ip_and_port()
+        if self.use_internal_hostname:
+            return self.internal_hostname, self.port
+        if self.use_internal_ip:
+            return task_ip or self.service_name, self.port
+        service = await self.docker("inspect_service", self.object_id or self.service_name)
+        published = (service.get("Endpoint") or {}).get("Ports") or []
+        for entry in published:
+            if entry.get("TargetPort") == self.port and entry.get("PublishedPort"):
+                return self.host_ip, entry["PublishedPort"]
+        raise RuntimeError(
+            f"Service {self.service_name} publishes no port for the server's port {self.port} "
+            f"(published: {published}); with use_internal_ip = False the hub connects to "
+            "host_ip and that published port"
+        )
+
+    async def get_ip_and_port(self):
+        """Where the hub connects to the server: see ``connect_address``."""
+        return await self.connect_address(self.task_ip)
 
     async def poll(self):
         """Running, or why not: a server whose node is gone counts as stopped.
@@ -668,7 +736,8 @@ class GPUSwarmSpawner(SwarmSpawner):
             return f"task {state}: {status.get('Err') or status.get('Message')}"
         address = task_address(task, self.network_name)
         routed = self.server.ip if self.server else ""
-        if address and routed and routed not in (address, self.service_name):
+        by_address = self.use_internal_ip and not self.use_internal_hostname
+        if by_address and address and routed and routed not in (address, self.service_name):
             # Swarm replaced the container (it crashed): the hub's route points at the old one
             return f"the server's container was replaced (now at {address}, routed to {routed})"
         if task.get("NodeID"):
@@ -687,22 +756,24 @@ class GPUSwarmSpawner(SwarmSpawner):
     # ---- what goes into the service ----------------------------------------------------------
 
     def service_resources(self) -> Resources:
-        """CPU/memory limits and reservations, plus this server's slices of its GPU."""
+        """CPU/memory/pids limits and reservations, plus this server's slices of its GPU."""
         configured = self.extra_resources_spec
-        generic = {
-            **(configured.get("generic_resources") or {}),
-            self.gpu_uuid: self.gpu_slices_held,
-        }
-        return Resources(
+        resources = Resources(
             **{
                 "mem_limit": self.mem_limit,
                 "mem_reservation": self.mem_guarantee,
                 "cpu_limit": int(self.cpu_limit * 1e9) if self.cpu_limit else None,
                 "cpu_reservation": int(self.cpu_guarantee * 1e9) if self.cpu_guarantee else None,
                 **configured,
-                "generic_resources": generic,
+                "generic_resources": with_gpu_slices(
+                    configured.get("generic_resources"), self.gpu_uuid, self.gpu_slices_held
+                ),
             }
         )
+        if self.pids_limit:
+            # Engine API 1.41+; docker-py's Resources has no argument for it
+            resources.setdefault("Limits", {})["Pids"] = self.pids_limit
+        return resources
 
     def service_labels_for_server(self) -> dict:
         """Labels of the service: configured ones plus who holds which GPU slices."""
@@ -780,7 +851,8 @@ class GPUSwarmSpawner(SwarmSpawner):
         """Absolute sources are bind mounts; plain names are (labelled) named volumes.
 
         The base class makes every entry of ``volumes`` a bind mount, which cannot express the
-        per-user named volume a home directory needs.
+        per-user named volume a home directory needs. Volume names longer than Docker allows
+        are shortened (``naming.fit``); ``jy-home-<user>`` of every GitHub login fits as it is.
         """
         mounts = []
         for source, vol in self.volume_binds.items():
@@ -791,7 +863,7 @@ class GPUSwarmSpawner(SwarmSpawner):
                 mounts.append(
                     Mount(
                         vol["bind"],
-                        source,
+                        naming.volume_name(source),
                         type="volume",
                         read_only=read_only,
                         labels=dict(self.service_labels),

@@ -12,34 +12,12 @@ from traitlets import TraitError
 from gpu_swarm_spawner import GPUSwarmSpawner, NoGPUSliceAvailable, SpawnFailed
 
 from .clusters import node, task
+from .fake_docker import FakeDockerSpawner, make_fake
 
 
 def make_spawner(**kwargs):
     user = SimpleNamespace(name="alice-smith", id=1, url="/user/alice-smith/")
     return GPUSwarmSpawner(user=user, hub=Hub(), **kwargs)
-
-
-def make_fake(**kwargs):
-    user = SimpleNamespace(name="alice-smith", id=1, url="/user/alice-smith/")
-    return FakeDockerSpawner(user=user, hub=Hub(), created=[], **kwargs)
-
-
-class FakeDockerSpawner(GPUSwarmSpawner):
-    """Answers the Docker calls from canned nodes/tasks and records create_service."""
-
-    nodes: list = []
-    tasks: list = []
-    created: list = []
-
-    async def docker(self, method, *args, **kwargs):
-        if method == "nodes":
-            return self.nodes
-        if method == "tasks":
-            return self.tasks
-        if method == "create_service":
-            self.created.append(kwargs)
-            return {"ID": f"svc{len(self.created)}"}
-        raise AssertionError(f"unexpected Docker call {method}")
 
 
 @pytest.mark.parametrize(
@@ -123,7 +101,6 @@ async def test_a_returning_user_goes_back_to_the_machine_with_their_home():
     spawner.prefer_home_node = False
     spawner.tasks = [task("n2", {"GPU-b0": 2})]
     assert (await spawner.reserve_gpu()).uuid == "GPU-a0"
-    spawner._claim(None)  # claims are shared by the class: leave none for other tests
 
 
 async def test_each_spawn_reserves_only_its_own_gpu():
@@ -246,7 +223,6 @@ async def test_spawns_share_a_recent_read_of_the_swarm():
             reads.append(1)
             return self.nodes, self.tasks
 
-    GPUSwarmSpawner._swarm_read = None
     user = SimpleNamespace(name="u", id=3, url="/user/u/")
     spawner = Counting(user=user, hub=Hub(), inventory_max_age=30)
     spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
