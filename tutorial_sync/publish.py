@@ -10,23 +10,36 @@ A new commit is fetched into a bare cache (outside the share), written into a fr
 directory with its manifest, and the symlink is switched with one ``rename``: a reader sees the
 old tree or the new one, never a mix. Force-pushes, deletions and renames need nothing special
 (every version is a fresh tree); old versions are removed once no reader can need them.
+
+A version holds regular files and folders only. The repository's own symbolic links are never
+written: one pointing inside the repository is published as a copy of what it points to (a hard
+link to the extracted file where the filesystem allows), any other is skipped and listed in the
+manifest's ``skipped`` (see tutorial_sync.links).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import tarfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import git
 
 from . import MANIFEST, versions
+from .links import resolve as resolve_links
 
 VERSIONS = ".versions"
+#: The layout of a published version. 2: links published as copies, never as links. A version in
+#: another format is published again even when its commit is current.
+FORMAT = 2
+_LINK_MODE = "120000"  # git's file mode of a symbolic link
+_MAX_LINK_TEXT = 4096  # PATH_MAX: a longer "link" is no path
 
 
 class SyncError(RuntimeError):
@@ -40,37 +53,82 @@ class Repo:
     name: str
     url: str
     branch: str = "main"
+    poll: bool = True  # False: synced at start and on its push webhooks only
 
     @classmethod
     def parse(cls, text: str) -> Repo:
-        """``NAME=URL[#BRANCH]``, e.g. ``intro=https://github.com/org/intro.git#main``."""
+        """``NAME=URL[#BRANCH[:webhook]]``, e.g. ``intro=https://github.com/org/intro.git#main``.
+
+        ``:webhook`` after the branch (a branch name never holds ``:``): never polled.
+        """
         name, sep, rest = text.partition("=")
         url, _, branch = rest.partition("#")
+        branch, colon, option = branch.partition(":")
         if not sep or not name.strip() or not url.strip():
             raise ValueError(f"cannot read {text!r}; write NAME=URL or NAME=URL#BRANCH")
         if "/" in name or name.startswith("."):
             raise ValueError(f"repository name {name!r} must be a plain directory name")
-        return cls(name.strip(), url.strip(), branch.strip() or "main")
+        if colon and option.strip() != "webhook":
+            raise ValueError(
+                f"cannot read {text!r}: after the branch only :webhook may follow "
+                "(e.g. NAME=URL#main:webhook, never polled)"
+            )
+        return cls(name.strip(), url.strip(), branch.strip() or "main", poll=not colon)
+
+
+def _first_reason(stderr: str) -> str:
+    """git's own reason, one line: its first ``fatal:``/``error:`` line (else its first)."""
+    lines = [x.strip().removeprefix("stderr: ").strip("'") for x in stderr.splitlines()]
+    lines = [x for x in lines if x]
+    return next((x for x in lines if x.startswith(("fatal:", "error:"))), lines[0] if lines else "")
 
 
 def _git_reason(error: git.GitCommandError) -> str:
-    """git's own reason, one line: its first ``fatal:``/``error:`` line."""
-    lines = [x.strip().removeprefix("stderr: ").strip("'") for x in str(error.stderr).splitlines()]
-    reasons = [x for x in lines if x.startswith(("fatal:", "error:"))] or [x for x in lines if x]
-    return reasons[0] if reasons else str(error).replace("\n", " ")
+    return _first_reason(str(error.stderr)) or str(error).replace("\n", " ")
 
 
-def _inside(archive: tarfile.TarFile):
-    """The archive's members, refusing any that would land outside the target directory
-    (what tarfile's "data" filter does on Pythons that have it)."""
+def regular_members(archive: tarfile.TarFile):
+    """The archive's regular files and folders, refusing a member whose name would land outside
+    the target folder.
+
+    Links (symbolic or hard), devices and fifos are never extracted: what a repository's links
+    point to is published from the tree (tutorial_sync.links), so no member can be written
+    through a link. Used on every Python; tarfile's "data" filter is added where the Python has
+    one (3.11.4 and later), which older ones (the range this project supports starts at 3.9) lack.
+    """
     for member in archive:
-        parts = Path(member.name).parts
-        link = Path(member.linkname).parts if member.issym() or member.islnk() else ()
-        if member.name.startswith("/") or ".." in parts or link[:1] == ("/",) or ".." in link:
-            raise SyncError(f"refusing {member.name!r} from the repository: it points outside")
-        if not (member.isfile() or member.isdir() or member.issym()):
-            continue  # devices, fifos: never in a tutorial
-        yield member
+        name = PurePosixPath(member.name)
+        if name.is_absolute() or ".." in name.parts:
+            raise SyncError(
+                f"refusing {member.name!r} from the repository: it would land outside it; "
+                "remove it from the branch's history (git fsck names such trees)"
+            )
+        if member.isfile() or member.isdir():
+            yield member
+
+
+def extract_regular(stream, target: Path) -> None:
+    """The regular files and folders of the tar ``stream`` into ``target`` (regular_members)."""
+    data_filter = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    with tarfile.open(fileobj=stream, mode="r|") as archive:
+        archive.extractall(target, members=regular_members(archive), **data_filter)
+
+
+def _copy_inside(root: Path, source: str, copy: str) -> None:
+    """The extracted file ``source`` under ``root`` also at ``copy``: a hard link, or a copy
+    where the filesystem has none. Nothing under ``root`` is a symbolic link (regular_members),
+    so neither path leads outside it."""
+    original, target = root / source, root / copy
+    if not stat.S_ISREG(os.lstat(original).st_mode):
+        raise OSError(errno.EINVAL, f"{source} is not a regular file")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(original, target, follow_symlinks=False)
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        with original.open("rb") as src, target.open("xb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
 
 
 class Publisher:
@@ -117,7 +175,7 @@ class Publisher:
         """Publish the branch's newest commit; False when it is already published."""
         cached, commit = self.fetch(repo)
         current = self.published(repo.name)
-        if current and current.get("commit") == commit:
+        if current and current.get("commit") == commit and current.get("format") == FORMAT:
             return False
         self.publish(repo, cached, commit)
         self.prune(repo.name)
@@ -132,14 +190,18 @@ class Publisher:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
+            files, links = self._tree(cached, commit)
             self._extract(cached, commit, tmp)
+            files, skipped = self._publish_links(cached, tmp, files, links)
             manifest = {
+                "format": FORMAT,
                 "repo": repo.name,
                 "url": repo.url,
                 "branch": repo.branch,
                 "commit": commit,
                 "published_at": now,
-                "files": self._blob_ids(cached, commit),
+                "files": files,
+                "skipped": skipped,
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
             tmp.rename(final)
@@ -159,29 +221,70 @@ class Publisher:
 
     @staticmethod
     def _extract(cached: git.Repo, commit: str, target: Path) -> None:
-        """The commit's tree into ``target`` (streamed: data files of a GB are fine)."""
-        process = cached.git.archive("--format=tar", commit, as_process=True)
+        """The commit's regular files into ``target`` (streamed: data files of a GB are fine)."""
+        running = cached.git.archive("--format=tar", commit, as_process=True)
+        process = running.proc  # (``running`` terminates it when it is garbage: keep it)
         try:
-            with tarfile.open(fileobj=process.stdout, mode="r|") as archive:
-                if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
-                    archive.extractall(target, filter="data")
-                else:
-                    archive.extractall(target, members=_inside(archive))
-        finally:
+            extract_regular(process.stdout, target)
+            process.stdout.read()  # tar's padding: let git finish writing
+        except BaseException as e:
+            if process.poll() is None:
+                process.kill()  # else it waits forever to write what nobody reads
             process.wait()
+            reason = _first_reason(process.stderr.read().decode(errors="replace"))
+            if process.returncode > 0 and reason:
+                raise SyncError(f"git archive {commit[:12]} failed: {reason}") from None
+            if isinstance(e, tarfile.TarError):
+                raise SyncError(f"git archive {commit[:12]} gave an unreadable tar: {e}") from None
+            raise
+        if process.wait():
+            reason = _first_reason(process.stderr.read().decode(errors="replace"))
+            raise SyncError(f"git archive {commit[:12]} failed: {reason}")
 
     @staticmethod
-    def _blob_ids(cached: git.Repo, commit: str) -> dict[str, str]:
-        """``{path: git blob id}`` of every file: what readers compare to detect changes."""
-        files = {}
+    def _tree(cached: git.Repo, commit: str) -> tuple[dict[str, str], dict[str, str]]:
+        """``{path: git blob id}`` of the commit's regular files, and of its symbolic links
+        (whose blob is the link's text); submodules are left out, as ``git archive`` does."""
+        files, links = {}, {}
         for line in cached.git.ls_tree("-r", "-z", commit).split("\0"):
             if not line:
                 continue
             meta, path = line.split("\t", 1)
-            _mode, kind, blob = meta.split()
+            mode, kind, blob = meta.split()
+            if path.startswith("/") or ".." in path.split("/"):
+                raise SyncError(
+                    f"refusing {path!r} from the repository: it would land outside it; "
+                    "remove it from the branch's history (git fsck names such trees)"
+                )
             if kind == "blob":
-                files[path] = blob
-        return files
+                (links if mode == _LINK_MODE else files)[path] = blob
+        return files, links
+
+    @staticmethod
+    def _publish_links(
+        cached: git.Repo, root: Path, files: dict[str, str], links: dict[str, str]
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """Copies of what the links point to inside the repository; the manifest's ``files``
+        (``{path: blob id}``, copies included) and ``skipped`` (``{path: why}``)."""
+        texts, skipped = {}, {}
+        for path, blob in links.items():
+            info = cached.odb.info(bytes.fromhex(blob))
+            if info.size > _MAX_LINK_TEXT:
+                skipped[path] = f"is no path: its text has {info.size} bytes"
+                continue
+            text = cached.odb.stream(bytes.fromhex(blob)).read()
+            texts[path] = text.decode("utf-8", "surrogateescape")
+        plan = resolve_links(files, texts)
+        published = dict(files)
+        skipped.update(plan.skipped)
+        for copy, source in sorted(plan.copies.items()):
+            try:
+                _copy_inside(root, source, copy)
+            except OSError as e:
+                skipped[copy] = f"points to {source}, which could not be copied: {e.strerror or e}"
+            else:
+                published[copy] = files[source]
+        return published, dict(sorted(skipped.items()))
 
     def prune(self, name: str) -> list[str]:
         """Delete versions no reader can still need (see tutorial_sync.versions)."""

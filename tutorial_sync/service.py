@@ -4,9 +4,10 @@
         [--cache DIR] [--interval 30] [--port 8090] [--webhook-secret-file FILE]
 
 Endpoints: ``POST /webhook`` (GitHub push events; ``X-Hub-Signature-256`` required),
-``GET /status`` (JSON: per repository the published commit, last sync, last error),
-``GET /healthz``. Each repository syncs at start, then every ``--interval`` seconds, and at once
-when a push for it arrives. One failing repository never stops the others.
+``GET /status`` (JSON: per repository the published commit, last sync, last error, links not
+published), ``GET /healthz``. Each repository syncs at start, then every ``--interval`` seconds
+(unless it is ``:webhook`` only), and at once when a push for it arrives. One failing repository
+never stops the others.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class RepoStatus:
     last_error: str = ""
     last_error_at: float = 0.0
     syncs: int = 0  # versions published since the service started
+    polled: bool = True  # False: synced at start and on its webhooks only
+    skipped: dict = field(default_factory=dict)  # {path: why} of links not published
 
 
 @dataclass
@@ -52,12 +55,17 @@ class SyncService:
 
     def __post_init__(self):
         self._locks = {r.name: asyncio.Lock() for r in self.repos}
+        self._tasks: set[asyncio.Future] = set()  # webhook syncs under way
         for repo in self.repos:
-            self.status[repo.name] = RepoStatus(repo.name, repo.url, repo.branch)
+            self.status[repo.name] = RepoStatus(repo.name, repo.url, repo.branch, polled=repo.poll)
             published = self.publisher.published(repo.name)
             if published:
-                self.status[repo.name].commit = published["commit"]
-                self.status[repo.name].published_at = published["published_at"]
+                self._show(self.status[repo.name], published)
+
+    @staticmethod
+    def _show(status: RepoStatus, published: dict) -> None:
+        status.commit, status.published_at = published["commit"], published["published_at"]
+        status.skipped = published.get("skipped", {})
 
     async def sync(self, repo: Repo, reason: str) -> None:
         """Sync one repository (never two syncs of one at once); errors go into its status."""
@@ -75,29 +83,44 @@ class SyncService:
                 return
             status.last_sync, status.last_error = time.time(), ""
             if changed:
-                published = self.publisher.published(repo.name)
-                status.commit, status.published_at = published["commit"], published["published_at"]
+                self._show(status, self.publisher.published(repo.name))
                 status.syncs += 1
                 log.info("%s: published %s (%s)", repo.name, status.commit[:12], reason)
+                for path, why in sorted(status.skipped.items()):
+                    log.warning(
+                        "%s: link %s not published: it %s (a link is published, as a copy, "
+                        "only when it points to a file or folder inside the repository)",
+                        repo.name,
+                        path,
+                        why,
+                    )
 
-    async def sync_all(self, reason: str) -> None:
-        await asyncio.gather(*(self.sync(r, reason) for r in self.repos))
+    def sync_soon(self, repo: Repo, reason: str) -> None:
+        """Start syncing ``repo`` without waiting for it."""
+        task = asyncio.ensure_future(self.sync(repo, reason))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def sync_all(self, reason: str, repos: list[Repo] | None = None) -> None:
+        await asyncio.gather(
+            *(self.sync(r, reason) for r in (self.repos if repos is None else repos))
+        )
 
     async def poll_forever(self) -> None:
-        """Sync at start, then every ``interval`` seconds."""
+        """Sync every repository at start, then the polled ones every ``interval`` seconds."""
+        reason, repos = "start", self.repos
         while True:
             started = time.monotonic()
-            await self.sync_all("poll")
+            await self.sync_all(reason, repos)
+            reason, repos = "poll", [r for r in self.repos if r.poll]
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
-    def repos_for_push(self, payload: dict) -> list[Repo]:
+    def repos_for_push(self, push: webhook.Push) -> list[Repo]:
         """The configured repositories a push event is about (its repository and branch)."""
-        names = webhook.repository_names(payload)
-        branch = webhook.pushed_branch(payload)
         return [
             r
             for r in self.repos
-            if r.branch == branch and webhook.normalise_url(r.url).lower() in names
+            if r.branch == push.branch and webhook.normalise_url(r.url).lower() in push.names
         ]
 
 
@@ -113,35 +136,69 @@ class HealthHandler(web.RequestHandler):
         self.write("ok\n")
 
 
+@web.stream_request_body
 class WebhookHandler(web.RequestHandler):
-    async def post(self):
+    """GitHub's push webhook. The body is taken in pieces and refused (413) once it passes
+    GitHub's cap, before any signature work; a delivery counts as seen once it was handled."""
+
+    def prepare(self):
+        self._pieces: list[bytes] = []
+        self._size, self._refused = 0, False
+        if webhook.too_large(self.request.headers.get("Content-Length")):
+            self._refuse_too_large()
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._refused:
+            return
+        self._size += len(chunk)
+        if self._size > webhook.MAX_PAYLOAD:
+            self._refuse_too_large()
+            return
+        self._pieces.append(chunk)
+
+    def _refuse_too_large(self) -> None:
+        """Answer 413 now; the connection closes without reading the rest of the body."""
+        self._refused, self._pieces = True, []
+        self._refuse(413, "the body is larger than GitHub's 25 MB payload cap")
+
+    def _refuse(self, code: int, reason: str) -> None:
+        delivery = self.request.headers.get(webhook.DELIVERY_HEADER) or "(no id)"
+        log.warning(
+            "webhook delivery %s from %s refused (%d): %s",
+            delivery,
+            self.request.remote_ip,
+            code,
+            reason,
+        )
+        self.set_status(code, reason=reason)
+        self.finish({"ok": False, "error": reason})
+
+    def post(self):
+        if self._refused:
+            return
         service: SyncService = self.settings["service"]
-        headers, body = self.request.headers, self.request.body
+        headers, body = self.request.headers, b"".join(self._pieces)
         delivery = headers.get(webhook.DELIVERY_HEADER, "")
         if not webhook.signature_is_valid(
             service.webhook_secret, body, headers.get(webhook.SIGNATURE_HEADER)
         ):
-            log.warning(
-                "webhook delivery %s from %s refused: %s signature",
-                delivery or "(no id)",
-                self.request.remote_ip,
-                "bad" if headers.get(webhook.SIGNATURE_HEADER) else "missing",
-            )
-            raise web.HTTPError(401, reason="bad or missing X-Hub-Signature-256")
+            given = "a bad" if headers.get(webhook.SIGNATURE_HEADER) else "no"
+            return self._refuse(401, f"{given} X-Hub-Signature-256; check the webhook's secret")
         event = headers.get(webhook.EVENT_HEADER, "push")
         if event == "ping":
             return self.finish({"ok": True, "event": "ping"})
         if event != "push":
             return self.finish({"ok": True, "ignored": event})
-        if not service.deliveries.first_time(delivery):
+        if service.deliveries.seen(delivery):
             return self.finish({"ok": True, "duplicate": delivery})
         try:
-            payload = json.loads(body)
-        except ValueError:
-            raise web.HTTPError(400, reason="the body is not JSON") from None
-        repos = service.repos_for_push(payload)
+            push = webhook.parse_push(body)
+        except webhook.Malformed as e:
+            return self._refuse(400, str(e))
+        repos = service.repos_for_push(push)
         for repo in repos:
-            asyncio.ensure_future(service.sync(repo, f"webhook {delivery}"))
+            service.sync_soon(repo, f"webhook {delivery}")
+        service.deliveries.handled(delivery)
         self.set_status(202)
         self.finish({"ok": True, "syncing": [r.name for r in repos]})
 
@@ -164,8 +221,9 @@ def parse_args(argv=None):
         "--repo",
         action="append",
         default=[],
-        metavar="NAME=URL[#BRANCH]",
-        help="a repository to publish (default: $GPUHUB_TUTORIAL_REPOS, space-separated)",
+        metavar="NAME=URL[#BRANCH[:webhook]]",
+        help="a repository to publish; :webhook: never polled, synced at start and on its "
+        "push webhooks only (default: $GPUHUB_TUTORIAL_REPOS, space-separated)",
     )
     parser.add_argument("--root", required=True, help="the share: where tutorials are published")
     parser.add_argument("--cache", default="", help="git cache (default: <root>/../tutorial-cache)")

@@ -8,6 +8,10 @@ image's ``start-singleuser``). The share is read-only; each repository on it is 
 so a publish during the copy cannot mix two versions. The rules are in tutorial_sync.merge;
 what was copied is recorded (git blob ids, with size and mtime to skip re-hashing unchanged
 files) in ``~/.local/share/gpu-jupyterhub/tutorials.json``, so "modified" is known without git.
+
+Only regular files are copied, and never through a symbolic link on the share (the publisher
+writes none; a share written otherwise has its links skipped). One file that cannot be copied
+is reported and tried again at the next start; it never stops the others, nor the server.
 Only the standard library is used.
 """
 
@@ -18,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import time
 from pathlib import Path, PurePosixPath
@@ -25,6 +30,32 @@ from pathlib import Path, PurePosixPath
 from . import MANIFEST, merge
 
 NOTICE = "UPDATED-TUTORIALS.md"
+FAILED = "failed"  # the count of files that could not be written (reported, retried next start)
+# what the home holds at a tutorial file's path when it is not a readable regular file: never a
+# blob id, so the merge rules treat it as the participant's own (never overwritten)
+NOT_A_FILE, UNREADABLE = "(not a regular file)", "(unreadable)"
+
+
+class Refused(OSError):
+    """A published file the hook will not read (a link, or not a regular file)."""
+
+
+def open_published(source: Path):
+    """``source`` opened for reading, refusing anything but a regular file reached without a
+    symbolic link (``source`` is a resolved repository directory and a clean relative path, so
+    any link on the way makes its real path differ)."""
+    if os.path.realpath(source) != str(source):
+        raise Refused(f"{source} is (or is inside) a symbolic link on the share; not followed")
+    f = open(os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb")  # noqa: SIM115
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise Refused(f"{source} is not a regular file on the share")
+    return f
+
+
+def clean(path: str) -> bool:
+    """True for a plain relative path (``a/b.ipynb``): no ``..``, ``.``, empty or leading ``/``."""
+    return bool(path) and all(part not in ("", ".", "..") for part in path.split("/"))
 
 
 def blob_id(path: Path) -> str:
@@ -36,26 +67,41 @@ def blob_id(path: Path) -> str:
     return digest.hexdigest()
 
 
-def published(share: Path) -> tuple[dict[str, str], dict[str, Path]]:
-    """``{path: blob}`` over every repository on the share, and where each file is read from.
+def published(share: Path) -> tuple[dict[str, str], dict[str, Path], list[str]]:
+    """``{path: blob}`` over every repository on the share, where each file is read from, and
+    what was left out (one line each).
 
     Paths are ``<repository>/<file>``; each repository's directory is resolved once.
     """
-    upstream, sources = {}, {}
-    if not share.is_dir():
-        return upstream, sources
-    for entry in sorted(share.iterdir()):
+    upstream, sources, skipped = {}, {}, []
+    try:
+        entries = sorted(share.iterdir()) if share.is_dir() else []
+        root = share.resolve()
+    except OSError as e:
+        return upstream, sources, [f"{share}: cannot be read ({e.strerror})"]
+    for entry in entries:
         if entry.name.startswith("."):
             continue
-        real = entry.resolve()
         try:
-            manifest = json.loads((real / MANIFEST).read_text())
-        except (OSError, ValueError):
+            real = entry.resolve()
+        except (OSError, RuntimeError):  # a loop of links (RuntimeError before Python 3.13)
+            skipped.append(f"{entry.name}: a loop of symbolic links; not a published repository")
+            continue
+        if root not in real.parents:
+            skipped.append(f"{entry.name}: points outside {share}; not a published repository")
+            continue
+        try:
+            files = json.loads((real / MANIFEST).read_text())["files"]
+            items = [(p, b) for p, b in files.items() if isinstance(p, str) and isinstance(b, str)]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # not a published repository
-        for path, blob in manifest["files"].items():
+        for path, blob in items:
             key = f"{entry.name}/{path}"
+            if not clean(path):
+                skipped.append(f"{key}: not a plain relative path")
+                continue
             upstream[key], sources[key] = blob, real / path
-    return upstream, sources
+    return upstream, sources, skipped
 
 
 class Home:
@@ -64,8 +110,13 @@ class Home:
     def __init__(self, root: Path, state: Path):
         self.root, self.state = root, state
         try:
-            self.files = json.loads(state.read_text())["files"]
-        except (OSError, ValueError, KeyError):
+            files = json.loads(state.read_text())["files"]
+            self.files = {
+                p: e
+                for p, e in files.items()
+                if isinstance(e, dict) and isinstance(e.get("blob"), str)
+            }
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             self.files = {}
 
     def recorded(self) -> dict[str, str]:
@@ -76,20 +127,40 @@ class Home:
         found = {}
         for path in paths:
             target = self.root / path
-            if not target.is_file():
+            try:
+                st = target.lstat()
+            except (FileNotFoundError, NotADirectoryError):
                 continue
-            st, entry = target.stat(), self.files.get(path)
-            if entry and entry["size"] == st.st_size and entry["mtime_ns"] == st.st_mtime_ns:
+            except OSError:
+                found[path] = UNREADABLE
+                continue
+            entry = self.files.get(path)
+            if not stat.S_ISREG(st.st_mode):
+                found[path] = NOT_A_FILE  # the participant's folder or link: theirs
+            elif (
+                entry
+                and entry.get("size") == st.st_size
+                and entry.get("mtime_ns") == st.st_mtime_ns
+            ):
                 found[path] = entry["blob"]  # untouched since written: no need to hash
             else:
-                found[path] = blob_id(target)
+                try:
+                    found[path] = blob_id(target)
+                except OSError:
+                    found[path] = UNREADABLE
         return found
 
     def write(self, path: str, source: Path) -> None:
+        """A copy of the published file ``source`` at ``path``, replacing what is there."""
+        with open_published(source) as src:
+            self.write_from(path, src)
+
+    def write_from(self, path: str, src) -> None:
         target = self.root / path
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tutorial-tmp")
-        shutil.copyfile(source, tmp)
+        with tmp.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
         tmp.replace(target)
 
     def remember(self, record: dict[str, str]) -> None:
@@ -98,11 +169,14 @@ class Home:
         for path, blob in record.items():
             target, old = self.root / path, self.files.get(path, {})
             entry = {"blob": blob, "size": -1, "mtime_ns": -1}
-            if target.is_file():
-                st = target.stat()
-                same = old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
-                if (same and old.get("blob") == blob) or blob_id(target) == blob:
-                    entry.update(size=st.st_size, mtime_ns=st.st_mtime_ns)
+            try:
+                st = target.lstat()
+                if stat.S_ISREG(st.st_mode):
+                    same = old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
+                    if (same and old.get("blob") == blob) or blob_id(target) == blob:
+                        entry.update(size=st.st_size, mtime_ns=st.st_mtime_ns)
+            except OSError:
+                pass  # absent or unreadable: hashed again next time
             files[path] = entry
         self.files = files
         self.state.parent.mkdir(parents=True, exist_ok=True)
@@ -126,21 +200,32 @@ def write_notice(root: Path, beside: list[tuple[str, str]]) -> None:
 
 
 def sync(share: Path, home: Home) -> dict[str, int]:
-    upstream, sources = published(share)
-    actions, record = merge.plan(
-        upstream, home.recorded(), home.current(set(upstream) | set(home.files))
-    )
+    """Bring the share into the home; the count of each action (and of files that failed)."""
+    upstream, sources, skipped = published(share)
+    for line in skipped:
+        print(f"tutorials: skipped {line}", file=sys.stderr)
+    recorded = home.recorded()
+    actions, record = merge.plan(upstream, recorded, home.current(set(upstream) | set(home.files)))
     counts, beside = {}, []
     for action in actions:
+        try:
+            if action.kind in (merge.COPY, merge.UPDATE):
+                home.write(action.path, sources[action.path])
+            elif action.kind == merge.BESIDE:
+                new = merge.beside_name(action.path, action.blob)
+                home.write(new, sources[action.path])
+                beside.append((action.path, new))
+            elif action.kind == merge.REMOVE:
+                (home.root / action.path).unlink(missing_ok=True)
+        except (OSError, ValueError) as e:
+            print(f"tutorials: could not {action.kind} {action.path}: {e}", file=sys.stderr)
+            counts[FAILED] = counts.get(FAILED, 0) + 1
+            # as if this start had not touched it: the next start tries again
+            record.pop(action.path, None)
+            if action.path in recorded:
+                record[action.path] = recorded[action.path]
+            continue
         counts[action.kind] = counts.get(action.kind, 0) + 1
-        if action.kind in (merge.COPY, merge.UPDATE):
-            home.write(action.path, sources[action.path])
-        elif action.kind == merge.BESIDE:
-            new = merge.beside_name(action.path, action.blob)
-            home.write(new, sources[action.path])
-            beside.append((action.path, new))
-        elif action.kind == merge.REMOVE:
-            (home.root / action.path).unlink(missing_ok=True)
     home.remember(record)
     write_notice(home.root, beside)
     return counts
@@ -148,16 +233,17 @@ def sync(share: Path, home: Home) -> dict[str, int]:
 
 def reset(share: Path, home: Home, paths: list[str]) -> list[str]:
     """Pristine copies of ``paths`` (all when empty); changed ones are kept as .mine-<time>."""
-    upstream, sources = published(share)
+    upstream, sources, _ = published(share)
     wanted = [str(PurePosixPath(p)) for p in paths]
     actions = merge.reset_plan(upstream, home.current(upstream), wanted)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for action in actions:
         target = home.root / action.path
-        if target.exists():
-            p = PurePosixPath(action.path)
-            target.rename(home.root / p.with_name(f"{p.stem}.mine-{stamp}{p.suffix}"))
-        home.write(action.path, sources[action.path])
+        with open_published(sources[action.path]) as src:  # before moving the participant's
+            if target.exists() or target.is_symlink():
+                p = PurePosixPath(action.path)
+                target.rename(home.root / p.with_name(f"{p.stem}.mine-{stamp}{p.suffix}"))
+            home.write_from(action.path, src)
     home.remember({**home.recorded(), **{a.path: a.blob for a in actions}})
     return [a.path for a in actions]
 
@@ -176,7 +262,7 @@ def main(argv=None) -> int:
     if args.reset is not None:
         try:
             restored = reset(share, home, args.reset)
-        except ValueError as e:
+        except (OSError, ValueError) as e:
             print(f"tutorials-reset: {e}", file=sys.stderr)
             return 1
         print(f"tutorials-reset: restored {len(restored)} file(s): {', '.join(restored) or '-'}")

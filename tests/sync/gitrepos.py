@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -57,6 +58,12 @@ class Author:
             content = content.encode()
         target.write_bytes(content)
 
+    def link(self, path: str, target: str) -> None:
+        """A symbolic link at ``path`` whose text is ``target`` (committed as a link)."""
+        where = self.work / path
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.symlink_to(target)
+
     def commit_and_push(self, message: str, force: bool = False) -> str:
         self.git("add", "-A")
         self.git("commit", "-q", "--allow-empty", "-m", message)
@@ -86,3 +93,76 @@ class ServedRemote:
         self.daemon.terminate()
         self.daemon.wait(10)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+# ---- a repository with symbolic links of every kind ---------------------------------------------
+
+SECRET = "outside the repository: never published"
+
+
+def make_outside(tmp: Path) -> Path:
+    """``tmp/outside/secret.txt``: what a link followed out of the repository would reach."""
+    folder = tmp / "outside"
+    folder.mkdir()
+    (folder / "secret.txt").write_text(SECRET)
+    return folder
+
+
+def add_every_kind_of_link(author: Author, outside: Path) -> None:
+    """Files, and links of every kind; ``outside`` (a folder beside the share, holding
+    secret.txt) is what a followed link would reach."""
+    author.write("notebooks/01.ipynb", '{"cells": ["one"]}')
+    author.write("data/table.csv", "a,b\n")
+    author.write("data/sub/deep.csv", "deep\n")
+    author.link("alias.ipynb", "notebooks/01.ipynb")
+    author.link("chain.ipynb", "alias.ipynb")
+    author.link("notebooks/data", "../data")
+    author.link("via-folder.csv", "notebooks/data/table.csv")
+    author.link("dangling.ipynb", "nowhere.ipynb")
+    author.link("passwd", "/etc/passwd")
+    author.link("secret-absolute.txt", str(outside / "secret.txt"))
+    author.link("outside-folder", str(outside))
+    # from <share>/.versions/<name>/<version>/ four levels up is the test's tmp_path
+    author.link("climb-from-share.txt", f"../../../../{outside.name}/secret.txt")
+    author.link("climb-from-clone.txt", f"../../{outside.name}/secret.txt")
+    author.link("climb-folder", f"../../../../{outside.name}")
+    author.link("loop-a", "loop-b")
+    author.link("loop-b", "loop-a")
+    author.link("everything", ".")
+    author.link("data/sub/up", "..")
+
+
+INSIDE = {  # path -> the file it holds
+    "notebooks/01.ipynb": "notebooks/01.ipynb",
+    "data/table.csv": "data/table.csv",
+    "data/sub/deep.csv": "data/sub/deep.csv",
+    "alias.ipynb": "notebooks/01.ipynb",
+    "chain.ipynb": "notebooks/01.ipynb",
+    "notebooks/data/table.csv": "data/table.csv",
+    "notebooks/data/sub/deep.csv": "data/sub/deep.csv",
+    "via-folder.csv": "data/table.csv",
+}
+SKIPPED = {
+    "dangling.ipynb": "dangling",
+    "passwd": "outside the repository (/etc/passwd)",
+    "secret-absolute.txt": "outside the repository",
+    "outside-folder": "outside the repository",
+    "climb-from-share.txt": "outside the repository",
+    "climb-from-clone.txt": "outside the repository",
+    "climb-folder": "outside the repository",
+    "loop-a": "loop of links",
+    "loop-b": "loop of links",
+    "everything": "a folder holding the link itself",
+    "data/sub/up": "a folder holding the link itself",
+    "notebooks/data/sub/up": "a folder holding the link itself",
+}
+
+
+def every_entry(folder: Path) -> dict[str, os.stat_result]:
+    """lstat of everything under ``folder``, links not followed."""
+    found = {}
+    for top, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = Path(top, name)
+            found[str(path.relative_to(folder))] = path.lstat()
+    return found

@@ -84,14 +84,33 @@ async def test_a_signed_push_publishes_at_once(service, author):
     assert again.code == 200 and json.loads(again.body)["duplicate"] == "d-1"
 
 
+def count_syncs_started(service, monkeypatch) -> list[str]:
+    """The names of the repositories whose sync the service starts from now on."""
+    started, sync = [], service.sync
+
+    def counted(repo, reason):
+        started.append(repo.name)
+        return sync(repo, reason)
+
+    monkeypatch.setattr(service, "sync", counted)
+    return started
+
+
 @pytest.mark.parametrize("signature", [None, "sha256=" + "0" * 64, "sha1=abc"])
-async def test_unsigned_or_badly_signed_deliveries_are_refused(service, author, signature, caplog):
+async def test_unsigned_or_badly_signed_deliveries_are_refused(
+    service, author, signature, caplog, monkeypatch
+):
+    started = count_syncs_started(service, monkeypatch)
     body = push_payload(author)
     with caplog.at_level(logging.WARNING, "tutorial_sync"):
         r = await post_webhook(service, body, signature)
     assert r.code == 401
     assert "refused" in caplog.text
-    assert service.status["intro"].syncs == 0
+    assert started == [], "no sync was started (a webhook sync starts before the answer)"
+    # the same delivery, signed: in this very setup a sync starts, and is counted
+    r = await post_webhook(service, body, webhook.signature(SECRET, body))
+    assert r.code == 202 and started == ["intro"]
+    await wait_for(lambda: service.status["intro"].syncs == 1)
 
 
 async def test_ping_is_answered(service):
@@ -139,3 +158,157 @@ def test_bad_command_lines_say_what_to_fix(argv, says, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert says in capsys.readouterr().err
+
+
+# ---- bodies of an unexpected shape, redeliveries, the size cap -----------------------------------
+
+ODD_BODIES = {
+    "an array": b"[]",
+    "repository as a string": b'{"ref": "refs/heads/main", "repository": "x/y"}',
+    "no ref": b'{"repository": {"full_name": "x/y"}}',
+    "no repository": b'{"ref": "refs/heads/main"}',
+    "an empty object": b"{}",
+    "not JSON": b"payload=%7B%7D",
+    "not UTF-8": b'{"ref": "\xff"}',
+    "nested too deeply": b"[" * 100_000,
+}
+
+
+@pytest.mark.parametrize("body", ODD_BODIES.values(), ids=ODD_BODIES.keys())
+async def test_a_malformed_push_is_refused_and_its_redelivery_handled(
+    service, author, body, caplog
+):
+    with caplog.at_level(logging.WARNING, "tutorial_sync"):
+        r = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="odd")
+    assert r.code == 400, r.body
+    reason = json.loads(r.body)["error"]
+    assert reason == webhook_reason(body) and reason in caplog.text
+    assert service.status["intro"].commit == ""
+    # GitHub's redelivery of the same delivery id (here with the body fixed) is handled
+    good = push_payload(author)
+    again = await post_webhook(service, good, webhook.signature(SECRET, good), delivery="odd")
+    assert again.code == 202 and json.loads(again.body)["syncing"] == ["intro"]
+    await wait_for(lambda: service.status["intro"].commit == author.git("rev-parse", "HEAD"))
+
+
+def webhook_reason(body: bytes) -> str:
+    with pytest.raises(webhook.Malformed) as malformed:
+        webhook.parse_push(body)
+    return str(malformed.value)
+
+
+async def test_a_delivery_that_failed_is_handled_when_redelivered(service, author, monkeypatch):
+    real, calls = service.repos_for_push, []
+
+    def fails_once(push):
+        calls.append(push)
+        if len(calls) == 1:
+            raise RuntimeError("a passing failure")
+        return real(push)
+
+    monkeypatch.setattr(service, "repos_for_push", fails_once)
+    body = push_payload(author)
+    first = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-9")
+    assert first.code == 500
+    again = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-9")
+    assert again.code == 202, "not answered as a duplicate: it was never handled"
+    await wait_for(lambda: service.status["intro"].commit == author.git("rev-parse", "HEAD"))
+    third = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-9")
+    assert json.loads(third.body) == {"ok": True, "duplicate": "d-9"}
+
+
+def count_hmacs(monkeypatch) -> list[int]:
+    """Count the HMACs the service computes (webhook.signature, which the check calls)."""
+    counted, signature = [], webhook.signature
+
+    def counting(secret, body):
+        counted.append(len(body))
+        return signature(secret, body)
+
+    monkeypatch.setattr(webhook, "signature", counting)
+    return counted
+
+
+async def raw_post(svc, head: dict[str, str], parts=()) -> tuple[int, dict]:
+    """POST /webhook over a plain socket: ``head`` as headers, then ``parts`` of the body as
+    they are (nothing more, so a body can be left unfinished); the status and JSON answer."""
+    port = int(svc.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    lines = ["POST /webhook HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in head.items())]
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+    for part in parts:
+        writer.write(part)
+        await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)  # the server closes the connection
+    writer.close()
+    status, _, body = answer.partition(b"\r\n\r\n")
+    return int(status.split()[1]), json.loads(body)
+
+
+def signed_headers(body: bytes, delivery: str) -> dict[str, str]:
+    return {
+        webhook.SIGNATURE_HEADER: webhook.signature(SECRET, body),
+        webhook.DELIVERY_HEADER: delivery,
+        webhook.EVENT_HEADER: "push",
+    }
+
+
+async def test_a_body_above_githubs_cap_is_refused_before_any_hmac(service, author, monkeypatch):
+    small = push_payload(author)
+    headers = signed_headers(small, "big-1")
+    hmacs = count_hmacs(monkeypatch)
+    # the same request with a small body: its HMAC is computed (the counter works)
+    code, _ = await raw_post(
+        service, {**headers, "Content-Length": str(len(small)), "Connection": "close"}, [small]
+    )
+    assert code == 202 and hmacs == [len(small)]
+    hmacs.clear()
+    # declared above the cap: refused from the headers, the body never read
+    code, answer = await raw_post(
+        service, {**headers, "Content-Length": str(webhook.MAX_PAYLOAD + 1)}
+    )
+    assert code == 413 and "larger than GitHub's" in answer["error"]
+    assert hmacs == []
+
+
+async def test_a_chunked_body_is_cut_off_at_the_cap_before_any_hmac(service, author, monkeypatch):
+    """No Content-Length: the body is counted while it arrives, and refused as soon as it passes
+    the cap (the client here never ends it: waiting for its end would never answer). Tornado
+    hands a chunk's data over in 64 KiB pieces, so the cap is passed by one such piece: all of
+    it is read before the server closes (closing on unread data would reset the connection)."""
+    headers = signed_headers(b"", "big-2")
+    hmacs = count_hmacs(monkeypatch)
+    size = webhook.MAX_PAYLOAD + 64 * 1024
+    piece = b" " * (1024 * 1024)
+    parts = [f"{size:x}\r\n".encode()] + [piece] * (size // len(piece))
+    parts.append(b" " * (size % len(piece)))
+    code, answer = await raw_post(service, {**headers, "Transfer-Encoding": "chunked"}, parts)
+    assert code == 413 and "larger than GitHub's" in answer["error"]
+    assert hmacs == []
+
+
+async def test_a_webhook_only_repository_is_synced_at_start_and_on_pushes_never_polled(
+    tmp_path, author
+):
+    repos = [Repo("polled", author.url), Repo("hooked", author.url, poll=False)]
+    svc = SyncService(Publisher(tmp_path / "share", tmp_path / "cache"), repos, 0.2, SECRET)
+    port = free_port()
+    server = make_app(svc).listen(port, address="127.0.0.1")
+    svc.url = f"http://127.0.0.1:{port}"
+    poller = asyncio.ensure_future(svc.poll_forever())
+    try:
+        first = author.git("rev-parse", "HEAD")
+        await wait_for(lambda: svc.status["hooked"].commit == first, timeout=5)
+        assert svc.status["hooked"].polled is False and svc.status["polled"].polled is True
+        author.write("more.ipynb", "{}")
+        new = author.commit_and_push("second")
+        await wait_for(lambda: svc.status["polled"].commit == new, timeout=5)
+        await asyncio.sleep(3 * 0.2)  # three more polls
+        assert svc.status["hooked"].commit == first, "polled, though webhook only"
+        body = push_payload(author)
+        r = await post_webhook(svc, body, webhook.signature(SECRET, body))
+        assert sorted(json.loads(r.body)["syncing"]) == ["hooked", "polled"]
+        await wait_for(lambda: svc.status["hooked"].commit == new, timeout=5)
+    finally:
+        poller.cancel()
+        server.stop()

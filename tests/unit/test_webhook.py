@@ -1,4 +1,9 @@
-"""GitHub webhook signatures (GitHub's documented test vector) and push payloads."""
+"""GitHub webhook signatures (GitHub's documented test vector), push payloads, the size cap."""
+
+import json
+import re
+
+import pytest
 
 from tutorial_sync import webhook
 
@@ -40,10 +45,72 @@ def test_push_names_branch_and_repository():
     )
 
 
-def test_a_redelivery_is_recognised_and_the_log_stays_bounded():
+def test_a_delivery_counts_as_seen_once_handled_and_the_log_stays_bounded():
     log = webhook.DeliveryLog(size=2)
-    assert log.first_time("a") and log.first_time("b")
-    assert not log.first_time("a")
-    assert log.first_time("c")  # "b" is now the oldest and drops out
-    assert log.first_time("b")
-    assert log.first_time("") and log.first_time("")
+    assert not log.seen("a"), "asked about, not handled (refused or failed): not seen"
+    assert not log.seen("a")
+    log.handled("a")
+    log.handled("b")
+    assert log.seen("a")  # and "a" is now the most recently seen
+    log.handled("c")  # "b" is now the oldest and drops out
+    assert log.seen("a") and log.seen("c") and not log.seen("b")
+    log.handled("")
+    assert not log.seen(""), "a delivery without an id is never a duplicate"
+
+
+PUSH = {"ref": "refs/heads/main", "repository": {"full_name": "Org/Tutorials"}}
+
+
+def test_a_push_is_read_from_its_body():
+    push = webhook.parse_push(json.dumps(PUSH).encode())
+    assert push == webhook.Push("main", frozenset({"org/tutorials"}))
+    tag = webhook.parse_push(json.dumps({**PUSH, "ref": "refs/tags/v1"}).encode())
+    assert tag.branch == ""
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        (b"[]", "the body is a JSON array, not an object"),
+        (b'"push"', "a JSON string, not an object"),
+        (b"null", "a JSON null, not an object"),
+        (b"42", "a JSON number"),
+        (b"{}", "`ref` is missing"),
+        (json.dumps({"ref": "refs/heads/main"}).encode(), "`repository` is missing"),
+        (json.dumps({**PUSH, "repository": "Org/Tutorials"}).encode(), "not an object"),
+        (json.dumps({**PUSH, "repository": ["Org/Tutorials"]}).encode(), "not an object"),
+        (json.dumps({**PUSH, "ref": 5}).encode(), "`ref` is missing or not a string"),
+        (json.dumps({**PUSH, "repository": {}}).encode(), "no `full_name` or URL"),
+        (json.dumps({**PUSH, "repository": {"full_name": 5, "url": None}}).encode(), "no `full"),
+        (b"payload=%7B%22ref%22", "not JSON; set the webhook's content type to application/json"),
+        (b"", "not JSON"),
+        (b'{"ref": "refs/heads/m\xff"}', "not UTF-8"),
+        (b"[" * 100_000, "nested too deeply"),
+    ],
+)
+def test_a_body_of_an_unexpected_shape_is_malformed_with_the_reason(body, says):
+    with pytest.raises(webhook.Malformed, match=re.escape(says)):
+        webhook.parse_push(body)
+
+
+def test_names_that_are_not_strings_are_ignored():
+    payload = {"repository": {"full_name": ["x"], "clone_url": "https://github.com/O/R.git"}}
+    assert webhook.repository_names(payload) == {"github.com/o/r"}
+    assert webhook.repository_names({"repository": "O/R"}) == set()
+    assert webhook.pushed_branch({"ref": ["refs/heads/main"]}) == ""
+
+
+@pytest.mark.parametrize(
+    "content_length, refused",
+    [
+        (None, False),  # chunked: counted while read
+        ("0", False),
+        (str(webhook.MAX_PAYLOAD), False),
+        (str(webhook.MAX_PAYLOAD + 1), True),
+        ("99999999999999999999", True),
+        ("12, 12", False),  # unreadable: the HTTP server refuses it itself
+    ],
+)
+def test_bodies_above_githubs_cap_are_too_large(content_length, refused):
+    assert webhook.too_large(content_length) is refused
+    assert webhook.MAX_PAYLOAD == 25 * 1024 * 1024
