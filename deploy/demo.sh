@@ -5,10 +5,9 @@
 # in. Safe to run again; `make down` removes what it created.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-load_settings
-
 ensure_root demo
-ensure_packages python3:python3 curl:curl openssl:openssl ss:iproute2 ip:iproute2
+load_settings demo  # read and checked before anything changes; resolves the `auto` limits
+ensure_packages curl:curl openssl:openssl ss:iproute2 ip:iproute2
 ensure_venv
 ensure_engine
 ensure_gpu_slices
@@ -26,7 +25,8 @@ cat <<MSG
 
   GPU JupyterHub is running: $(public_url)/
     log in with any username and the demo password: $(cat "$GPUHUB_STATE_DIR/demo_password")
-    admin user: ${GPUHUB_ADMIN_USERS}
+    admin user: ${GPUHUB_ADMIN_USERS}, with the admin password: $(cat "$GPUHUB_STATE_DIR/admin_password")
+    limits per server: cores ${GPUHUB_CPU_LIMIT:-none}, memory ${GPUHUB_MEM_LIMIT:-none}, tasks ${GPUHUB_PIDS_LIMIT:-none}
     GPU slices: $( [ "$GPUHUB_SIMULATED_GPUS" = 1 ] && echo "SIMULATED (no NVIDIA GPU on this machine)" || echo "real GPUs" ), ${GPUHUB_SLICES_PER_GPU} per GPU
   Stop and remove it with: make down
 

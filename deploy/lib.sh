@@ -20,30 +20,18 @@ config_file() {
 }
 
 # Settings: the environment wins over the config file, which wins over deploy/settings.env.
-# Config file values are taken literally (no $-expansion); surrounding quotes are removed.
-load_settings() {
-  local line key value config
+# One reader takes all three (gpu_swarm_spawner/settings.py, standard library only, run with the
+# system python3 before anything is installed): it refuses a config line it cannot take for
+# certain, resolves `auto` limits on this machine and, given a mode (up|demo), checks everything
+# that mode deploys; this shell then gets exactly the values it checked.
+load_settings() {  # load_settings [up|demo]
+  local config out
   config=$(config_file)
-  if [ -n "$config" ]; then
-    [ -r "$config" ] || die "cannot read the config file $config; copy deploy/config.example.env there and edit it"
-    while IFS= read -r line || [ -n "$line" ]; do
-      line=${line%$'\r'}
-      [[ "$line" =~ ^(GPUHUB_[A-Z0-9_]+)=(.*)$ ]] || continue  # the validator reports the rest
-      key=${BASH_REMATCH[1]}; value=${BASH_REMATCH[2]}
-      [[ "$value" =~ ^\"(.*)\"$|^\'(.*)\'$ ]] && value=${BASH_REMATCH[1]}${BASH_REMATCH[2]}
-      [ -n "${!key+x}" ] || export "$key=$value"
-    done < "$config"
-    export GPUHUB_CONFIG_FILE=$config
-  fi
-  while IFS= read -r line; do
-    case "$line" in ''|'#'*) continue ;; esac
-    key=${line%%=*}; value=${line#*=}
-    if [ -z "${!key+x}" ]; then
-      eval "export $key=\"$value\""
-    else
-      export "${key?}"
-    fi
-  done < "$REPO/deploy/settings.env"
+  command -v python3 >/dev/null 2>&1 || ensure_packages python3:python3
+  out=$(PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" python3 -m gpu_swarm_spawner.settings load \
+          --defaults "$REPO/deploy/settings.env" ${config:+--config "$config"} ${1:+--mode "$1"}) \
+    || die "fix the settings above${config:+ in $config} and run this again"
+  eval "$out"
 }
 
 ensure_root() {
@@ -88,6 +76,13 @@ engine_up() { docker info >/dev/null 2>&1; }
 systemd_engine() { [ -z "${GPUHUB_DOCKERD_CMD:-}" ] && [ -d /run/systemd/system ]; }
 
 # Read when called, so a caller can point them at another engine in a subshell.
+# GPUHUB_ENGINE_ADDR: where this machine reaches the ports the engine publishes (127.0.0.1;
+# the test bed's manager engine is in a network namespace of its own).
+engine_addr() { echo "${GPUHUB_ENGINE_ADDR:-127.0.0.1}"; }
+# The engine's socket on this machine's filesystem (bind-mounted into the hub).
+docker_socket() {
+  case ${DOCKER_HOST:-} in unix://*) echo "${DOCKER_HOST#unix://}" ;; *) echo /var/run/docker.sock ;; esac
+}
 dockerd_log() { echo "${GPUHUB_DOCKERD_LOG:-/var/log/gpu-jupyterhub-dockerd.log}"; }
 dockerd_pidfile() { echo "${GPUHUB_DOCKERD_PIDFILE:-/var/run/docker.pid}"; }
 
@@ -124,9 +119,11 @@ ensure_engine() {
 }
 
 # Advertise this machine's GPUs (or simulated ones) as slices; restart the engine if that changed.
+# GPUHUB_DAEMON_JSON: the engine's daemon.json when it is not /etc/docker/daemon.json.
 ensure_gpu_slices() {
   local rc=0 out
   out=$("$VENV/bin/python" -m worker_setup.advertise \
+          ${GPUHUB_DAEMON_JSON:+--daemon-json "$GPUHUB_DAEMON_JSON"} \
           --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" \
           --simulate-if-no-gpu "$GPUHUB_SIMULATE_IF_NO_GPU" ${GPUHUB_GPU_OPTIONAL:+--none-if-no-gpu} \
           ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} 2>&1) || rc=$?
@@ -202,7 +199,9 @@ ensure_environment_images() {
 ensure_secrets() {
   install -d -m 0700 "$GPUHUB_STATE_DIR"
   local name
-  for name in proxy_token ops_token demo_password webhook_secret; do
+  # demo_password: participants' shared password (GPUHUB_AUTH=local); admin_password: the
+  # admins' (JupyterHub's shared-password login wants one of its own, of 32 characters or more)
+  for name in proxy_token ops_token demo_password admin_password webhook_secret; do
     [ -s "$GPUHUB_STATE_DIR/$name" ] && continue
     ( umask 077; openssl rand -hex 16 >"$GPUHUB_STATE_DIR/$name" )
   done
@@ -237,7 +236,7 @@ public_url() {
 # curl the hub on this machine by its public name (which may not resolve here), certificate
 # unchecked (a self-signed one, or one ACME is still fetching): hub_curl PATH [curl args]
 hub_curl() {
-  curl -sfk --resolve "$(public_host):$(public_port):127.0.0.1" "$(public_url)$1" "${@:2}"
+  curl -sfk --resolve "$(public_host):$(public_port):$(engine_addr)" "$(public_url)$1" "${@:2}"
 }
 
 # Contents hash for the name of a Docker secret (secrets cannot change in place).
@@ -302,13 +301,6 @@ ensure_roster() {
   export GPUHUB_ROSTER_FILE
 }
 
-# Stop with one line per problem in the settings (python -m gpu_swarm_spawner.settings).
-check_settings() {  # check_settings up|demo
-  "$VENV/bin/python" -m gpu_swarm_spawner.settings check --mode "$1" \
-    --defaults "$REPO/deploy/settings.env" ${GPUHUB_CONFIG_FILE:+--config "$GPUHUB_CONFIG_FILE"} \
-    || die "fix the settings above${GPUHUB_CONFIG_FILE:+ in $GPUHUB_CONFIG_FILE} and run this again"
-}
-
 # An image's name in a registry at HOST:PORT (any registry host in the name is replaced).
 image_in_registry() {  # image_in_registry HOST:PORT IMAGE
   echo "$1/${2#*.*/}"
@@ -341,7 +333,7 @@ use_registry_names() {
 publish_images() {
   local image push i out
   for i in $(seq 1 120); do
-    curl -sf -o /dev/null "http://127.0.0.1:$GPUHUB_REGISTRY_PORT/v2/" && break
+    curl -sf -o /dev/null "http://$(engine_addr):$GPUHUB_REGISTRY_PORT/v2/" && break
     [ "$i" = 120 ] && die "the registry did not answer on port $GPUHUB_REGISTRY_PORT within 60 s; see: docker service logs ${GPUHUB_STACK}_registry"
     sleep 0.5
   done
@@ -366,8 +358,9 @@ deploy_stack() {
   # bind-mount sources must exist (on shared storage they then exist on every machine)
   install -d -m 0755 "$GPUHUB_TUTORIALS_DIR" ${GPUHUB_DATASETS_DIR:+"$GPUHUB_DATASETS_DIR"}
   GPUHUB_PUBLIC_URL=$(public_url)
+  GPUHUB_DOCKER_SOCKET=$(docker_socket)
   export GPUHUB_HUB_IMAGE_ID GPUHUB_SINGLEUSER_IMAGE_ID GPUHUB_SIMULATED_GPUS \
-    GPUHUB_TUTORIAL_SYNC_REPLICAS GPUHUB_PUBLIC_URL
+    GPUHUB_TUTORIAL_SYNC_REPLICAS GPUHUB_PUBLIC_URL GPUHUB_DOCKER_SOCKET
   local files=(-c "$REPO/deploy/stack.yml")
   if tls_on; then ensure_tls; files+=(-c "$REPO/deploy/stack.tls.yml")
   else files+=(-c "$REPO/deploy/stack.http.yml"); fi

@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # `make up`: the production hub on this machine (the swarm's manager), from the organizer's
 # config file (GPUHUB_CONFIG / `make up CONFIG=FILE`, default ./config.env; example:
-# deploy/config.example.env). Checks every setting first, then: Docker engine, this machine's
-# GPUs (none is fine: the GPU machines join later), swarm, images, an image registry the GPU
-# machines pull from, the stack (gateway with HTTPS, proxy, hub, tutorial sync, idle culler).
+# deploy/config.example.env). Reads and checks every setting first, before anything on this
+# machine changes (only python3 is installed if missing: the reader needs it). Then: Docker
+# engine, this machine's GPUs (none is fine: the GPU machines join later), swarm, images, an
+# image registry the GPU machines pull from, the stack (gateway with HTTPS, proxy, hub,
+# tutorial sync, idle culler).
 # Prints the URL and the line that adds a GPU machine. Safe to run again: it applies changes of
 # the config file and keeps everything else; `make down` removes the stack.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 [ -n "$(config_file)" ] || die "no config file: cp deploy/config.example.env config.env, edit it, then run: sudo make up (or: make up CONFIG=FILE)"
-load_settings
-
 ensure_root up
-ensure_packages python3:python3 curl:curl openssl:openssl ss:iproute2 ip:iproute2
-ensure_venv
-check_settings up
+load_settings up
 log "settings checked: $GPUHUB_CONFIG_FILE"
+
+ensure_packages curl:curl openssl:openssl ss:iproute2 ip:iproute2
+ensure_venv
 ensure_engine
 GPUHUB_GPU_OPTIONAL=1 ensure_gpu_slices
 ensure_swarm
@@ -36,7 +37,7 @@ trap - ERR
 
 login=$([ "$GPUHUB_AUTH" = github ] \
   && echo "GitHub login: ${GPUHUB_ALLOWED_ORGS:+members of $GPUHUB_ALLOWED_ORGS}${GPUHUB_ALLOWED_ORGS:+${GPUHUB_ROSTER:+, and }}${GPUHUB_ROSTER:+the roster $GPUHUB_ROSTER}" \
-  || echo "local login with the password in $GPUHUB_STATE_DIR/demo_password")
+  || echo "local login: any username with the password in $GPUHUB_STATE_DIR/demo_password, admins with $GPUHUB_STATE_DIR/admin_password")
 cat <<MSG
 
   GPU JupyterHub is up: $(public_url)/

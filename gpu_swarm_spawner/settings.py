@@ -1,12 +1,19 @@
-"""The organizer's settings: read the config file, and check everything before `make up` acts.
+"""The organizer's settings: the one reader of the config file, and every check before `make up`.
 
-    python -m gpu_swarm_spawner.settings check --defaults deploy/settings.env [--config FILE]
-    python -m gpu_swarm_spawner.settings roster FILE
+    python3 -m gpu_swarm_spawner.settings load --defaults deploy/settings.env [--config FILE]
+                                               [--mode up|demo]
+    python3 -m gpu_swarm_spawner.settings roster FILE
 
-``check`` reads the effective settings from the environment (deploy/lib.sh's ``load_settings``
-has merged the environment, the config file and the defaults) and the config file itself (for
-line numbers and misspelt keys), and prints one line per problem, naming the key to fix.
-``parse_env``, ``unknown_keys`` and ``problems`` are pure.
+``load`` is what deploy/lib.sh's ``load_settings`` runs and evals. It merges the environment,
+the config file and deploy/settings.env (in that order of precedence), refuses any config line
+it cannot take for certain (with its line number), resolves ``auto`` limits from this machine,
+checks every setting the mode needs (``--mode``), and prints ``export GPUHUB_X='...'`` lines
+for bash, or one line per problem on stderr and exit status 1. Nothing else reads the file, so
+what is checked is what is deployed.
+
+Standard library only: it runs with the system python3 before anything is installed.
+``parse_env``, ``merge``, ``auto_limits``, ``unknown_keys``, ``placeholders`` and ``problems``
+are pure.
 """
 
 from __future__ import annotations
@@ -16,46 +23,204 @@ import difflib
 import ipaddress
 import os
 import re
+import shlex
 import stat
 import sys
+import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
+
+from tutorial_sync.repos import Repo
 
 from . import roster
 
-_LINE = re.compile(r"^(GPUHUB_[A-Z0-9_]+)=(.*)$")
+_KEY = re.compile(r"^GPUHUB_[A-Z0-9_]+$")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
 _ORG = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})"
 _ORG_OR_TEAM = re.compile(rf"^{_ORG}(?::[A-Za-z0-9._-]+)?$")
-_SIZE = re.compile(r"^\d+(?:\.\d+)?[KMGT]?$", re.IGNORECASE)
-_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*=\S+$")
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)$", re.IGNORECASE)
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*$")
 _STACK = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 TLS_MODES = ("acme", "self-signed", "files", "off")
 AUTH_MODES = ("github", "local")
+AUTO = "auto"
+GIB = 1024**3
+MIB = 1024**2
+
+# ---- the file format ------------------------------------------------------------------------
+# One GPUHUB_NAME=value per line, taken literally. deploy/config.example.env's header states
+# these rules for the organizer; tests/unit/test_settings.py holds a corpus of odd lines.
+
+_BLANKS = " \t"
+_BOM = b"\xef\xbb\xbf"
+# Where a shell would start a comment or expand a home directory: at the start of a word.
+_WORD_START = re.compile(r"(?:^|[ \t])([#~])")
+# Where a shell would expand or escape something, which this reader never does.
+_SHELL_CHARS = ("$", "`", "\\")
+_ASSIGNMENT = re.compile(r"(?:^|[ \t])(?:export[ \t]+)?GPUHUB_[A-Za-z0-9_]*=")
+_REFERENCE = re.compile(r"\$\{(GPUHUB_[A-Z0-9_]+)\}")
 
 
 class ConfigFileError(ValueError):
-    """A line of the config file that is not KEY=value."""
+    """Lines of a settings file that cannot be taken for certain; ``problems`` holds one line
+    each, ``FILE line N: what is wrong; what to write instead``."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
 
 
-def parse_env(text: str, source: str) -> dict[str, tuple[str, int]]:
-    """KEY=value lines (``#`` comments, blank lines; quotes around a value are removed, nothing
-    is expanded) as {key: (value, line number)}. The same rules as deploy/lib.sh's reader."""
-    found = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _LINE.match(line)
-        if not match:
-            raise ConfigFileError(
-                f"{source} line {number}: expected GPUHUB_NAME=value, found {line[:40]!r}"
+class _Refused(ValueError):
+    """One line refused; the message says why and what to write instead."""
+
+
+def _fail(message: str) -> NoReturn:
+    raise _Refused(message)
+
+
+def _character(ch: str) -> str:
+    name = unicodedata.name(ch, "")
+    return f"U+{ord(ch):04X}" + (f" ({name.lower()})" if name else "")
+
+
+def _unquoted(key: str, text: str, references: bool) -> str:
+    for ch in ("'", '"'):
+        if ch in text:
+            _fail(
+                f"{key}: a {ch} inside a value without quotes around it; put the whole value "
+                "in quotes (single quotes keep everything as written), or remove the stray quote"
             )
-        key, value = match.groups()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
+    found = _WORD_START.search(text)
+    if found and found.group(1) == "#":
+        _fail(
+            f"{key}: a '#' starting a word of the value is neither a comment nor cut off here; "
+            "put a comment on a line of its own, or, if '#' belongs to the value, quote it: "
+            f"{key}='...'"
+        )
+    if found:
+        _fail(f"{key}: '~' is not expanded here; write the full path, e.g. /root/...")
+    plain = _REFERENCE.sub("", text) if references else text
+    for ch in _SHELL_CHARS:
+        if ch in plain:
+            _fail(
+                f"{key}: {ch!r} is taken literally here (nothing is expanded or escaped); write "
+                f"the value itself, or put it in single quotes if {ch!r} belongs to it: {key}='...'"
+            )
+    if _ASSIGNMENT.search(text):
+        _fail(f"{key}: two settings on one line; put each GPUHUB_NAME=value on a line of its own")
+    return text
+
+
+def _quoted(key: str, text: str) -> str:
+    quote = text[0]
+    end = text.find(quote, 1)
+    if end < 0:
+        _fail(f"{key}: the value opens a {quote} quote but does not close it; end it with {quote}")
+    if text[end + 1 :].strip(_BLANKS):
+        _fail(
+            f"{key}: text after the closing {quote}; put all of the value inside the quotes "
+            "and a comment on a line of its own"
+        )
+    inner = text[1:end]
+    if quote == '"':
+        for ch in _SHELL_CHARS:
+            if ch in inner:
+                _fail(
+                    f"{key}: {ch!r} inside double quotes would be expanded by a shell but is "
+                    f"taken literally here; use single quotes to keep it: {key}='...'"
+                )
+    return inner
+
+
+def _parse_line(line: str, references: bool = False) -> tuple[str, str] | None:
+    """(key, value) of one decoded line, None for a blank or comment line; _Refused otherwise."""
+    line = line.strip(_BLANKS)
+    if not line or line.startswith("#"):
+        return None
+    odd = next((ch for ch in line if ch != "\t" and not ch.isprintable()), None)
+    if odd is not None:
+        _fail(
+            f"an invisible or control character {_character(odd)}; delete the line and type it "
+            "again (copies from web pages and word processors bring these)"
+        )
+    if re.match(r"export[ \t]", line):
+        line = line[len("export") :].lstrip(_BLANKS)
+    key, equals, value = line.partition("=")
+    key = key.rstrip(_BLANKS)
+    if not equals:
+        # the line itself is not shown: it may be a secret pasted on a line of its own
+        _fail("no '=' in it; write GPUHUB_NAME=value, or start a comment with #")
+    if not _KEY.match(key):
+        if re.match(r"^GPUHUB_[A-Z0-9_]+$", key, re.IGNORECASE):
+            _fail(f"{key}: setting names are upper case; write {key.upper()}=...")
+        _fail(
+            f"{key[:40]!r} is not a setting name; write GPUHUB_NAME=value "
+            "(deploy/settings.env lists the names)"
+        )
+    value = value.strip(_BLANKS)
+    if value[:1] in ("'", '"'):
+        return key, _quoted(key, value)
+    return key, _unquoted(key, value, references)
+
+
+def _lines(data: bytes | str):
+    """(number, text) of each line; UnicodeDecodeError's position is reported by the caller."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    if data.startswith(_BOM):
+        data = data[len(_BOM) :]
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        yield number, raw
+
+
+def parse_env(
+    data: bytes | str, source: str, references: bool = False
+) -> dict[str, tuple[str, int]]:
+    """The settings of a config file as {key: (value, line number)}.
+
+    The format: one ``GPUHUB_NAME=value`` per line, UTF-8 (a BOM at the start is ignored),
+    LF or CRLF line ends. Blank lines and lines starting with ``#`` are ignored; blanks (spaces,
+    tabs) around the line, the name and the value are not part of them; ``export`` before the
+    name is allowed. The value is the rest of the line, taken literally: quotes around all of it
+    ('...' or "...") are removed, nothing is expanded. An empty value means empty (e.g. no
+    limit), not the default. Raises ConfigFileError with every line it cannot take for certain:
+    not UTF-8, invisible characters, a lower-case or missing name, a name given twice, an
+    unclosed or stray quote, anything a shell would treat differently (``$``, a backquote, a
+    backslash, ``~`` or ``#`` starting a word, two assignments on one line). ``references``
+    (deploy/settings.env only) lets unquoted values hold ``${GPUHUB_X}``.
+    """
+    found: dict[str, tuple[str, int]] = {}
+    problems = []
+    for number, raw in _lines(data):
+        where = f"{source} line {number}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            problems.append(
+                f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                "save the file as UTF-8"
+            )
+            continue
+        try:
+            parsed = _parse_line(text, references)
+        except _Refused as e:
+            problems.append(f"{where}: {e}")
+            continue
+        if parsed is None:
+            continue
+        key, value = parsed
+        if key in found:
+            problems.append(
+                f"{where}: {key} is set again (first on line {found[key][1]}); keep one of the two"
+            )
+            continue
         found[key] = (value, number)
+    if problems:
+        raise ConfigFileError(problems)
     return found
 
 
@@ -70,6 +235,128 @@ def unknown_keys(config: dict[str, tuple[str, int]], known: set[str], source: st
         hint = f"; did you mean {close[0]}?" if close else "; deploy/settings.env lists them all"
         out.append(f"{source} line {number}: unknown setting {key}{hint}")
     return out
+
+
+# ---- merging ------------------------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    """The effective settings, and where each came from (for error messages)."""
+
+    values: dict[str, str]
+    origin: dict[str, str]  # "the environment", "FILE line N" or "the default"
+
+
+def merge(
+    defaults: dict[str, tuple[str, int]],
+    config: dict[str, tuple[str, int]],
+    environ: dict[str, str],
+    config_source: str = "",
+    defaults_source: str = "deploy/settings.env",
+) -> Settings:
+    """The environment wins over the config file, which wins over the defaults. Defaults may
+    refer to earlier settings as ``${GPUHUB_X}`` (their effective values); config file and
+    environment values are taken literally."""
+    values, origin = {}, {}
+    for key, (template, number) in defaults.items():  # in the file's order
+        if key in environ:
+            values[key], origin[key] = environ[key], "the environment"
+        elif key in config:
+            value, line = config[key]
+            values[key], origin[key] = value, f"{config_source} line {line}"
+        else:
+            later = [n for n in _REFERENCE.findall(template) if n not in values]
+            if later:
+                raise ConfigFileError(
+                    [
+                        f"{defaults_source} line {number}: {key} refers to {later[0]}, which "
+                        "is not set above it; refer only to earlier settings"
+                    ]
+                )
+            values[key] = _REFERENCE.sub(lambda m: values[m.group(1)], template)
+            origin[key] = "the default"
+    return Settings(values, origin)
+
+
+def read_defaults(path: str) -> dict[str, tuple[str, int]]:
+    """deploy/settings.env: the config file's format, plus ``${GPUHUB_X}`` references."""
+    return parse_env(Path(path).read_bytes(), path, references=True)
+
+
+# ---- limits: "auto" -----------------------------------------------------------------------
+
+LIMIT_KEYS = ("GPUHUB_CPU_LIMIT", "GPUHUB_MEM_LIMIT", "GPUHUB_PIDS_LIMIT")
+# What a JupyterLab with a kernel needs to start and work; "auto" never goes below these.
+CPU_FLOOR = 0.5
+MEM_FLOOR = GIB
+PIDS_FLOOR = 1024
+# Memory kept for the hub, the proxy, the Docker engine and the system.
+MEM_RESERVE = 2 * GIB
+# Tasks (processes and threads) per core of the machine: OpenMP, BLAS and PyTorch start a
+# thread per core they see, whatever the CPU limit.
+PIDS_PER_CPU = 64
+
+
+@dataclass(frozen=True)
+class Machine:
+    cpus: int
+    memory: int  # bytes
+    gpus: int  # NVIDIA GPUs the driver lists (0: none)
+
+
+def this_machine() -> Machine:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    gpus_dir = Path("/proc/driver/nvidia/gpus")
+    gpus = len(list(gpus_dir.iterdir())) if gpus_dir.is_dir() else 0
+    return Machine(cpus, memory, gpus)
+
+
+def servers_here(settings: dict[str, str], machine: Machine) -> int:
+    """How many servers this machine runs at once when every slice it advertises is taken:
+    its GPUs (or GPUHUB_SIMULATE_IF_NO_GPU simulated ones) times GPUHUB_SLICES_PER_GPU, over
+    GPUHUB_GPU_SLICES; at least 1."""
+    try:
+        gpus = machine.gpus or int(settings.get("GPUHUB_SIMULATE_IF_NO_GPU", "0"))
+        slices = gpus * int(settings.get("GPUHUB_SLICES_PER_GPU", "1"))
+        return max(1, slices // max(1, int(settings.get("GPUHUB_GPU_SLICES", "1"))))
+    except ValueError:  # reported by problems()
+        return 1
+
+
+def auto_limits(machine: Machine, servers: int) -> dict[str, str]:
+    """Per-server limits that let ``servers`` servers share ``machine``: its cores and its
+    memory (less MEM_RESERVE) divided among them, and PIDS_PER_CPU tasks per core; never below
+    the floors a JupyterLab needs (servers then may compete, but each starts)."""
+    servers = max(1, servers)
+    cpu = max(CPU_FLOOR, int(machine.cpus * 10 / servers) / 10)  # tenths of a core, rounded down
+    memory = max(MEM_FLOOR, (machine.memory - MEM_RESERVE) // servers)
+    pids = max(PIDS_FLOOR, PIDS_PER_CPU * machine.cpus)
+    return {
+        "GPUHUB_CPU_LIMIT": f"{cpu:g}",
+        "GPUHUB_MEM_LIMIT": f"{memory // MIB}M",
+        "GPUHUB_PIDS_LIMIT": str(pids),
+    }
+
+
+def resolve_auto(settings: Settings, machine: Machine) -> Settings:
+    """``auto`` limits replaced by auto_limits for this machine (servers of `make demo` run
+    here)."""
+    if not any(settings.values.get(k) == AUTO for k in LIMIT_KEYS):
+        return settings
+    limits = auto_limits(machine, servers_here(settings.values, machine))
+    values = dict(settings.values)
+    for key in LIMIT_KEYS:
+        if values.get(key) == AUTO:
+            values[key] = limits[key]
+    return Settings(values, settings.origin)
+
+
+# ---- checks -------------------------------------------------------------------------------
 
 
 def _is_address(host: str) -> bool:
@@ -143,18 +430,48 @@ def _numbers(settings) -> list[str]:
     return errors
 
 
-def _limits(settings) -> list[str]:
+def size_bytes(value: str) -> int | None:
+    """Bytes of a size such as 16G, 512M or 1.5G (K, M, G, T: powers of 1024); None if not one."""
+    match = _SIZE.match(value)
+    if not match:
+        return None
+    number, unit = match.groups()
+    return int(float(number) * 1024 ** " KMGT".index(unit.upper() or " "))
+
+
+def _limits(settings, mode) -> list[str]:
     errors = []
+    if mode == "up":
+        for key in LIMIT_KEYS:
+            if settings.get(key) == AUTO:
+                errors.append(
+                    f"{key} is auto, which sizes servers by the machine running `make demo`; "
+                    "with `make up` they run on the GPU machines: write the limit per server "
+                    f"(deploy/config.example.env suggests one), or an empty value for none"
+                )
     cpu = settings.get("GPUHUB_CPU_LIMIT", "")
-    if cpu:
+    if cpu and cpu != AUTO:
         try:
             if float(cpu) <= 0:
                 raise ValueError
         except ValueError:
             errors.append(f"GPUHUB_CPU_LIMIT is {cpu!r}; write a number of cores, e.g. 4 or 0.5")
     mem = settings.get("GPUHUB_MEM_LIMIT", "")
-    if mem and not _SIZE.match(mem):
-        errors.append(f"GPUHUB_MEM_LIMIT is {mem!r}; write a size such as 16G or 512M")
+    if mem and mem != AUTO:
+        size = size_bytes(mem)
+        if size is None:
+            errors.append(f"GPUHUB_MEM_LIMIT is {mem!r}; write a size such as 16G or 512M")
+        elif size < 256 * MIB:
+            errors.append(
+                f"GPUHUB_MEM_LIMIT is {mem!r} ({size} bytes), too little for a JupyterLab; "
+                "write a size with its unit, such as 16G (at least 256M)"
+            )
+    pids = settings.get("GPUHUB_PIDS_LIMIT", "")
+    if pids and pids != AUTO and (not pids.isdigit() or 0 < int(pids) < 256):
+        errors.append(
+            f"GPUHUB_PIDS_LIMIT is {pids!r}; write the most processes and threads a server may "
+            "run, at least 256 (a JupyterLab with kernels runs about 100), or 0 for no limit"
+        )
     return errors
 
 
@@ -224,8 +541,8 @@ def _tls(settings, exists) -> list[str]:
 
 def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") -> list[str]:
     """Every problem of a complete set of settings, one line each, naming the key to fix.
-    ``mode`` "up" (production) also needs a hostname."""
-    errors = _numbers(settings) + _limits(settings)
+    ``mode`` "up" (production) also needs a hostname and explicit limits."""
+    errors = _numbers(settings) + _limits(settings, mode)
     errors += _login(settings, exists) + _tls(settings, exists)
     host = settings.get("GPUHUB_HOSTNAME", "")
     if mode == "up" and not host:
@@ -239,8 +556,10 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     errors += _environments(settings.get("GPUHUB_ENVIRONMENTS", ""))
     errors += _choice(settings, "GPUHUB_DATASETS_MODE", ("ro", "rw"))
     for repo in settings.get("GPUHUB_TUTORIAL_REPOS", "").split():
-        if not _REPO.match(repo):
-            errors.append(f"GPUHUB_TUTORIAL_REPOS: {repo!r} is not NAME=URL[#BRANCH]")
+        try:  # the sync service's own reader
+            Repo.parse(repo)
+        except ValueError as e:
+            errors.append(f"GPUHUB_TUTORIAL_REPOS: {e}")
     return errors
 
 
@@ -256,31 +575,68 @@ def _environments(value: str) -> list[str]:
     return errors
 
 
-def _check(args) -> int:
-    known = set(parse_env(Path(args.defaults).read_text(), args.defaults))
-    errors = []
-    if args.config:
-        path = Path(args.config)
-        try:
-            config = parse_env(path.read_text(encoding="utf-8"), str(path))
-        except ConfigFileError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        errors += unknown_keys(config, known, str(path))
-        secret = config.get("GPUHUB_GITHUB_CLIENT_SECRET", ("", 0))[0]
-        if secret and path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            errors.append(
-                f"{path} holds GPUHUB_GITHUB_CLIENT_SECRET but others may read it; "
-                f"run: chmod 600 {path}"
-            )
-    settings = {k: v for k, v in os.environ.items() if k.startswith("GPUHUB_")}
-    errors += [f"{args.config or 'settings'}: {e}" for e in problems(settings, mode=args.mode)]
-    roster_file = settings.get("GPUHUB_ROSTER", "")
-    if settings.get("GPUHUB_AUTH") == "github" and roster_file:
-        errors += _read_roster(roster_file)[1]
-    for line in errors:
-        print(f"error: {line}", file=sys.stderr)
-    return 1 if errors else 0
+# Values of deploy/config.example.env that stand for the organizer's own: (key, pattern, what
+# to write instead, when it matters). example.org/.com/.net are reserved names (RFC 2606),
+# never a real hub or mailbox.
+PLACEHOLDERS = [
+    (
+        "GPUHUB_HOSTNAME",
+        r"(^|\.)example\.(org|com|net)$",
+        "write this machine's public DNS name (or its IP address)",
+        lambda s: True,
+    ),
+    (
+        "GPUHUB_ACME_EMAIL",
+        r"[@.]example\.(org|com|net)$",
+        "write the address the certificate authority may write to, or leave it empty",
+        lambda s: s.get("GPUHUB_TLS") == "acme",
+    ),
+    (
+        "GPUHUB_GITHUB_CLIENT_ID",
+        r"^Iv1\.0+$",
+        "write the client id of your OAuth app (https://github.com/settings/developers)",
+        lambda s: s.get("GPUHUB_AUTH") == "github",
+    ),
+    (
+        "GPUHUB_GITHUB_CLIENT_SECRET",
+        r"^replace-with-",
+        "write your OAuth app's client secret (or name a file holding it in "
+        "GPUHUB_GITHUB_CLIENT_SECRET_FILE and leave this empty)",
+        lambda s: s.get("GPUHUB_AUTH") == "github",
+    ),
+    (
+        "GPUHUB_ALLOWED_ORGS",
+        r"(^|[\s,])my-workshop-org\b",
+        "write your GitHub organizations and org:team pairs, or leave it empty to let in only "
+        "the roster's usernames",
+        lambda s: s.get("GPUHUB_AUTH") == "github",
+    ),
+    (
+        "GPUHUB_ADMIN_USERS",
+        r"(^|[\s,])(lead|co)-organizer\b",
+        "write the organizers' usernames (GitHub usernames with GPUHUB_AUTH=github)",
+        lambda s: True,
+    ),
+    (
+        "GPUHUB_TUTORIAL_REPOS",
+        r"/my-workshop-org/",
+        "write your tutorial repositories as NAME=URL[#BRANCH], or leave it empty",
+        lambda s: True,
+    ),
+]
+
+
+def placeholders(settings: Settings) -> list[str]:
+    """A line for each value still as deploy/config.example.env has it, naming where it is set
+    and what to write instead."""
+    out = []
+    for key, pattern, advice, applies in PLACEHOLDERS:
+        value = settings.values.get(key, "")
+        if applies(settings.values) and re.search(pattern, value):
+            shown = "the example's value" if "SECRET" in key else f"the example's {value!r}"
+            where = settings.origin.get(key, "the settings")
+            out.append(f"{where}: {key} is still {shown}; {advice}")
+    return out
 
 
 def _read_roster(path: str) -> tuple[set[str], list[str]]:
@@ -294,14 +650,90 @@ def _read_roster(path: str) -> tuple[set[str], list[str]]:
     return names, [] if names else [f"GPUHUB_ROSTER: {path} lists no GitHub username"]
 
 
+# ---- the command --------------------------------------------------------------------------
+
+
+def load(args, environ=os.environ, machine: Machine | None = None) -> tuple[Settings, list[str]]:
+    """The effective settings and every problem found (none: they may be deployed)."""
+    try:
+        defaults = read_defaults(args.defaults)
+    except ConfigFileError as e:  # a broken deploy/settings.env is the developers' bug
+        return Settings({}, {}), e.problems
+    config, source = {}, args.config
+    if source:
+        path = Path(source)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            return Settings({}, {}), [
+                f"cannot read the config file {source} ({e.strerror}); copy "
+                "deploy/config.example.env there and edit it (or run this with sudo)"
+            ]
+        try:
+            config = parse_env(data, source)
+        except ConfigFileError as e:
+            return Settings({}, {}), e.problems
+    unknown = unknown_keys(config, set(defaults), source)
+    environ = {k: v for k, v in environ.items() if k in defaults}
+    try:
+        settings = merge(defaults, config, environ, source, args.defaults)
+    except ConfigFileError as e:
+        return Settings({}, {}), e.problems
+    if args.mode != "up":
+        settings = resolve_auto(settings, machine or this_machine())
+    if not args.mode:
+        return settings, unknown
+    errors = unknown + placeholders(settings)
+    secret = config.get("GPUHUB_GITHUB_CLIENT_SECRET", ("", 0))[0]
+    if secret and Path(source).stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        errors.append(
+            f"{source} holds GPUHUB_GITHUB_CLIENT_SECRET but others may read it; "
+            f"run: chmod 600 {source}"
+        )
+    prefix = source or "settings"
+    errors += [f"{prefix}: {e}" for e in problems(settings.values, mode=args.mode)]
+    roster_file = settings.values.get("GPUHUB_ROSTER", "")
+    if settings.values.get("GPUHUB_AUTH") == "github" and roster_file:
+        errors += _read_roster(roster_file)[1]
+    return settings, errors
+
+
+def shell_exports(settings: Settings, config: str = "") -> str:
+    """``export GPUHUB_X='...'`` lines for bash's eval, every value quoted."""
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in settings.values.items()]
+    if config:
+        lines.append(f"export GPUHUB_CONFIG_FILE={shlex.quote(config)}")
+    return "\n".join(lines) + "\n"
+
+
+def _load(args) -> int:
+    settings, errors = load(args)
+    for line in errors:
+        print(f"error: {line}", file=sys.stderr)
+    if errors:
+        return 1
+    sys.stdout.write(shell_exports(settings, args.config))
+    return 0
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpu_swarm_spawner.settings")
+    # values are bytes to bash: write them back as they came (LANG=C included)
+    sys.stdout.reconfigure(encoding="utf-8", errors="surrogateescape")
+    sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
+    parser = argparse.ArgumentParser(prog="python3 -m gpu_swarm_spawner.settings")
     commands = parser.add_subparsers(dest="command", required=True)
-    check = commands.add_parser("check", help="check the effective settings (environment)")
-    check.add_argument("--defaults", required=True, help="deploy/settings.env")
-    check.add_argument("--config", default="", help="the organizer's config file")
-    check.add_argument("--mode", choices=("up", "demo"), default="up")
-    check.set_defaults(run=_check)
+    loader = commands.add_parser(
+        "load", help="read and check the settings; print them as export lines for bash"
+    )
+    loader.add_argument("--defaults", required=True, help="deploy/settings.env")
+    loader.add_argument("--config", default="", help="the organizer's config file")
+    loader.add_argument(
+        "--mode",
+        choices=("up", "demo"),
+        default="",
+        help="also check everything `make up` or `make demo` needs",
+    )
+    loader.set_defaults(run=_load)
     rost = commands.add_parser("roster", help="check a roster file; print how many names")
     rost.add_argument("file")
     rost.set_defaults(run=lambda a: _print_roster(a.file))

@@ -26,13 +26,13 @@ import shutil
 import stat
 import tarfile
 import time
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import git
 
 from . import MANIFEST, versions
 from .links import resolve as resolve_links
+from .repos import Repo
 
 VERSIONS = ".versions"
 #: The layout of a published version. 2: links published as copies, never as links. A version in
@@ -44,36 +44,6 @@ _MAX_LINK_TEXT = 4096  # PATH_MAX: a longer "link" is no path
 
 class SyncError(RuntimeError):
     """A repository could not be synced; the last good version stays published."""
-
-
-@dataclass(frozen=True)
-class Repo:
-    """A tutorial repository: ``name`` is its directory on the share."""
-
-    name: str
-    url: str
-    branch: str = "main"
-    poll: bool = True  # False: synced at start and on its push webhooks only
-
-    @classmethod
-    def parse(cls, text: str) -> Repo:
-        """``NAME=URL[#BRANCH[:webhook]]``, e.g. ``intro=https://github.com/org/intro.git#main``.
-
-        ``:webhook`` after the branch (a branch name never holds ``:``): never polled.
-        """
-        name, sep, rest = text.partition("=")
-        url, _, branch = rest.partition("#")
-        branch, colon, option = branch.partition(":")
-        if not sep or not name.strip() or not url.strip():
-            raise ValueError(f"cannot read {text!r}; write NAME=URL or NAME=URL#BRANCH")
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"repository name {name!r} must be a plain directory name")
-        if colon and option.strip() != "webhook":
-            raise ValueError(
-                f"cannot read {text!r}: after the branch only :webhook may follow "
-                "(e.g. NAME=URL#main:webhook, never polled)"
-            )
-        return cls(name.strip(), url.strip(), branch.strip() or "main", poll=not colon)
 
 
 def _first_reason(stderr: str) -> str:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from .config_lines import CORPUS, SECRET, Refused, expected, key_of
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -140,3 +142,172 @@ def test_provided_certificate_files_are_used(tmp_path):
     )
     assert (tmp_path / "state" / "tls" / "cert.pem").read_text() == "CERT\n"
     assert (tmp_path / "state" / "tls" / "key.pem").read_text() == "KEY\n"
+
+
+# ---- the settings: one reader, checked before anything changes -------------------------------
+
+EXAMPLE = REPO / "deploy" / "config.example.env"
+# What changes a machine: each stand-in notes that it was called.
+MACHINE_CHANGERS = ["docker", "dockerd", "apt-get", "systemctl", "pip", "pip3", "debootstrap"]
+
+
+def recorder(log: Path) -> str:
+    return f'echo "$(basename "$0") $*" >>{log}'
+
+
+def test_up_refuses_the_unedited_example_before_anything_changes(tmp_path):
+    config = tmp_path / "config.env"
+    config.write_bytes(EXAMPLE.read_bytes())  # copied unedited, protected as the README says
+    config.chmod(0o600)
+    roster = tmp_path / "roster.txt"
+    roster.write_text("ada\n")
+    calls = tmp_path / "calls.log"
+    # a venv whose pip and python record being called: ensure_venv would run pip install
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    for name in ("pip", "python"):
+        (venv / name).write_text(f"#!/bin/sh\n{recorder(calls)}\n")
+        (venv / name).chmod(0o755)
+    stubs = {name: recorder(calls) for name in MACHINE_CHANGERS}
+    stubs["id"] = "echo 0"  # as root
+    result = run_script(
+        "deploy/up.sh",
+        tmp_path,
+        stubs,
+        GPUHUB_CONFIG=str(config),
+        GPUHUB_ROSTER=str(roster),  # the example's /root/roster.txt, made by the organizer
+        GPUHUB_VENV=str(tmp_path / "venv"),
+    )
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    placeholders = [line for line in lines if " is still the example's " in line]
+    named = [line.split(": ")[2].split()[0] for line in placeholders]
+    assert named == [
+        "GPUHUB_HOSTNAME",
+        "GPUHUB_ACME_EMAIL",
+        "GPUHUB_GITHUB_CLIENT_ID",
+        "GPUHUB_GITHUB_CLIENT_SECRET",
+        "GPUHUB_ALLOWED_ORGS",
+        "GPUHUB_ADMIN_USERS",
+        "GPUHUB_TUTORIAL_REPOS",
+    ], result.stderr
+    assert all(line.startswith(f"error: {config} line ") for line in placeholders)
+    assert lines[-1] == f"error: fix the settings above in {config} and run this again"
+    assert len(lines) == len(placeholders) + 1, result.stderr
+    assert not calls.exists(), calls.read_text()  # nothing installed, started or built
+    assert result.stdout == ""
+
+
+def test_demo_checks_its_settings_before_anything_changes(tmp_path):
+    calls = tmp_path / "calls.log"
+    stubs = {name: recorder(calls) for name in MACHINE_CHANGERS}
+    stubs["id"] = "echo 0"
+    result = run_script(
+        "deploy/demo.sh",
+        tmp_path,
+        stubs,
+        GPUHUB_CONFIG="none",
+        GPUHUB_HTTP_PORT="80a",
+        GPUHUB_VENV=str(tmp_path / "venv"),
+    )
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [
+        "error: settings: GPUHUB_HTTP_PORT is '80a'; write a whole number",
+        "error: fix the settings above and run this again",
+    ]
+    assert not calls.exists(), calls.read_text()
+    assert not (tmp_path / "venv").exists()
+
+
+def run_script(script: str, tmp_path: Path, stubs: dict[str, str], **env):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUHUB_")}
+    return subprocess.run(
+        ["bash", str(REPO / script)],
+        capture_output=True,
+        text=True,
+        env={**clean, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env},
+        timeout=60,
+    )
+
+
+def load_config(tmp_path: Path, text: str, script: str, mode: str = "", **env):
+    """load_settings [mode] in bash with TEXT as the config file, then SCRIPT."""
+    config = tmp_path / "config.env"
+    config.write_text(text, newline="")
+    config.chmod(0o600)
+    return run_lib(
+        f"true; load_settings {mode} && {script}", tmp_path, GPUHUB_CONFIG=str(config), **env
+    )
+
+
+# A complete `make up` config (roster, limits and all) the odd lines are added to.
+COMPLETE = """\
+GPUHUB_HOSTNAME=10.0.0.5
+GPUHUB_GITHUB_CLIENT_ID=Iv1.8a61f9b3a7aba766
+GPUHUB_GITHUB_CLIENT_SECRET=0123456789abcdef
+GPUHUB_ALLOWED_ORGS=gpu-school
+GPUHUB_CPU_LIMIT=2
+GPUHUB_MEM_LIMIT=4G
+GPUHUB_PIDS_LIMIT=2048
+"""
+
+
+@pytest.mark.parametrize(
+    "line, key, value",
+    [
+        (" GPUHUB_AUTH=github", "GPUHUB_AUTH", "github"),
+        (" GPUHUB_TLS=self-signed", "GPUHUB_TLS", "self-signed"),
+    ],
+)
+def test_a_line_with_a_leading_blank_is_deployed_as_it_was_checked(tmp_path, line, key, value):
+    """The defect: bash skipped these lines that the checker accepted, and deployed the shared
+    password login (or plain HTTP) instead."""
+    result = load_config(tmp_path, COMPLETE + line + "\n", f'printf %s "${key}"', mode="up")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == value
+    # and without a mode (make down, roster, join-command ...) the same value
+    result = load_config(tmp_path, COMPLETE + line + "\n", f'printf %s "${key}"')
+    assert result.stdout == value
+
+
+@pytest.mark.parametrize("line, value", [c[1:] for c in CORPUS], ids=[c[0] for c in CORPUS])
+def test_each_odd_line_reaches_the_shell_as_meant_or_stops_it(tmp_path, line, value):
+    key = key_of(line)
+    result = load_config(tmp_path, f"# the organizer's file\n{line}\n", f'printf %s "${key}"')
+    if isinstance(value, Refused):
+        assert result.returncode != 0
+        assert "config.env line 2: " in result.stderr and value.says in result.stderr
+        assert SECRET not in result.stderr
+        assert result.stdout == ""
+    else:
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == expected(line, value)
+
+
+def test_any_value_survives_the_way_to_the_shell(tmp_path):
+    secret = "a'b\"c$d`e\\f g\n#h ~i é"
+    result = run_lib(
+        'printf %s "$GPUHUB_GITHUB_CLIENT_SECRET"',
+        tmp_path,
+        GPUHUB_CONFIG="none",
+        GPUHUB_GITHUB_CLIENT_SECRET=secret,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == secret
+
+
+def test_auto_limits_reach_the_shell_as_numbers(tmp_path):
+    result = run_lib(
+        'echo "$GPUHUB_CPU_LIMIT $GPUHUB_MEM_LIMIT $GPUHUB_PIDS_LIMIT"',
+        tmp_path,
+        GPUHUB_CONFIG="none",
+        GPUHUB_PIDS_LIMIT="0",
+    )
+    cpu, memory, pids = result.stdout.split()
+    assert float(cpu) >= 0.5 and memory.endswith("M") and int(memory[:-1]) >= 1024
+    assert pids == "0"  # the environment's value, not auto's

@@ -1,62 +1,72 @@
-"""The organizer's settings: the config file's format, misspelt keys, and every check that
-stops `make up` with one line naming the key."""
+"""The organizer's settings: the config file's one reader (its format and a corpus of odd lines),
+precedence, `auto` limits, placeholders left from the example, and every check that stops
+`make up` with one line naming the key."""
 
+import argparse
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from gpu_swarm_spawner.settings import ConfigFileError, parse_env, problems, unknown_keys
+from gpu_swarm_spawner import settings as settings_module
+from gpu_swarm_spawner.settings import (
+    GIB,
+    MIB,
+    PLACEHOLDERS,
+    ConfigFileError,
+    Machine,
+    Settings,
+    auto_limits,
+    load,
+    merge,
+    parse_env,
+    placeholders,
+    problems,
+    read_defaults,
+    resolve_auto,
+    servers_here,
+    unknown_keys,
+)
+
+from .config_lines import CORPUS, SECRET, Refused, expected, key_of
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULTS = REPO / "deploy" / "settings.env"
 EXAMPLE = REPO / "deploy" / "config.example.env"
+MACHINE = Machine(cpus=16, memory=64 * GIB, gpus=0)
 
 
 def defaults() -> dict[str, str]:
-    """deploy/settings.env as deploy/lib.sh expands it (bash), for a complete set of settings."""
-    out = subprocess.run(
-        ["bash", "-c", f". {REPO}/deploy/lib.sh && GPUHUB_CONFIG=none load_settings && env"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PATH": "/usr/bin:/bin"},
-    ).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if line.startswith("GPUHUB_"))
+    """deploy/settings.env as the reader merges it, with no environment and no config file."""
+    return merge(read_defaults(str(DEFAULTS)), {}, {}).values
 
 
 @pytest.fixture(scope="module")
 def base():
-    return defaults()
+    return resolve_auto(Settings(defaults(), {}), MACHINE).values
 
 
 def github(base, **changes):
     settings = dict(base)
     settings.update(
         GPUHUB_AUTH="github",
-        GPUHUB_HOSTNAME="hub.example.org",
+        GPUHUB_HOSTNAME="hub.workshop.org",
         GPUHUB_TLS="acme",
         GPUHUB_GITHUB_CLIENT_ID="Iv1.abc",
         GPUHUB_GITHUB_CLIENT_SECRET="s3cret",
         GPUHUB_ALLOWED_ORGS="org-a org-b:tutors",
+        GPUHUB_CPU_LIMIT="4",
+        GPUHUB_MEM_LIMIT="16G",
+        GPUHUB_PIDS_LIMIT="4096",
     )
     settings.update(changes)
     return settings
 
 
-def test_the_demo_defaults_pass_and_a_complete_github_setup_passes(base):
-    assert problems(base, mode="demo") == []
-    assert problems(github(base)) == []
-
-
-def test_the_example_config_is_complete_and_names_only_known_settings(base):
-    config = parse_env(EXAMPLE.read_text(), "config.example.env")
-    known = set(parse_env(DEFAULTS.read_text(), "settings.env"))
-    assert unknown_keys(config, known, "x") == []
-    settings = dict(base, **{k: v for k, (v, _) in config.items()})
-    # the example's roster path exists only on an organizer's machine
-    assert problems(settings, exists=lambda p: True) == []
+# ---- the format ---------------------------------------------------------------------------
 
 
 def test_the_config_file_format():
@@ -67,8 +77,61 @@ def test_the_config_file_format():
         "GPUHUB_C": ("$HOME", 5),
         "GPUHUB_D": ("x=y", 6),
     }
-    with pytest.raises(ConfigFileError, match=r"c.env line 2: expected GPUHUB_NAME=value"):
+    with pytest.raises(ConfigFileError, match=r"c.env line 2: 'HOSTNAME' is not a setting name"):
         parse_env("GPUHUB_A=1\nHOSTNAME=x\n", "c.env")
+
+
+@pytest.mark.parametrize("line, value", [c[1:] for c in CORPUS], ids=[c[0] for c in CORPUS])
+def test_each_odd_line_means_what_the_organizer_meant_or_is_refused_with_its_line(line, value):
+    text = f"# the organizer's file\n{line}\n"
+    if isinstance(value, Refused):
+        with pytest.raises(ConfigFileError) as refused:
+            parse_env(text, "config.env")
+        (message,) = refused.value.problems
+        assert message.startswith("config.env line 2: "), message
+        assert value.says in message, message
+        assert SECRET not in message  # a refused line may hold a secret: never shown
+    else:
+        assert parse_env(text, "config.env") == {key_of(line): (expected(line, value), 2)}
+
+
+def test_a_bom_at_the_start_is_ignored_and_one_elsewhere_refused():
+    assert parse_env(b"\xef\xbb\xbfGPUHUB_AUTH=github\n", "c.env") == {"GPUHUB_AUTH": ("github", 1)}
+    with pytest.raises(ConfigFileError, match=r"c.env line 2: .*U\+FEFF"):
+        parse_env(b"GPUHUB_TLS=off\n\xef\xbb\xbfGPUHUB_AUTH=github\n", "c.env")
+
+
+def test_crlf_line_ends_throughout():
+    data = b"# settings\r\nGPUHUB_AUTH=github\r\nGPUHUB_TLS='self-signed'\r\n"
+    assert parse_env(data, "c.env") == {
+        "GPUHUB_AUTH": ("github", 2),
+        "GPUHUB_TLS": ("self-signed", 3),
+    }
+
+
+def test_bytes_that_are_not_utf8_are_refused_with_each_line():
+    data = b"# caf\xe9 (Latin-1)\nGPUHUB_AUTH=github\nGPUHUB_GITHUB_CLIENT_SECRET=ab\xffcd\n"
+    with pytest.raises(ConfigFileError) as refused:
+        parse_env(data, "c.env")
+    assert refused.value.problems == [
+        "c.env line 1: not UTF-8 text (byte 0xe9 at column 6); save the file as UTF-8",
+        "c.env line 3: not UTF-8 text (byte 0xff at column 31); save the file as UTF-8",
+    ]
+
+
+def test_a_name_given_twice_is_refused_naming_both_lines():
+    with pytest.raises(ConfigFileError) as refused:
+        parse_env("GPUHUB_TLS=acme\n# later\nexport GPUHUB_TLS=off\n", "c.env")
+    assert refused.value.problems == [
+        "c.env line 3: GPUHUB_TLS is set again (first on line 1); keep one of the two"
+    ]
+
+
+def test_every_refused_line_is_reported_at_once():
+    text = "GPUHUB_A=1 # one\nGPUHUB_B=ok\ngpuhub_c=3\n"
+    with pytest.raises(ConfigFileError) as refused:
+        parse_env(text, "c.env")
+    assert [p.split(":")[0] for p in refused.value.problems] == ["c.env line 1", "c.env line 3"]
 
 
 def test_a_misspelt_key_is_named_with_its_line_and_the_likely_fix():
@@ -78,6 +141,149 @@ def test_a_misspelt_key_is_named_with_its_line_and_the_likely_fix():
         "config.env line 7: unknown setting GPUHUB_ALLOWED_ORG; did you mean GPUHUB_ALLOWED_ORGS?",
         "config.env line 9: unknown setting GPUHUB_ZZZ; deploy/settings.env lists them all",
     ]
+
+
+# ---- precedence and the defaults' references ------------------------------------------------
+
+
+def test_environment_wins_over_config_file_over_defaults_and_defaults_refer_to_earlier():
+    defaults = parse_env(
+        "GPUHUB_STACK=gpuhub\nGPUHUB_PORT=8000\nGPUHUB_DIR=/var/${GPUHUB_STACK}\n",
+        "settings.env",
+        references=True,
+    )
+    config = {"GPUHUB_STACK": ("mine", 4), "GPUHUB_PORT": ("80", 5)}
+    merged = merge(defaults, config, {"GPUHUB_PORT": "8080", "HOME": "/x"}, "config.env")
+    assert merged.values == {
+        "GPUHUB_STACK": "mine",
+        "GPUHUB_PORT": "8080",
+        "GPUHUB_DIR": "/var/mine",  # the effective value of the earlier setting
+    }
+    assert merged.origin == {
+        "GPUHUB_STACK": "config.env line 4",
+        "GPUHUB_PORT": "the environment",
+        "GPUHUB_DIR": "the default",
+    }
+
+
+def test_config_file_values_are_never_expanded():
+    defaults = parse_env("GPUHUB_A=a\nGPUHUB_B=b\n", "s.env", references=True)
+    config = parse_env("GPUHUB_B='${GPUHUB_A}'\n", "c.env")
+    assert merge(defaults, config, {}).values["GPUHUB_B"] == "${GPUHUB_A}"
+
+
+def test_a_default_may_refer_only_to_an_earlier_setting():
+    defaults = parse_env("GPUHUB_A=${GPUHUB_B}\nGPUHUB_B=b\n", "s.env", references=True)
+    with pytest.raises(ConfigFileError, match="s.env line 1: GPUHUB_A refers to GPUHUB_B"):
+        merge(defaults, {}, {}, defaults_source="s.env")
+
+
+def test_the_shipped_defaults_read_as_before():
+    values = defaults()
+    assert values["GPUHUB_STATE_DIR"] == "/var/lib/gpu-jupyterhub/gpuhub"
+    assert values["GPUHUB_TUTORIALS_DIR"] == "/var/lib/gpu-jupyterhub/gpuhub/tutorials"
+    assert values["GPUHUB_GITHUB_CLIENT_ID"] == ""
+    assert {values[k] for k in settings_module.LIMIT_KEYS} == {"auto"}
+
+
+# ---- auto limits --------------------------------------------------------------------------
+
+
+def test_auto_limits_share_the_machine_among_the_servers_it_holds():
+    assert auto_limits(Machine(16, 64 * GIB, 2), servers=6) == {
+        "GPUHUB_CPU_LIMIT": "2.6",  # 16/6, rounded down to a tenth
+        "GPUHUB_MEM_LIMIT": f"{(62 * GIB // 6) // MIB}M",  # 2 GiB kept for hub and system
+        "GPUHUB_PIDS_LIMIT": "1024",
+    }
+    assert auto_limits(Machine(64, 512 * GIB, 8), servers=8)["GPUHUB_PIDS_LIMIT"] == "4096"
+    assert auto_limits(Machine(8, 34 * GIB, 1), servers=4)["GPUHUB_CPU_LIMIT"] == "2"
+
+
+def test_auto_limits_never_go_below_what_a_jupyterlab_needs():
+    assert auto_limits(Machine(2, 4 * GIB, 0), servers=6) == {
+        "GPUHUB_CPU_LIMIT": "0.5",
+        "GPUHUB_MEM_LIMIT": "1024M",
+        "GPUHUB_PIDS_LIMIT": "1024",
+    }
+    assert auto_limits(Machine(1, GIB, 0), servers=0)["GPUHUB_MEM_LIMIT"] == "1024M"
+
+
+@pytest.mark.parametrize(
+    "gpus, simulate, per_gpu, slices, servers",
+    [(0, "2", "3", "1", 6), (4, "0", "3", "3", 4), (0, "0", "3", "1", 1), (1, "x", "3", "1", 3)],
+)
+def test_servers_here_counts_the_slices_this_machine_advertises(
+    gpus, simulate, per_gpu, slices, servers
+):
+    settings = {
+        "GPUHUB_SIMULATE_IF_NO_GPU": simulate,
+        "GPUHUB_SLICES_PER_GPU": per_gpu,
+        "GPUHUB_GPU_SLICES": slices,
+    }
+    assert servers_here(settings, Machine(8, 8 * GIB, gpus)) == servers
+
+
+def test_only_auto_is_resolved():
+    values = dict(defaults(), GPUHUB_MEM_LIMIT="8G", GPUHUB_PIDS_LIMIT="")
+    resolved = resolve_auto(Settings(values, {}), Machine(12, 26 * GIB, 0)).values
+    # the demo's 2 simulated GPUs of 3 slices: 6 servers
+    assert resolved["GPUHUB_CPU_LIMIT"] == "2"
+    assert resolved["GPUHUB_MEM_LIMIT"] == "8G"
+    assert resolved["GPUHUB_PIDS_LIMIT"] == ""
+
+
+# ---- checks -------------------------------------------------------------------------------
+
+
+def test_the_demo_defaults_pass_and_a_complete_github_setup_passes(base):
+    assert problems(base, mode="demo") == []
+    assert problems(github(base)) == []
+
+
+def example_settings(**environ) -> tuple[Settings, dict]:
+    config = parse_env(EXAMPLE.read_bytes(), "config.env")
+    known = read_defaults(str(DEFAULTS))
+    assert unknown_keys(config, set(known), "config.env") == []
+    return merge(known, config, environ, "config.env"), config
+
+
+def test_every_placeholder_is_a_value_of_the_example():
+    _, config = example_settings()
+    for key, pattern, _, _ in PLACEHOLDERS:
+        assert key in config, f"{key} is no longer in the example"
+        assert re.search(pattern, config[key][0]), (key, config[key])
+
+
+def test_the_unedited_example_is_refused_once_per_placeholder_naming_its_line():
+    settings, config = example_settings()
+    found = placeholders(settings)
+    assert len(found) == len(PLACEHOLDERS), found
+    for (key, _, advice, _), line in zip(PLACEHOLDERS, found):
+        assert line.startswith(f"config.env line {config[key][1]}: {key} is still the example's")
+        assert line.endswith(advice)
+    assert "replace-with-the-client-secret" not in "\n".join(found)
+
+
+def test_the_example_with_its_placeholders_replaced_passes():
+    mine = {
+        "GPUHUB_HOSTNAME": "hub.uni.edu",
+        "GPUHUB_ACME_EMAIL": "ops@uni.edu",
+        "GPUHUB_GITHUB_CLIENT_ID": "Iv1.8a61f9b3a7aba766",
+        "GPUHUB_GITHUB_CLIENT_SECRET": "0123456789abcdef0123456789abcdef01234567",
+        "GPUHUB_ALLOWED_ORGS": "gpu-school gpu-school:tutors",
+        "GPUHUB_ADMIN_USERS": "ada",
+        "GPUHUB_TUTORIAL_REPOS": "gpu101=https://github.com/gpu-school/gpu101.git#main",
+    }
+    settings, _ = example_settings(**mine)
+    assert placeholders(settings) == []
+    # the example's roster path exists only on an organizer's machine
+    assert problems(settings.values, exists=lambda p: True) == []
+
+
+def test_placeholders_that_do_not_matter_for_the_setup_are_let_through():
+    settings, _ = example_settings(GPUHUB_TLS="self-signed", GPUHUB_AUTH="local")
+    keys = {line.split(": ")[1].split()[0] for line in placeholders(settings)}
+    assert keys == {"GPUHUB_HOSTNAME", "GPUHUB_ADMIN_USERS", "GPUHUB_TUTORIAL_REPOS"}
 
 
 @pytest.mark.parametrize(
@@ -102,9 +308,14 @@ def test_a_misspelt_key_is_named_with_its_line_and_the_likely_fix():
         ({"GPUHUB_HTTPS_PORT": "80", "GPUHUB_HTTP_PORT": "80"}, "must differ"),
         ({"GPUHUB_HTTPS_PORT": "70000"}, "GPUHUB_HTTPS_PORT is 70000; write at least 1"),
         ({"GPUHUB_MEM_LIMIT": "16 GB"}, "GPUHUB_MEM_LIMIT is '16 GB'"),
+        ({"GPUHUB_MEM_LIMIT": "16"}, "GPUHUB_MEM_LIMIT is '16' (16 bytes)"),
         ({"GPUHUB_CPU_LIMIT": "-1"}, "GPUHUB_CPU_LIMIT is '-1'"),
+        ({"GPUHUB_PIDS_LIMIT": "100"}, "GPUHUB_PIDS_LIMIT is '100'"),
+        ({"GPUHUB_PIDS_LIMIT": "-1"}, "GPUHUB_PIDS_LIMIT is '-1'"),
+        ({"GPUHUB_CPU_LIMIT": "auto"}, "GPUHUB_CPU_LIMIT is auto, which sizes servers by"),
+        ({"GPUHUB_PIDS_LIMIT": "auto"}, "with `make up` they run on the GPU machines"),
         ({"GPUHUB_ADMIN_USERS": "ada, not_ok"}, "'not_ok' is not a username"),
-        ({"GPUHUB_TUTORIAL_REPOS": "https://x/y.git"}, "is not NAME=URL"),
+        ({"GPUHUB_TUTORIAL_REPOS": "https://x/y.git"}, "write NAME=URL"),
         ({"GPUHUB_DATASETS_MODE": "rwx"}, "GPUHUB_DATASETS_MODE is 'rwx'"),
         ({"GPUHUB_FULL_GPU": "yes"}, "GPUHUB_FULL_GPU is 'yes'; write one of: admins, all, off"),
         ({"GPUHUB_ENVIRONMENTS": "PyTorch"}, "'PyTorch' is not NAME=IMAGE"),
@@ -117,21 +328,29 @@ def test_each_problem_is_one_line_naming_the_key(base, changes, key):
     assert key in found[0]
 
 
-def run_check(tmp_path, config_text, mode=0o600, **env):
+@pytest.mark.parametrize("value", ["", "0", "256", "4096"])
+def test_pids_limit_accepts_none_or_enough(base, value):
+    assert problems(github(base, GPUHUB_PIDS_LIMIT=value)) == []
+
+
+# ---- the command that load_settings runs -------------------------------------------------
+
+
+def run_load(tmp_path, config_text, mode="up", file_mode=0o600, **env):
     config = tmp_path / "config.env"
     config.write_text(config_text)
-    config.chmod(mode)
-    command = [sys.executable, "-m", "gpu_swarm_spawner.settings", "check"]
+    config.chmod(file_mode)
+    command = [sys.executable, "-m", "gpu_swarm_spawner.settings", "load", "--mode", mode]
     command += ["--defaults", str(DEFAULTS), "--config", str(config)]
-    return subprocess.run(
-        command, capture_output=True, text=True, env=dict(defaults(), **env), cwd=REPO
-    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUHUB_")}
+    return subprocess.run(command, capture_output=True, text=True, env={**clean, **env}, cwd=REPO)
 
 
-def test_check_reports_every_problem_and_a_readable_secret(tmp_path, base):
+def test_load_reports_every_problem_and_a_readable_secret(tmp_path):
     text = "GPUHUB_AUTH=github\nGPUHUB_GITHUB_CLIENT_SECRET=s3cret\nGPUHUB_TSL=acme\n"
-    result = run_check(tmp_path, text, mode=0o644, GPUHUB_AUTH="github")
+    result = run_load(tmp_path, text, file_mode=0o644)
     assert result.returncode == 1
+    assert result.stdout == ""  # nothing for bash to apply
     lines = result.stderr.splitlines()
     assert any("line 3: unknown setting GPUHUB_TSL; did you mean GPUHUB_TLS?" in x for x in lines)
     assert any("others may read it; run: chmod 600" in x for x in lines)
@@ -139,7 +358,56 @@ def test_check_reports_every_problem_and_a_readable_secret(tmp_path, base):
     assert "s3cret" not in result.stderr  # the secret itself is never printed
 
 
-def test_check_reads_the_roster(tmp_path):
+def test_load_stops_at_a_refused_line_before_any_other_check(tmp_path):
+    result = run_load(tmp_path, "GPUHUB_AUTH=github\n GPUHUB_TLS=acme # automatic\n")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"error: {tmp_path}/config.env line 2: GPUHUB_TLS: a '#' starting a word of the value "
+        "is neither a comment nor cut off here; put a comment on a line of its own, or, if '#' "
+        "belongs to the value, quote it: GPUHUB_TLS='...'"
+    ]
+
+
+def test_load_prints_what_it_checked_as_shell_exports(tmp_path):
+    text = (
+        " GPUHUB_AUTH=github\n\tGPUHUB_TLS=self-signed\nGPUHUB_HOSTNAME=10.0.0.5\n"
+        "GPUHUB_GITHUB_CLIENT_ID=Iv1.abc\nGPUHUB_GITHUB_CLIENT_SECRET='it''s'\n"
+    )
+    assert run_load(tmp_path, text).returncode == 1  # '...''...' is text after a closing quote
+    text = text.replace("'it''s'", '"it\'s $ecret"')
+    assert "use single quotes" in run_load(tmp_path, text).stderr
+    text = text.replace('"it\'s $ecret"', '"it\'s a secret"')
+    text += "GPUHUB_ALLOWED_ORGS=org\nGPUHUB_CPU_LIMIT=2\nGPUHUB_MEM_LIMIT=4G\n"
+    text += "GPUHUB_PIDS_LIMIT=0\n"
+    result = run_load(tmp_path, text)
+    assert result.returncode == 0, result.stderr
+    exports = result.stdout.splitlines()
+    assert "export GPUHUB_AUTH=github" in exports
+    assert "export GPUHUB_TLS=self-signed" in exports
+    assert "export GPUHUB_GITHUB_CLIENT_SECRET='it'\"'\"'s a secret'" in exports
+    assert f"export GPUHUB_CONFIG_FILE={tmp_path}/config.env" in exports
+
+
+def test_load_refuses_the_unedited_example_with_one_line_per_placeholder(tmp_path):
+    roster = tmp_path / "roster.txt"
+    roster.write_text("ada\n")
+    result = run_load(tmp_path, EXAMPLE.read_text(), GPUHUB_ROSTER=str(roster))
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == len(PLACEHOLDERS), lines
+    assert all(" is still the example's " in line for line in lines)
+
+
+def test_load_says_how_to_make_a_missing_config_file(tmp_path):
+    args = argparse.Namespace(defaults=str(DEFAULTS), config=str(tmp_path / "nope.env"), mode="")
+    _, errors = load(args, environ={})
+    assert errors == [
+        f"cannot read the config file {tmp_path}/nope.env (No such file or directory); copy "
+        "deploy/config.example.env there and edit it (or run this with sudo)"
+    ]
+
+
+def test_load_reads_the_roster(tmp_path):
     roster = tmp_path / "roster.txt"
     roster.write_text("ada\nnot valid\n")
     env = dict(
@@ -148,9 +416,26 @@ def test_check_reads_the_roster(tmp_path):
         GPUHUB_GITHUB_CLIENT_ID="id",
         GPUHUB_GITHUB_CLIENT_SECRET="s",
         GPUHUB_ROSTER=str(roster),
+        GPUHUB_CPU_LIMIT="",
+        GPUHUB_MEM_LIMIT="",
+        GPUHUB_PIDS_LIMIT="",
     )
-    result = run_check(tmp_path, "", **env)
+    result = run_load(tmp_path, "", **env)
     assert result.returncode == 1
     assert "roster.txt line 2: 'not valid' is not a GitHub username" in result.stderr
     roster.write_text("ada\n")
-    assert run_check(tmp_path, "", **env).returncode == 0
+    assert run_load(tmp_path, "", **env).returncode == 0
+
+
+def test_load_without_a_mode_resolves_auto_on_this_machine(tmp_path):
+    args = argparse.Namespace(defaults=str(DEFAULTS), config="", mode="")
+    machine = Machine(cpus=12, memory=26 * GIB, gpus=0)
+    settings, errors = load(args, environ={}, machine=machine)
+    assert errors == []
+    assert settings.values["GPUHUB_CPU_LIMIT"] == "2"  # 12 cores, 6 simulated slices
+    assert settings.values["GPUHUB_MEM_LIMIT"] == "4096M"
+    settings, errors = load(
+        argparse.Namespace(defaults=str(DEFAULTS), config="", mode="up"), environ={}
+    )
+    assert settings.values["GPUHUB_CPU_LIMIT"] == "auto"  # not resolved: refused instead
+    assert any("GPUHUB_CPU_LIMIT is auto" in e for e in errors)
