@@ -43,7 +43,7 @@ resume-node:  ## NODE=host: take new servers there again
 image-tar:  ## save the single-user image to a file, for GPU machines that cannot pull it
 	bash -c '. deploy/lib.sh && load_settings && ensure_root image-tar && save_image_tar'
 
-bench-join:  ## time worker_setup/setup.sh on a fresh test-bed machine until its slices are usable
+bench-join:  ## time the join line on a fresh test-bed machine (own root fs, clean repo) until its slices are usable
 	bash tests/bench/run.sh --only join
 
 test:  ## the whole test suite: sets up its own test bed, then unit, integration and browser tests

@@ -25,7 +25,7 @@ import requests
 
 from gpu_swarm_spawner import GPUSwarmSpawner
 from gpu_swarm_spawner.inventory import task_is_live
-from tests.integration.hub import REPO, Hub, container_of, state_file
+from tests.integration.hub import BED, BED_HOST, REPO, Hub, container_of, hub_url, state_file
 from tests.integration.spawners import inventory
 from tests.sync.gitrepos import ServedRemote, signed_push
 
@@ -49,16 +49,22 @@ VARIANTS = {
         "STACK": "bench-tut",
         "HTTP_PORT": "18400",
         "NETWORK": "bench-tut",
-        "TUTORIAL_REPOS": "gpu101=git://10.199.0.1:9418/gpu101.git",
+        "TUTORIAL_REPOS": f"gpu101=git://{BED_HOST}:9418/gpu101.git",
         "TUTORIAL_POLL": "30",
     },
 }
 COMMON = {"START_TIMEOUT": "60", "POLL_INTERVAL": "30", "NAMED_SLOTS": "NVIDIA-GPU"}
 
 
+# the bed's engine settings (tests/bed/bed.sh env), which every variant keeps
+BED_ENGINE = {"GPUHUB_DAEMON_JSON", "GPUHUB_DOCKERD_CMD", "GPUHUB_DOCKERD_PIDFILE"}
+BED_ENGINE |= {"GPUHUB_DOCKERD_LOG", "GPUHUB_ADVERTISE_ADDR", "GPUHUB_ENGINE_ADDR"}
+BED_ENGINE |= {"GPUHUB_IMAGE_TAR"}
+
+
 def env_of(variant: str) -> dict[str, str]:
     settings = {**COMMON, **VARIANTS[variant]}
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUHUB_")}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUHUB_") or k in BED_ENGINE}
     return {**clean, **{f"GPUHUB_{k}": v for k, v in settings.items()}}
 
 
@@ -77,7 +83,7 @@ def deploy(variant: str) -> Hub:
     state = {"GPUHUB_STATE_DIR": lib(variant, 'echo "$GPUHUB_STATE_DIR"').strip()}
     settings = VARIANTS[variant]
     return Hub(
-        f"http://127.0.0.1:{settings['HTTP_PORT']}",
+        hub_url(settings["HTTP_PORT"]),
         state_file(state, "ops_token"),
         state_file(state, "demo_password"),
         settings["STACK"],
@@ -275,36 +281,37 @@ def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
 
 
 def bench_join(repeats: int) -> list[float]:
-    """worker_setup/setup.sh on a fresh bed machine (engine running, not in the swarm) until
-    the spawner's inventory shows its GPU slices; the machine is removed after each run."""
-    workers = f"{REPO}/tests/bed/workers.sh"
-    tar = "/tmp/gpuhub-bench-singleuser.tar"
-    image = lib("gpu", 'echo "$GPUHUB_SINGLEUSER_IMAGE"').strip()
-    subprocess.run(f"docker save {image} > {tar}", shell=True, check=True)
+    """The line `make join-command` prints (plus --image-tar, as it advises, and simulated
+    GPUs), run on a fresh bed machine (its own root filesystem, Docker installed, engine not
+    started, a clean copy of the repository), until the spawner's inventory shows its GPU
+    slices; a new machine for each run."""
+    bed = f"{REPO}/tests/bed/bed.sh"
+    machine = "fresh9"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        result = subprocess.run(["bash", bed, *args], capture_output=True, text=True)
+        if result.returncode:
+            raise RuntimeError(f"bed.sh {args[0]} failed:\n{result.stdout}{result.stderr}")
+        return result
+
+    make = subprocess.run(["make", "-s", "join-command"], cwd=REPO, capture_output=True, text=True)
+    (line,) = [x for x in make.stdout.splitlines() if x.startswith("sudo ./worker_setup/")]
     times = []
     try:
         for i in range(repeats):
-            subprocess.run(["bash", workers, "remove", "w9"], capture_output=True)
-            subprocess.run(["bash", workers, "machine", "w9"], check=True, capture_output=True)
+            run("fresh", machine)
+            tar = run("image-tar", machine).stdout.split()[-1]  # the copy is not timed
             t0 = time.monotonic()
-            result = subprocess.run(
-                ["bash", workers, "setup", "w9", "--advertise-addr", "10.199.0.19"]
-                + ["--simulate-gpus", "2", "--machine-id", "bench-w9", "--image-tar", tar],
-                capture_output=True,
-                text=True,
-            )
-            if result.returncode:
-                raise RuntimeError(f"setup.sh failed:\n{result.stdout}{result.stderr}")
-            while not [g for g in inventory().values() if g.node_name == "w9"]:
+            result = run("on", machine, f"{line} --image-tar {tar} --simulate-gpus 2")
+            while not [g for g in inventory().values() if g.node_name == machine]:
                 if time.monotonic() - t0 > 300:
-                    raise TimeoutError("w9's slices not visible after 300 s")
+                    raise TimeoutError(f"{machine}'s slices not visible after 300 s")
                 time.sleep(0.2)
             times.append(time.monotonic() - t0)
             steps = [line for line in result.stdout.splitlines() if line.startswith("[")]
             print(f"  run {i + 1}: {times[-1]:5.1f} s   " + "; ".join(steps), flush=True)
     finally:
-        subprocess.run(["bash", workers, "remove", "w9"], capture_output=True)
-        os.unlink(tar)
+        subprocess.run(["bash", bed, "remove", machine], capture_output=True)
     return times
 
 
@@ -320,7 +327,7 @@ def original_poller(remote_url: str, target: Path, interval: float, stop: thread
 
 
 def bench_tutorials(samples: int) -> dict[str, list[float]]:
-    remote = ServedRemote(Path("/var/lib/gpu-jupyterhub/bench-remotes"), "gpu101")
+    remote = ServedRemote(Path(BED["BED_DATA"], "bench-remotes"), "gpu101", address=BED_HOST)
     author = remote.author
     author.write("00-start.ipynb", "{}")
     author.commit_and_push("first")
@@ -419,7 +426,7 @@ def spawns(args, slices: int) -> None:
 
 
 def joins() -> None:
-    print("\n4. a fresh GPU machine (Docker installed) runs setup.sh: until its slices are usable")
+    print("\n4. a fresh GPU machine runs the join line: until its slices are usable")
     times = bench_join(3)
     print(
         f"  summary: machine joined, slices usable in p50 {statistics.median(times):.1f} s "

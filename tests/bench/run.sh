@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # `make bench`: GPUSwarmSpawner against stock dockerspawner.SwarmSpawner and the bare Swarm
-# operation, on the multi-node test bed. Prints figures; asserts nothing.
+# operation, on the multi-node test bed (tests/bed/bed.sh: its manager is an engine of its own,
+# never this machine's). Prints figures; asserts nothing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # the stock baseline reserves named slots (the original workshop's form): advertise them too
 export GPUHUB_NAMED_SLOTS=NVIDIA-GPU
-trap 'bash tests/bed/workers.sh down >/dev/null 2>&1 || true' EXIT
-bash tests/bed/up.sh
+# Docker (CLI, SDK, deploy/lib.sh) goes to the bed's manager, in the bed and the bench alike
+eval "$(bash tests/bed/bed.sh env | sed 's/^/export /')"
+trap 'bash tests/bed/bed.sh down >/dev/null 2>&1 || true' EXIT
+bash tests/bed/bed.sh up 2
 .venv/bin/python -m tests.bench.bench "$@"

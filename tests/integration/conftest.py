@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from .hub import REPO, Hub, dump_logs, lib, settings, state_file
+from .hub import BED, BED_HOST, REPO, Hub, dump_logs, hub_url, lib, settings, state_file
 
 # The stack under test never touches the demo's: its own name, port and network, whatever the
 # caller's environment says (GPUHUB_TEST_STACK / _HTTP_PORT / _NETWORK choose others).
@@ -10,12 +10,16 @@ _TEST_STACK = {"STACK": "gpuhub-test", "HTTP_PORT": "18000", "NETWORK": "jhub-te
 # servers of a machine that disappears are noticed within seconds, not the default 30
 _TEST_STACK["POLL_INTERVAL"] = "5"
 # the tutorial "GitHub": a bare repository served by git daemon on the bed's bridge
-# (tests/integration/test_tutorials.py creates it); polled every 2 s
-TUTORIAL_REMOTES = "/var/lib/gpu-jupyterhub/test-remotes"
-_TEST_STACK["TUTORIAL_REPOS"] = "gpu101=git://10.199.0.1:9418/gpu101.git"
+# (tests/integration/test_tutorials.py creates it), published twice: as gpu101, polled every 2 s,
+# and as gpu101-hook, never polled (":webhook"), where only a webhook can bring a push
+TUTORIAL_REMOTES = f"{BED['BED_DATA']}/test-remotes"
+TUTORIAL_REMOTE = f"git://{BED_HOST}:9418/gpu101.git"
+_TEST_STACK["TUTORIAL_REPOS"] = (
+    f"gpu101={TUTORIAL_REMOTE} gpu101-hook={TUTORIAL_REMOTE}#main:webhook"
+)
 _TEST_STACK["TUTORIAL_POLL"] = "2"
 # a shared dataset cache, read-only in servers
-DATASETS = "/var/lib/gpu-jupyterhub/test-datasets"
+DATASETS = f"{BED['BED_DATA']}/test-datasets"
 _TEST_STACK["DATASETS_DIR"] = DATASETS
 _TEST_STACK["CONFIG"] = "none"  # an organizer's ./config.env is not the test stack's
 for _name, _value in _TEST_STACK.items():
@@ -69,7 +73,7 @@ def hub(hub_settings):
     lib("ensure_secrets", "check_port", "deploy_stack", "wait_hub")
     port = hub_settings["GPUHUB_HTTP_PORT"]
     yield Hub(
-        f"http://127.0.0.1:{port}",
+        hub_url(port),
         token=state_file(hub_settings, "ops_token"),
         password=state_file(hub_settings, "demo_password"),
         stack=hub_settings["GPUHUB_STACK"],
@@ -90,9 +94,9 @@ def logs_on_failure(request):
 
 @pytest.fixture(scope="session")
 def bed():
-    """Drive tests/bed/workers.sh: bed("stop", "w1"), bed("up", "2")."""
+    """Drive tests/bed/bed.sh: bed("stop", "w1"), bed("up", "2")."""
 
     def run(*args):
-        lib(f"bash {REPO}/tests/bed/workers.sh {' '.join(args)}")
+        lib(f"bash {REPO}/tests/bed/bed.sh {' '.join(args)}")
 
     return run

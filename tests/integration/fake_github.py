@@ -6,7 +6,7 @@ It answers as a GitHub Enterprise server does (API under ``/api/v3``), so the hu
 everything after it is GitHub's protocol: the authorization code, the token exchange with the
 client secret, ``/user``, and the organization and team membership checks (204 or 404).
 
-    python -m tests.integration.fake_github --host 10.199.0.1 --port 18900 \\
+    python -m tests.integration.fake_github --host 10.199.8.1 --port 18900 \\
         --client-id ID --client-secret SECRET --org gpu-workshop=alice,ada
 """
 

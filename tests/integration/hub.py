@@ -14,6 +14,32 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"  # screenshots of browser tests
 
 
+def _bed_settings() -> dict[str, str]:
+    """tests/bed/bed.env: the bed's names and addresses, shared with tests/bed/bed.sh."""
+    lines = (REPO / "tests/bed/bed.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.startswith("BED_"))
+
+
+BED = _bed_settings()
+#: this machine on the bed's bridge: the tests' git daemon and fake GitHub listen here, and
+#: containers on every bed machine reach it
+BED_HOST = BED["BED_HOST_ADDR"]
+#: the bed's swarm manager, in a network namespace of its own: ports the stack publishes are here
+BED_MANAGER = BED["BED_MANAGER_ADDR"]
+#: /run/gpu-jupyterhub-bed: NAME.sock is bed machine NAME's engine, NAME.root a fresh machine's /
+BED_RUN = Path(BED["BED_RUN"])
+
+
+#: where this machine (and its browser) reaches the ports the stack under test publishes: the
+#: bed's manager (tests/bed/bed.sh env sets it, for deploy/lib.sh's hub_curl too)
+ENGINE_ADDR = os.environ.get("GPUHUB_ENGINE_ADDR", "127.0.0.1")
+
+
+def hub_url(port: int | str, scheme: str = "http") -> str:
+    """The URL of a port the stack under test publishes."""
+    return f"{scheme}://{ENGINE_ADDR}:{port}"
+
+
 def lib(*steps: str) -> None:
     """Run deploy/lib.sh steps in bash with the test settings; output shown on failure."""
     script = f". {REPO}/deploy/lib.sh && load_settings && " + " && ".join(steps)
@@ -106,12 +132,13 @@ def dump_logs(stack: str) -> str:
 
 
 def engine_of(node_id: str) -> docker.DockerClient:
-    """The engine of a swarm node: this one, or a bed worker's (tests/bed/workers.sh)."""
+    """The engine of a swarm node: the bed's manager, a worker's or a fresh machine's
+    (tests/bed/bed.sh)."""
     client = docker.from_env()
     hostname = client.nodes.get(node_id).attrs["Description"]["Hostname"]
-    worker_socket = Path(f"/var/run/docker-{hostname}.sock")
-    if worker_socket.exists():
-        return docker.DockerClient(base_url=f"unix://{worker_socket}")
+    socket = BED_RUN / f"{hostname}.sock"
+    if socket.exists():
+        return docker.DockerClient(base_url=f"unix://{socket}")
     return client
 
 

@@ -17,16 +17,27 @@ import pytest
 import requests
 
 from .fake_github import GitHubData, serve
-from .hub import ARTIFACTS, REPO, Hub, container_env, container_of, lib
+from .hub import (
+    ARTIFACTS,
+    BED,
+    BED_HOST,
+    BED_MANAGER,
+    BED_RUN,
+    ENGINE_ADDR,
+    REPO,
+    Hub,
+    container_env,
+    container_of,
+    lib,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
-BED_ADDRESS = "10.199.0.1"  # the bed's bridge: reachable from the browser and from containers
 GITHUB_PORT = 18900
 HTTPS_PORT = 18443
-REGISTRY_PORT = 15000  # tests/bed/workers.sh makes the bed's workers trust it
+REGISTRY_PORT = 15000  # the bed's workers trust it once they join with --registry
 CLIENT_SECRET = "fake-github-client-secret-7f3a"
-HOST = "127.0.0.1"
+HOST = ENGINE_ADDR  # where the stack under test publishes its ports
 
 # Who is who on the fake GitHub.
 ORGS = {"gpu-workshop": {"alice"}, "gpu-school": {"tom", "olga"}}
@@ -53,10 +64,10 @@ CHANGES = {
     # slim stand-ins for the PyTorch and TensorFlow images (built by the fixture)
     "GPUHUB_ENVIRONMENTS": " ".join(f"{n}={i}" for n, i in STANDINS.items()),
     # the bed's git daemon, as in conftest.py (never github.com)
-    "GPUHUB_TUTORIAL_REPOS": "gpu101=git://10.199.0.1:9418/gpu101.git",
+    "GPUHUB_TUTORIAL_REPOS": f"gpu101=git://{BED_HOST}:9418/gpu101.git",
 }
 # ... and what it adds: where "GitHub" is, and the registry port the bed's workers trust
-ADDED = {"GPUHUB_GITHUB_URL": f"http://{BED_ADDRESS}:{GITHUB_PORT}"}
+ADDED = {"GPUHUB_GITHUB_URL": f"http://{BED_HOST}:{GITHUB_PORT}"}
 ADDED["GPUHUB_REGISTRY_PORT"] = str(REGISTRY_PORT)
 
 
@@ -102,8 +113,8 @@ def build_standin(environment: str, image: str) -> None:
 
 def join_with_registry(worker: str) -> str:
     result = subprocess.run(
-        ["bash", str(REPO / "tests/bed/workers.sh"), "join", worker]
-        + ["--registry", f"{BED_ADDRESS}:{REGISTRY_PORT}"],
+        ["bash", str(REPO / "tests/bed/bed.sh"), "join", worker]
+        + ["--registry", f"{BED_MANAGER}:{REGISTRY_PORT}"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -131,7 +142,7 @@ class Production:
 def production(hub, hub_settings, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("organizer")
     github = GitHubData("fake-github-client", CLIENT_SECRET, orgs=ORGS, teams=TEAMS)
-    server = serve(BED_ADDRESS, GITHUB_PORT, github)
+    server = serve(BED_HOST, GITHUB_PORT, github)
     (tmp / "roster.txt").write_text(ROSTER)
     config = tmp / "config.env"
     config.write_text(example_config(tmp / "roster.txt"))
@@ -154,7 +165,7 @@ def github_login(page, url: str, login: str) -> None:
     page.goto(f"{url}/hub/login")
     page.click("a.btn-jupyter")  # "Sign in with GitHub"
     page.wait_for_selector("#login_field")
-    assert page.url.startswith(f"http://{BED_ADDRESS}:{GITHUB_PORT}/login/oauth/authorize")
+    assert page.url.startswith(f"http://{BED_HOST}:{GITHUB_PORT}/login/oauth/authorize")
     page.fill("#login_field", login)
     page.click("button[name=commit]")
 
@@ -162,25 +173,25 @@ def github_login(page, url: str, login: str) -> None:
 def test_make_up_prints_the_url_and_the_join_command(production):
     out = production.up_output
     assert f"GPU JupyterHub is up: https://{HOST}:{HTTPS_PORT}/" in out
-    assert "--registry" in out and f"{BED_ADDRESS}:{REGISTRY_PORT}" in out
+    assert "--registry" in out and f"{BED_MANAGER}:{REGISTRY_PORT}" in out
     assert "sudo ./worker_setup/setup.sh --manager" in out
     assert CLIENT_SECRET not in out
 
 
 def test_gpu_machines_joined_with_registry_pull_the_image_from_it(production):
-    image = f"{BED_ADDRESS}:{REGISTRY_PORT}/gpu-jupyterhub/singleuser:latest"
+    image = f"{BED_MANAGER}:{REGISTRY_PORT}/gpu-jupyterhub/singleuser:latest"
     local = docker.from_env().images
     expected = {image: local.get("gpu-jupyterhub/singleuser:latest").id}
     for standin in STANDINS.values():
-        expected[f"{BED_ADDRESS}:{REGISTRY_PORT}/{standin}"] = local.get(standin).id
+        expected[f"{BED_MANAGER}:{REGISTRY_PORT}/{standin}"] = local.get(standin).id
     for worker, output in production.joins.items():
         # pulled now, or by an earlier run ("up to date" is a successful pull too)
         assert "pulled from the manager's registry" in output or "up to date" in output, output
-        engine = docker.DockerClient(base_url=f"unix:///var/run/docker-{worker}.sock")
+        engine = docker.DockerClient(base_url=f"unix://{BED_RUN / worker}.sock")
         for name, image_id in expected.items():  # the environments' images too
             assert engine.images.get(name).id == image_id, (worker, name)
-        daemon_json = json.loads(Path(f"/etc/docker/{worker}.json").read_text())
-        assert f"{BED_ADDRESS}:{REGISTRY_PORT}" in daemon_json["insecure-registries"]
+        daemon_json = json.loads(Path(BED["BED_DATA"], worker, "daemon.json").read_text())
+        assert f"{BED_MANAGER}:{REGISTRY_PORT}" in daemon_json["insecure-registries"]
 
 
 def test_https_with_the_generated_certificate_and_http_redirects(production):
@@ -233,7 +244,7 @@ def test_an_org_member_logs_in_and_lands_in_jupyterlab(production, page):
     assert server["ready"]
     # the chosen environment's image, from the manager's registry, with the organizer's limits
     spec = server_spec("alice")
-    registry = f"{BED_ADDRESS}:{REGISTRY_PORT}/"
+    registry = f"{BED_MANAGER}:{REGISTRY_PORT}/"
     assert spec["ContainerSpec"]["Image"] == registry + STANDINS["PyTorch"]
     assert container_env(container_of("jy-alice"))["GPUHUB_ENVIRONMENT"] == "pytorch-standin"
     assert spec["Resources"]["Limits"]["NanoCPUs"] == 1_000_000_000

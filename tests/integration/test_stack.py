@@ -5,6 +5,7 @@ import time
 
 import docker
 import pytest
+from docker.utils import parse_bytes
 
 from gpu_swarm_spawner import placement
 from gpu_swarm_spawner.inventory import build_inventory
@@ -51,7 +52,7 @@ def test_stack_services_run_with_dnsrr_and_the_network_anchor(hub, client):
     assert "Global" in services[f"{hub.stack}_net-anchor"].attrs["Spec"]["Mode"]
 
 
-def test_server_holds_exactly_one_gpu_slice_and_is_removed_on_stop(hub, client):
+def test_server_holds_exactly_one_gpu_slice_and_is_removed_on_stop(hub, hub_settings, client):
     wait_slices_free()  # servers of earlier tests may still be shutting down
     assert hub.api("POST", f"/users/{USER}").status_code in (201, 409)
     r = hub.api("POST", f"/users/{USER}/server")
@@ -65,6 +66,11 @@ def test_server_holds_exactly_one_gpu_slice_and_is_removed_on_stop(hub, client):
     ((uuid, slices),) = held.items()
     assert slices == 1
     assert service.attrs["Spec"]["Labels"]["gpu-jupyterhub.stack"] == hub.stack
+    # the demo's limits (auto: sized by this machine and its slices) reach the service
+    limits = service.attrs["Spec"]["TaskTemplate"]["Resources"]["Limits"]
+    assert limits["NanoCPUs"] == int(float(hub_settings["GPUHUB_CPU_LIMIT"]) * 1e9), limits
+    assert limits["MemoryBytes"] == parse_bytes(hub_settings["GPUHUB_MEM_LIMIT"]), limits
+    assert limits["Pids"] == int(hub_settings["GPUHUB_PIDS_LIMIT"]) > 0, limits
 
     # Swarm counts the slice against that GPU
     gpus = {g.uuid: g for g in build_inventory(client.api.nodes(), client.api.tasks())}

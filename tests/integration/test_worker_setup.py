@@ -1,43 +1,58 @@
-"""worker_setup/setup.sh on a fresh machine of the test bed (namespace w3, its own dockerd).
+"""worker_setup/setup.sh on a *fresh machine* of the test bed (tests/bed/bed.sh fresh).
 
-The tests run in order on one machine: bad input first (nothing may change), then a dry run,
-the join, a placement there, a second run that changes nothing, and --leave.
+The machine is a container with its own root filesystem and its own Docker engine (not started
+until setup.sh starts it), a clean copy of the repository (no .venv, no build outputs), no
+internet (pip finds nvidia-ml-py in a local wheel directory) and the manager only over the
+bed's bridge. The tests run in order on it: bad input first (nothing may change), then a dry
+run, the join with the line `make join-command` prints, a placement there, a second run that
+changes nothing, and --leave.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import time
-from pathlib import Path
 
 import docker
 import pytest
 
 from gpu_swarm_spawner.inventory import MEMORY_LABEL, build_inventory
 
-from .hub import REPO, engine_of
+from .hub import BED_MANAGER, BED_RUN, REPO, engine_of
 from .spawners import make_spawner, remove_services
 
 pytestmark = pytest.mark.integration
 
-MACHINE, ADDRESS = "w3", "10.199.0.13"
-DAEMON_JSON = Path(f"/etc/docker/{MACHINE}.json")
-PIDFILE = Path(f"/var/run/docker-{MACHINE}.pid")
-WORKERS = f"{REPO}/tests/bed/workers.sh"
-JOIN = ["--advertise-addr", ADDRESS, "--simulate-gpus", "2", "--machine-id", f"bed-{MACHINE}"]
+MACHINE = "fresh1"
+ROOT = BED_RUN / f"{MACHINE}.root"  # the machine's root filesystem, seen from here
+DAEMON_JSON = ROOT / "etc/docker/daemon.json"
+PIDFILE = ROOT / "run/docker.pid"
+BED = f"{REPO}/tests/bed/bed.sh"
+# what the machine's administrator configured before: setup.sh must keep it
+OWN_SETTINGS = {"log-driver": "json-file", "log-opts": {"max-size": "10m"}}
+# this machine has no GPU: the join line plus simulated ones
+SIMULATE = ["--simulate-gpus", "2"]
 
 
-def workers(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(["bash", WORKERS, *args], capture_output=True, text=True, timeout=300)
+def bed(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(["bash", BED, *args], capture_output=True, text=True, timeout=600)
     if check and result.returncode:
-        raise AssertionError(f"workers.sh {' '.join(args)}:\n{result.stdout}{result.stderr}")
+        raise AssertionError(f"bed.sh {' '.join(args)}:\n{result.stdout}{result.stderr}")
     return result
 
 
-def setup(*args: str, check: bool = False) -> subprocess.CompletedProcess:
-    """setup.sh on the machine, with the swarm's address and token unless args override."""
-    return workers("setup", MACHINE, *args, check=check)
+def on_machine(command: str) -> subprocess.CompletedProcess:
+    """A shell command on the machine, as root in its copy of the repository (like ssh)."""
+    return bed("on", MACHINE, command, check=False)
+
+
+def setup(*args: str) -> subprocess.CompletedProcess:
+    """setup.sh on the machine with the manager's address and token (args may override)."""
+    token = docker.from_env().swarm.attrs["JoinTokens"]["Worker"]
+    line = ["./worker_setup/setup.sh", "--manager", f"{BED_MANAGER}:2377", "--token", token]
+    return on_machine(shlex.join([*line, *args]))
 
 
 def node_of_machine() -> dict | None:
@@ -55,22 +70,29 @@ def machine_gpus() -> list:
     ]
 
 
+def swarm_state() -> str:
+    """The machine engine's swarm state; "no engine" before setup.sh started it."""
+    try:
+        client = docker.DockerClient(f"unix://{BED_RUN / MACHINE}.sock", timeout=10)
+        return client.info()["Swarm"]["LocalNodeState"]
+    except docker.errors.DockerException:
+        return "no engine"
+
+
 @pytest.fixture(scope="module")
 def machine(hub):
-    """A fresh machine: its own engine in namespace w3, not in the swarm; removed afterwards."""
-    workers("remove", MACHINE, check=False)
-    workers("machine", MACHINE)
+    """The fresh machine, with its administrator's own daemon.json; removed afterwards."""
+    bed("fresh", MACHINE)
+    DAEMON_JSON.parent.mkdir(parents=True, exist_ok=True)
+    DAEMON_JSON.write_text(json.dumps(OWN_SETTINGS, indent=2) + "\n")
     yield
-    workers("remove", MACHINE, check=False)
+    bed("remove", MACHINE, check=False)
 
 
 @pytest.fixture(scope="module")
-def image_tar(tmp_path_factory, hub_settings):
-    tar = tmp_path_factory.mktemp("image") / "singleuser.tar"
-    subprocess.run(
-        f"docker save {hub_settings['GPUHUB_SINGLEUSER_IMAGE']} > {tar}", shell=True, check=True
-    )
-    return str(tar)
+def image_tar(machine):
+    """`make image-tar` on the manager, the file copied to the machine (the join line's advice)."""
+    return bed("image-tar", MACHINE).stdout.strip().splitlines()[-1]
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -80,67 +102,76 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def test_the_machine_is_fresh(machine):
+    """Its own files: no repository venv, no build outputs, no project packages, no engine."""
+    assert on_machine("test ! -e .venv && test ! -e test-artifacts").returncode == 0
+    assert on_machine("test -e worker_setup/setup.sh && test -e Makefile").returncode == 0
+    for module in ("jinja2", "dockerspawner", "docker"):  # the hub's packages are not here
+        assert on_machine(f"cd / && python3 -c 'import {module}'").returncode != 0, module
+    assert swarm_state() == "no engine"
+    assert not ROOT.joinpath(str(REPO).lstrip("/")).exists(), "this machine's files are not there"
+
+
 @pytest.mark.parametrize(
     "args, says",
     [
         (["--token", "SWMTKN-1-" + "0" * 50 + "-" + "a" * 25], "joining the swarm"),
         (["--token", "not-a-token"], "does not look like a swarm join token"),
-        (["--manager", "10.199.0.1:2999"], "cannot reach the manager at 10.199.0.1:2999"),
+        (
+            ["--manager", f"{BED_MANAGER}:2999"],
+            f"cannot reach the manager at {BED_MANAGER}:2999",
+        ),
     ],
 )
 def test_bad_input_stops_with_one_line_and_changes_nothing(machine, args, says):
     before = DAEMON_JSON.read_bytes()
-    error = one_line_error(setup(*JOIN, *args))
+    error = one_line_error(setup(*SIMULATE, *args))
     assert says in error
     assert DAEMON_JSON.read_bytes() == before
-    assert engine_state() == "inactive"
+    assert swarm_state() in ("inactive", "no engine")
 
 
 def test_corrupt_daemon_json_is_refused_and_left_alone(machine):
     original = DAEMON_JSON.read_bytes()
     try:
-        DAEMON_JSON.write_text('{"data-root": "/var/lib/docker-w3",')
-        error = one_line_error(setup(*JOIN))
+        DAEMON_JSON.write_text('{"log-driver": "json-file",')
+        error = one_line_error(setup(*SIMULATE))
         assert "not valid JSON" in error and "Nothing was changed" in error
-        assert DAEMON_JSON.read_text() == '{"data-root": "/var/lib/docker-w3",'
+        assert DAEMON_JSON.read_text() == '{"log-driver": "json-file",'
     finally:
         DAEMON_JSON.write_bytes(original)
-    assert engine_state() == "inactive"
-
-
-def engine_state() -> str:
-    return docker.DockerClient(f"unix:///var/run/docker-{MACHINE}.sock").info()["Swarm"][
-        "LocalNodeState"
-    ]
+    assert swarm_state() in ("inactive", "no engine")
 
 
 def test_dry_run_prints_the_plan_and_the_diff_and_changes_nothing(machine, image_tar):
     before = DAEMON_JSON.read_bytes()
-    result = setup(*JOIN, "--image-tar", image_tar, "--dry-run")
+    result = setup(*SIMULATE, "--image-tar", image_tar, "--dry-run")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "would join the swarm of 10.199.0.1:2377" in out
+    assert f"would join the swarm of {BED_MANAGER}:2377" in out
     assert f"would load {image_tar}" in out
     assert '+    "GPU-simulated-' in out and "gpu-jupyterhub.gpu-count=2" in out
     assert "dry run: nothing was changed" in out
     assert DAEMON_JSON.read_bytes() == before
-    assert engine_state() == "inactive"
+    assert swarm_state() in ("inactive", "no engine")
 
 
-def join_command() -> list[str]:
-    """The arguments of the line `make join-command` prints for the organizer."""
+def join_line() -> str:
+    """The line `make join-command` prints for the organizer, run here against the manager."""
     out = subprocess.run(
         ["make", "-s", "join-command"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
     (line,) = [x for x in out.splitlines() if x.startswith("sudo ./worker_setup/setup.sh ")]
-    return line.split()[2:]
+    assert "--image-tar FILE" in out, "the advice this test follows"
+    return line
 
 
-def test_join_makes_the_slices_usable(machine, image_tar):
-    args = join_command()
-    assert args[:2] == ["--manager", "10.199.0.1:2377"] and args[2] == "--token"
+def test_join_with_the_printed_line_makes_the_slices_usable(machine, image_tar):
+    line = join_line()
+    assert line.split()[2:5] == ["--manager", f"{BED_MANAGER}:2377", "--token"]
     t0 = time.monotonic()
-    result = setup(*args, *JOIN, "--image-tar", image_tar)
+    # exactly the printed line, plus what it says to add and this machine's simulated GPUs
+    result = on_machine(f"{line} --image-tar {image_tar} {shlex.join(SIMULATE)}")
     assert result.returncode == 0, result.stdout + result.stderr
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(machine_gpus()) < 2:
@@ -151,6 +182,7 @@ def test_join_makes_the_slices_usable(machine, image_tar):
     assert all(g.simulated and g.free == 3 for g in gpus)
     node = node_of_machine()
     assert node["Status"]["State"] == "ready"
+    assert node["Status"]["Addr"] == f"{BED_MANAGER.rsplit('.', 1)[0]}.31"
     labels = node["Description"]["Engine"]["Labels"]
     assert labels["gpu-jupyterhub.gpu-count"] == "2"
     assert labels["gpu-jupyterhub.slices-per-gpu"] == "3"
@@ -158,6 +190,10 @@ def test_join_makes_the_slices_usable(machine, image_tar):
     assert all(labels[MEMORY_LABEL + g.uuid] == "16384" for g in gpus)
     for step in ("checks", "engine", "swarm", "image", "daemon.json", "restart"):
         assert f"\n  {step} " in result.stdout, f"summary row {step} missing:\n{result.stdout}"
+    # the GPU step ran in a venv of its own holding nvidia-ml-py only
+    packages = on_machine("/opt/gpu-jupyterhub/worker-venv/bin/pip list --format=freeze")
+    names = {p.split("==")[0].lower() for p in packages.stdout.split()}
+    assert names - {"pip", "setuptools"} == {"nvidia-ml-py"}, packages.stdout
     print(f"setup.sh join -> slices usable: {elapsed:.1f} s")
 
 
@@ -187,7 +223,7 @@ def server_containers() -> list:
 
 def test_second_run_changes_nothing(machine, image_tar):
     mtime, pid = DAEMON_JSON.stat().st_mtime, PIDFILE.read_text()
-    result = setup(*JOIN, "--image-tar", image_tar)
+    result = setup(*SIMULATE, "--image-tar", image_tar)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "nothing to change: this machine is already set up" in result.stdout
     assert DAEMON_JSON.stat().st_mtime == mtime
@@ -211,7 +247,7 @@ def test_pause_node_keeps_running_servers_and_takes_no_new_ones(machine):
 def test_leave_lists_running_servers_and_stops(machine, hub):
     error = one_line_error(setup("--leave"))
     assert SERVER in error and f"make pause-node NODE={MACHINE}" in error
-    assert engine_state() == "active", "nothing changed"
+    assert swarm_state() == "active", "nothing changed"
     remove_services(hub.stack)
 
 
@@ -219,10 +255,10 @@ def test_leave_takes_the_machine_out_and_removes_the_gpu_settings(machine):
     result = setup("--leave")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "left the swarm" in result.stdout
-    assert engine_state() == "inactive"
+    assert swarm_state() == "inactive"
     config = json.loads(DAEMON_JSON.read_text())
     assert "node-generic-resources" not in config and "labels" not in config
-    assert config["data-root"] == "/var/lib/docker-w3", "the machine's own settings stay"
+    assert {k: config.get(k) for k in OWN_SETTINGS} == OWN_SETTINGS, "the machine's own settings"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and machine_gpus():
         time.sleep(0.5)

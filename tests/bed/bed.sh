@@ -1,0 +1,383 @@
+#!/usr/bin/env bash
+# The test bed: a Docker Swarm of several *machines* on this one, none of them this machine's
+# own Docker engine (which the bed never starts, stops, reconfigures or joins; a demo, a swarm
+# or /etc/docker/daemon.json of the user's stay as they are). Names and addresses: bed.env.
+#
+#   manager   a dockerd in network namespace gjbed-m (10.199.8.2 on the bridge gjbed0), with
+#             its own data-root, exec-root, pidfile, socket and daemon.json (its simulated GPU
+#             slices are written there); the swarm's manager, the images, the stack under test
+#   wN        bed workers: a dockerd each in namespace gjbed-wN (10.199.8.1N), sharing this
+#             machine's filesystem (quick to start), joined with worker_setup/setup.sh
+#   freshN    a fresh GPU machine (10.199.8.3N): a container with its own root filesystem and
+#             its own dockerd (not started: setup.sh starts it), a clean copy of the repository
+#             (tracked and untracked files, no ignored ones: no .venv), no internet; it reaches
+#             the manager only over the bridge. It runs on the manager's engine, with no
+#             network of Docker's: a veth pair puts it on the bridge.
+#
+#   tests/bed/bed.sh env             the environment that points Docker and deploy/lib.sh at
+#                                    the manager (shell-quoted NAME=value lines, for eval)
+#   tests/bed/bed.sh up [N]          bridge, manager, swarm, images, N workers (default 2)
+#   tests/bed/bed.sh workers [N]     only the N workers (the rest must be up); idempotent
+#   tests/bed/bed.sh down            remove every machine, the manager's daemon, namespaces,
+#                                    veths, the bridge and its rules; the manager's data (its
+#                                    images) stays for the next run
+#   tests/bed/bed.sh stop wN         kill one worker's dockerd (a machine that disappears)
+#   tests/bed/bed.sh join wN A       setup.sh on worker wN as `up` runs it, plus the arguments A
+#   tests/bed/bed.sh fresh NAME      a fresh machine (removed first if it exists)
+#   tests/bed/bed.sh on NAME CMD     run the shell command CMD on fresh machine NAME, as root in
+#                                    its copy of the repository (like ssh)
+#   tests/bed/bed.sh image-tar NAME  `make image-tar` here, the file copied to NAME's /root
+#   tests/bed/bed.sh remove NAME     take machine NAME (wN or freshN) out of the swarm, remove it
+#
+# Settings: GPUHUB_BED_GPUS (simulated GPUs per worker, 2), GPUHUB_SLICES_PER_GPU (3).
+set -euo pipefail
+BED_DIR=$(cd "$(dirname "$0")" && pwd)
+while IFS='=' read -r key value; do
+  case $key in BED_*) declare "$key=$value" ;; esac
+done <"$BED_DIR/bed.env"
+
+MGR=$BED_MANAGER_ADDR
+HOST=$BED_HOST_ADDR
+MGR_JSON=$BED_DATA/manager/daemon.json
+GPUS=${GPUHUB_BED_GPUS:-2}
+
+# The environment under which Docker's CLI and SDK, deploy/lib.sh and the tests use the
+# manager's engine (never the system's).
+manager_env() {
+  printf '%s=%q\n' \
+    DOCKER_HOST "unix://$BED_RUN/manager.sock" \
+    GPUHUB_DAEMON_JSON "$MGR_JSON" \
+    GPUHUB_DOCKERD_PIDFILE "$BED_RUN/manager.pid" \
+    GPUHUB_DOCKERD_LOG "$BED_LOGS/manager.log" \
+    GPUHUB_DOCKERD_CMD "exec nsenter --net=/run/netns/gjbed-m -- unshare --uts -- sh -c 'hostname manager && exec dockerd --config-file $MGR_JSON'" \
+    GPUHUB_ADVERTISE_ADDR "$MGR" \
+    GPUHUB_ENGINE_ADDR "$MGR" \
+    GPUHUB_IMAGE_TAR "$BED_DATA/singleuser-image.tar"
+}
+
+if [ "${1:-}" = env ]; then manager_env; exit 0; fi
+
+set -a; eval "$(manager_env)"; set +a
+. "$BED_DIR/../../deploy/lib.sh"
+load_settings
+mkdir -p "$BED_RUN" "$BED_DATA" "$BED_LOGS"
+
+sock() { echo "unix://$BED_RUN/$1.sock"; }
+wdocker() { local w=$1; shift; DOCKER_HOST=$(sock "$w") docker "$@"; }
+
+# iptables rule, added once: rule TABLE CHAIN SPEC...
+rule() {
+  local table=$1 chain=$2; shift 2
+  iptables -t "$table" -C "$chain" "$@" 2>/dev/null || iptables -t "$table" -I "$chain" 1 "$@"
+}
+
+# The bridge, and this machine as the bed's router: Docker's engines set FORWARD to DROP; the
+# manager builds images, which needs the internet (masqueraded, as for Docker's own bridges).
+ensure_bridge() {
+  ip link show "$BED_BRIDGE" >/dev/null 2>&1 || ip link add "$BED_BRIDGE" type bridge
+  [[ "$(ip addr show dev "$BED_BRIDGE")" == *"inet $HOST/24"* ]] || ip addr add "$HOST/24" dev "$BED_BRIDGE"
+  ip link set "$BED_BRIDGE" up
+  rule filter FORWARD -i "$BED_BRIDGE" -j ACCEPT
+  rule filter FORWARD -o "$BED_BRIDGE" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+  rule nat POSTROUTING -s "$BED_NET.0/24" ! -o "$BED_BRIDGE" -j MASQUERADE
+  sysctl -qw net.ipv4.ip_forward=1
+}
+
+remove_bridge() {
+  iptables -D FORWARD -i "$BED_BRIDGE" -j ACCEPT 2>/dev/null || true
+  iptables -D FORWARD -o "$BED_BRIDGE" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT 2>/dev/null || true
+  iptables -t nat -D POSTROUTING -s "$BED_NET.0/24" ! -o "$BED_BRIDGE" -j MASQUERADE 2>/dev/null || true
+  if ip link show "$BED_BRIDGE" >/dev/null 2>&1; then ip link del "$BED_BRIDGE"; fi
+}
+
+# A veth pair from the bridge into a network namespace (NS: a name under /run/netns, or the
+# process id of a container's first process), as eth0 with ADDR, default route via this machine.
+plug() {  # plug VETH NS ADDR
+  local veth=$1 ns=$2 addr=$3 nspath
+  [[ $ns =~ ^[0-9]+$ ]] && nspath=/proc/$ns/ns/net || nspath=/run/netns/$ns
+  ip link del "$veth" 2>/dev/null || true
+  ip link add "$veth" type veth peer name "$veth-p"
+  ip link set "$veth" master "$BED_BRIDGE" up
+  ip link set "$veth-p" netns "$ns"
+  nsenter --net="$nspath" sh -ec "
+    ip link set lo up
+    ip link set $veth-p name eth0
+    ip addr add $addr/24 dev eth0
+    ip link set eth0 up
+    ip route add default via $HOST"
+}
+
+ensure_netns() {  # ensure_netns NS VETH ADDR
+  [ -e "/run/netns/$1" ] && return 0
+  ip netns add "$1"
+  plug "$2" "$1" "$3"
+}
+
+# ---- the manager ------------------------------------------------------------------------------
+
+ensure_manager() {
+  ensure_bridge
+  ensure_netns gjbed-m gjb-m "$MGR"
+  mkdir -p "$BED_DATA/manager/docker" "$BED_RUN/manager"
+  if [ ! -s "$MGR_JSON" ]; then
+    cat >"$MGR_JSON" <<JSON
+{
+  "data-root": "$BED_DATA/manager/docker",
+  "exec-root": "$BED_RUN/manager",
+  "pidfile": "$BED_RUN/manager.pid",
+  "hosts": ["unix://$BED_RUN/manager.sock"]
+}
+JSON
+  fi
+  engine_up && return 0
+  log "starting the bed's manager engine (namespace gjbed-m, $MGR)"
+  start_engine
+}
+
+stop_daemon() {  # stop_daemon PIDFILE
+  local pid; pid=$(cat "$1" 2>/dev/null || true)
+  [ -n "$pid" ] || return 0
+  kill "$pid" 2>/dev/null || true
+  local i; for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+  kill -9 "$pid" 2>/dev/null || true
+}
+
+# An engine that did not stop cleanly leaves its network namespaces and layers mounted.
+unmount_under() {  # unmount_under DIR...
+  local dir mnt
+  for dir in "$@"; do
+    for mnt in $(findmnt -rno TARGET | grep -F "$dir/" | sort -r); do umount -l "$mnt" 2>/dev/null || true; done
+  done
+}
+
+# ---- bed workers (namespaces, shared filesystem) ----------------------------------------------
+
+worker_addr() { echo "$BED_NET.$((10 + ${1#w}))"; }
+
+# The environment under which worker_setup/setup.sh drives worker wN's engine.
+worker_env() {  # shell-quoted NAME=value lines, for eval
+  local w=$1
+  printf '%s=%q\n' \
+    DOCKER_HOST "$(sock "$w")" \
+    GPUHUB_DAEMON_JSON "$BED_DATA/$w/daemon.json" \
+    GPUHUB_DOCKERD_PIDFILE "$BED_RUN/$w.pid" \
+    GPUHUB_DOCKERD_LOG "$BED_LOGS/$w.log" \
+    GPUHUB_DOCKERD_CMD "exec nsenter --net=/run/netns/gjbed-$w -- unshare --uts -- sh -c 'hostname $w && exec dockerd --config-file $BED_DATA/$w/daemon.json'"
+}
+
+ensure_worker_engine() {
+  local w=$1 cfg=$BED_DATA/$1/daemon.json
+  ensure_netns "gjbed-$w" "gjb-$w" "$(worker_addr "$w")"
+  mkdir -p "$BED_DATA/$w/docker" "$BED_RUN/$w"
+  if [ ! -s "$cfg" ]; then
+    cat >"$cfg" <<JSON
+{
+  "data-root": "$BED_DATA/$w/docker",
+  "exec-root": "$BED_RUN/$w",
+  "pidfile": "$BED_RUN/$w.pid",
+  "hosts": ["$(sock "$w")"],
+  "dns": ["$HOST"]
+}
+JSON
+  fi
+  wdocker "$w" info >/dev/null 2>&1 && return 0
+  ( set -a; eval "$(worker_env "$w")"; start_engine )
+}
+
+# setup.sh on worker wN with the bed's own arguments (its address, simulated GPUs), plus ARGS.
+join_worker() {
+  local w=$1 token; shift
+  token=$(docker swarm join-token -q worker)  # the manager's, before DOCKER_HOST points at wN
+  ( set -a; eval "$(worker_env "$w")"; set +a
+    bash "$REPO/worker_setup/setup.sh" --manager "$MGR:2377" --token "$token" \
+      --advertise-addr "$(worker_addr "$w")" --simulate-gpus "$GPUS" \
+      --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" --machine-id "bed-$w" \
+      ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} "$@" )
+}
+
+needs_image() {
+  local want; want=$(docker image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE")
+  [ "$(wdocker "$1" image inspect -f '{{.Id}}' "$GPUHUB_SINGLEUSER_IMAGE" 2>/dev/null)" != "$want" ]
+}
+
+wait_ready() {  # wait_ready HOSTNAME...
+  local i name missing
+  for i in $(seq 1 120); do
+    missing=''
+    for name in "$@"; do
+      docker node ls --format '{{.Hostname}} {{.Status}}' | grep -x "$name Ready" >/dev/null || missing+=" $name"
+    done
+    [ -z "$missing" ] && return 0
+    sleep 0.5
+  done
+  docker node ls >&2
+  die "bed machine(s)$missing not Ready in the swarm"
+}
+
+workers_up() {
+  local n=${1:-2} i w tar out image names=()
+  tar=$(mktemp --suffix=.tar); rm -f "$tar"
+  for i in $(seq 1 "$n"); do
+    w=w$i; names+=("$w")
+    ensure_worker_engine "$w"
+    image=()
+    if needs_image "$w"; then
+      [ -s "$tar" ] || docker save "$GPUHUB_SINGLEUSER_IMAGE" >"$tar"
+      image=(--image-tar "$tar")
+    fi
+    out=$(join_worker "$w" "${image[@]}" 2>&1) \
+      || { rm -f "$tar"; echo "$out" >&2; die "worker_setup/setup.sh failed on $w (output above)"; }
+  done
+  rm -f "$tar"
+  wait_ready "${names[@]}"
+  log "$n worker(s) ready, $GPUS simulated GPU(s) x $GPUHUB_SLICES_PER_GPU slices each"
+}
+
+remove_worker() {
+  local w=$1
+  wdocker "$w" swarm leave --force >/dev/null 2>&1 || true
+  stop_daemon "$BED_RUN/$w.pid"
+  unmount_under "$BED_RUN/$w" "$BED_DATA/$w"
+  rm -rf "${BED_DATA:?}/$w" "${BED_RUN:?}/$w" "$BED_RUN/$w.sock" "$BED_RUN/$w.pid"
+  if [ -e "/run/netns/gjbed-$w" ]; then ip netns del "gjbed-$w"; fi
+  ip link del "gjb-$w" 2>/dev/null || true
+}
+
+# ---- fresh machines (containers with their own root filesystem and engine) --------------------
+
+fresh_addr() { echo "$BED_NET.$((30 + ${1#fresh}))"; }
+
+# The fresh machine's image: the project's base image plus what a GPU machine has, and a local
+# wheel of nvidia-ml-py (downloaded here, as ensure_venv installs packages).
+ensure_machine_image() {
+  local ctx=$BED_DATA/machine-context
+  mkdir -p "$ctx/wheels"
+  if ! ls "$ctx"/wheels/nvidia_ml_py-*.whl >/dev/null 2>&1; then
+    log "downloading the nvidia-ml-py wheel for the fresh machines"
+    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps -d "$ctx/wheels" nvidia-ml-py \
+      || die "pip download nvidia-ml-py failed"
+  fi
+  cp "$BED_DIR/machine/Dockerfile" "$BED_DIR/machine/pip.conf" "$ctx/"
+  log "image $BED_MACHINE_IMAGE"
+  local out; out=$(mktemp)
+  DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE_IMAGE=$GPUHUB_BASE_IMAGE" \
+      -t "$BED_MACHINE_IMAGE" "$ctx" >"$out" 2>&1 \
+    || { tail -30 "$out" >&2; die "building $BED_MACHINE_IMAGE failed (output above)"; }
+  rm -f "$out"
+}
+
+# Machine NAME, new: its container (its own root filesystem and /var/lib/docker volume), on the
+# bridge at its address, a clean copy of the repository in /root/gpu-jupyterhub.
+fresh_machine() {
+  local name=$1 pid
+  remove_machine "$name"
+  docker image inspect "$BED_MACHINE_IMAGE" >/dev/null 2>&1 || ensure_machine_image
+  docker run -d --name "gjbed-$name" --hostname "$name" --network none \
+    --label gpu-jupyterhub-bed.machine="$name" \
+    --cap-add SYS_ADMIN --cap-add NET_ADMIN \
+    --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+    -v /sys/fs/cgroup:/sys/fs/cgroup:rw -v "gjbed-$name-docker:/var/lib/docker" \
+    "$BED_MACHINE_IMAGE" >/dev/null
+  # its name resolves on it, as on any installed machine (sudo asks)
+  docker exec "gjbed-$name" sh -c "echo '127.0.1.1 $name' >>/etc/hosts"
+  pid=$(docker inspect -f '{{.State.Pid}}' "gjbed-$name")
+  plug "gjb-$name" "$pid" "$(fresh_addr "$name")"
+  # how the host reaches its engine and files (like ssh): links into its root filesystem
+  ln -sfn "/proc/$pid/root/run/docker.sock" "$BED_RUN/$name.sock"
+  ln -sfn "/proc/$pid/root" "$BED_RUN/$name.root"
+  ( cd "$REPO" && git ls-files -co --exclude-standard -z \
+      | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
+      | tar --null -T - -c ) \
+    | docker exec -i "gjbed-$name" sh -c 'mkdir -p /root/gpu-jupyterhub && tar -x -C /root/gpu-jupyterhub'
+  log "fresh machine $name at $(fresh_addr "$name") (repository copied, engine not started)"
+}
+
+on_machine() {  # on_machine NAME COMMAND
+  docker exec -i -w /root/gpu-jupyterhub "gjbed-$1" bash -c "$2"
+}
+
+# `make image-tar` here, the file copied onto machine NAME (as an organizer would with scp).
+image_tar_to() {
+  local name=$1
+  ( cd "$REPO" && make -s image-tar >/dev/null )
+  docker cp "$GPUHUB_IMAGE_TAR" "gjbed-$name:/root/$(basename "$GPUHUB_IMAGE_TAR")" >/dev/null
+  echo "/root/$(basename "$GPUHUB_IMAGE_TAR")"
+}
+
+remove_fresh() {
+  local name=$1 id
+  docker rm -f -v "gjbed-$name" >/dev/null 2>&1 || true
+  docker volume rm "gjbed-$name-docker" >/dev/null 2>&1 || true
+  ip link del "gjb-$name" 2>/dev/null || true
+  rm -f "$BED_RUN/$name.sock" "$BED_RUN/$name.root"
+}
+
+# Machine NAME out of the swarm's node list and gone.
+remove_machine() {
+  local name=$1 id
+  case $name in fresh*) remove_fresh "$name" ;; *) remove_worker "$name" ;; esac
+  engine_up || return 0
+  for id in $(docker node ls --filter "name=$name" -q 2>/dev/null); do
+    [ "$(docker node inspect -f '{{.Description.Hostname}}' "$id")" = "$name" ] \
+      && docker node rm --force "$id" >/dev/null 2>&1 || true
+  done
+}
+
+# ---- the whole bed ----------------------------------------------------------------------------
+
+# Debian's docker.io starts the system's engine when installed; the bed only needs its binaries.
+install_without_starting_services() {  # install_without_starting_services cmd:pkg ...
+  local policy=/usr/sbin/policy-rc.d
+  if [ -e "$policy" ]; then ensure_packages "$@"; return; fi
+  printf '#!/bin/sh\n# tests/bed/bed.sh: no service starts while it installs packages\nexit 101\n' >"$policy"
+  chmod +x "$policy"
+  ( trap 'rm -f "$policy"' EXIT; ensure_packages "$@" )
+}
+
+up() {
+  ensure_root test
+  install_without_starting_services curl:curl openssl:openssl ss:iproute2 ip:iproute2 \
+    iptables:iptables nsenter:util-linux chromium:chromium docker:docker.io dockerd:docker.io
+  ensure_venv test
+  ensure_manager
+  ensure_gpu_slices
+  ensure_swarm
+  ensure_images
+  ensure_machine_image
+  workers_up "${1:-2}"
+}
+
+down() {
+  local name id
+  for name in $( { ls "$BED_RUN" 2>/dev/null | sed -n 's/^\(w[0-9]*\|fresh[0-9]*\)\.\(pid\|sock\|root\)$/\1/p'
+                   ip netns list | awk '/^gjbed-w[0-9]+/{sub("gjbed-", "", $1); print $1}'
+                   docker ps -a --filter label=gpu-jupyterhub-bed.machine \
+                     --format '{{.Label "gpu-jupyterhub-bed.machine"}}' 2>/dev/null; } | sort -u); do
+    remove_machine "$name"
+  done
+  if engine_up; then
+    for id in $(docker node ls --filter role=worker -q 2>/dev/null); do
+      docker node rm --force "$id" >/dev/null 2>&1 || true
+    done
+  fi
+  stop_daemon "$BED_RUN/manager.pid"
+  unmount_under "$BED_RUN/manager"
+  if [ -e /run/netns/gjbed-m ]; then ip netns del gjbed-m; fi
+  ip link del gjb-m 2>/dev/null || true
+  remove_bridge
+  log "test bed removed (the manager's images stay in $BED_DATA/manager)"
+}
+
+case "${1:-}" in
+  up) up "${2:-2}" ;;
+  workers) workers_up "${2:-2}" ;;
+  down) down ;;
+  stop) stop_daemon "$BED_RUN/${2:?which worker, e.g. w1}.pid" ;;
+  join) w=${2:?which worker, e.g. w1}; shift 2; join_worker "$w" "$@" ;;
+  fresh) fresh_machine "${2:?which machine, e.g. fresh1}" ;;
+  on) on_machine "${2:?which machine, e.g. fresh1}" "${3:?a command}" ;;
+  image-tar) image_tar_to "${2:?which machine, e.g. fresh1}" ;;
+  remove) remove_machine "${2:?which machine, e.g. fresh1}" ;;
+  *) echo "usage: $0 env | up [N] | workers [N] | down | stop wN | join wN ARGS | fresh NAME | on NAME CMD | image-tar NAME | remove NAME" >&2
+     exit 2 ;;
+esac
