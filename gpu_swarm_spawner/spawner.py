@@ -128,15 +128,6 @@ class GPUSwarmSpawner(SwarmSpawner):
         """,
     )
 
-    @validate("gpu_slices")
-    def _validate_gpu_slices(self, proposal):
-        if proposal.value < 1:
-            raise TraitError(
-                f"GPUSwarmSpawner.gpu_slices must be 1 or more, got {proposal.value}; "
-                "every server needs at least one slice (use 1 for a shared GPU)"
-            )
-        return proposal.value
-
     prefer_home_node = Bool(
         True,
         config=True,
@@ -251,22 +242,6 @@ class GPUSwarmSpawner(SwarmSpawner):
         """,
     )
 
-    @validate("inventory_max_age")
-    def _validate_inventory_max_age(self, proposal):
-        if proposal.value < 0:
-            raise TraitError(
-                f"GPUSwarmSpawner.inventory_max_age must be 0 or more seconds, got {proposal.value}"
-            )
-        return proposal.value
-
-    @validate("placement_attempts", "docker_api_threads")
-    def _validate_at_least_one(self, proposal):
-        if proposal.value < 1:
-            raise TraitError(
-                f"GPUSwarmSpawner.{proposal.trait.name} must be 1 or more, got {proposal.value}"
-            )
-        return proposal.value
-
     probe_server = Bool(
         True,
         config=True,
@@ -300,12 +275,22 @@ class GPUSwarmSpawner(SwarmSpawner):
         """,
     )
 
-    @validate("pids_limit")
-    def _validate_pids_limit(self, proposal):
-        if proposal.value < 0:
+    # the number settings with a least value: {trait: (least, "... or more", advice)}
+    _MINIMUMS = {
+        "gpu_slices": (1, "1 or more", "every server needs a slice (use 1 for a shared GPU)"),
+        "placement_attempts": (1, "1 or more", ""),
+        "docker_api_threads": (1, "1 or more", ""),
+        "inventory_max_age": (0, "0 or more seconds", ""),
+        "pids_limit": (0, "0 (no limit) or more", "write a number of processes such as 2048"),
+    }
+
+    @validate(*_MINIMUMS)
+    def _validate_minimum(self, proposal):
+        least, expected, advice = self._MINIMUMS[proposal.trait.name]
+        if proposal.value < least:
             raise TraitError(
-                f"GPUSwarmSpawner.pids_limit must be 0 (no limit) or more, got {proposal.value}; "
-                "write a number of processes such as 2048"
+                f"GPUSwarmSpawner.{proposal.trait.name} must be {expected}, got {proposal.value}"
+                + (f"; {advice}" if advice else "")
             )
         return proposal.value
 
