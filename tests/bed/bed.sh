@@ -73,20 +73,21 @@ rule() {
 
 # The bridge, and this machine as the bed's router: Docker's engines set FORWARD to DROP; the
 # manager builds images, which needs the internet (masqueraded, as for Docker's own bridges).
+# Only the manager: the workers and the fresh machines reach nothing beyond the bridge.
 ensure_bridge() {
   ip link show "$BED_BRIDGE" >/dev/null 2>&1 || ip link add "$BED_BRIDGE" type bridge
   [[ "$(ip addr show dev "$BED_BRIDGE")" == *"inet $HOST/24"* ]] || ip addr add "$HOST/24" dev "$BED_BRIDGE"
   ip link set "$BED_BRIDGE" up
   rule filter FORWARD -i "$BED_BRIDGE" -j ACCEPT
   rule filter FORWARD -o "$BED_BRIDGE" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
-  rule nat POSTROUTING -s "$BED_NET.0/24" ! -o "$BED_BRIDGE" -j MASQUERADE
+  rule nat POSTROUTING -s "$MGR/32" ! -o "$BED_BRIDGE" -j MASQUERADE
   sysctl -qw net.ipv4.ip_forward=1
 }
 
 remove_bridge() {
   iptables -D FORWARD -i "$BED_BRIDGE" -j ACCEPT 2>/dev/null || true
   iptables -D FORWARD -o "$BED_BRIDGE" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT 2>/dev/null || true
-  iptables -t nat -D POSTROUTING -s "$BED_NET.0/24" ! -o "$BED_BRIDGE" -j MASQUERADE 2>/dev/null || true
+  iptables -t nat -D POSTROUTING -s "$MGR/32" ! -o "$BED_BRIDGE" -j MASQUERADE 2>/dev/null || true
   if ip link show "$BED_BRIDGE" >/dev/null 2>&1; then ip link del "$BED_BRIDGE"; fi
 }
 

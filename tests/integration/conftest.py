@@ -76,6 +76,7 @@ def hub(hub_settings):
         hub_url(port),
         token=state_file(hub_settings, "ops_token"),
         password=state_file(hub_settings, "demo_password"),
+        admin_password=state_file(hub_settings, "admin_password"),
         stack=hub_settings["GPUHUB_STACK"],
     )
     if os.environ.get("GPUHUB_TEST_KEEP_STACK") != "1":  # kept for a quicker next run

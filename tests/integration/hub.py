@@ -68,9 +68,18 @@ def settings() -> dict[str, str]:
 class Hub:
     """The hub's REST API, authenticated with the operations token."""
 
-    def __init__(self, url: str, token: str, password: str, stack: str, verify: str | bool = True):
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        password: str,
+        stack: str,
+        verify: str | bool = True,
+        admin_password: str = "",
+    ):
         self.url = url
-        self.password = password
+        self.password = password  # the participants' shared password (GPUHUB_AUTH=local)
+        self.admin_password = admin_password  # the admins' own
         self.stack = stack
         self.verify = verify  # a CA file: the certificate of the stack's HTTPS gateway
         self.session = requests.Session()

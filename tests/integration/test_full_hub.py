@@ -40,10 +40,10 @@ def full(hub, hub_settings):
     remove_services(hub.stack)
 
 
-def log_in(page, hub, user):
+def log_in(page, hub, user, password=None):
     page.goto(f"{hub.url}/hub/login")
     page.fill("#username_input", user)
-    page.fill("#password_input", hub.password)
+    page.fill("#password_input", password or hub.password)
     page.click("#login_submit")
 
 
@@ -92,7 +92,7 @@ def test_a_participant_reads_the_refusal_on_the_page_and_on_the_home_page(hub, f
 def test_an_admin_reads_the_refusal_on_the_spawn_form(hub, full, page):
     """With choices to make (an admin may take a full GPU), the refusal comes back on the
     spawn form."""
-    log_in(page, hub, "admin")
+    log_in(page, hub, "admin", hub.admin_password)
     page.wait_for_selector("#gpuhub-gpu-full", timeout=60_000)
     page.check("#gpuhub-gpu-full")
     with page.expect_response(lambda r: r.request.method == "POST") as answer:
