@@ -297,7 +297,7 @@ class GPUSwarmSpawner(SwarmSpawner):
     @default("prefix")
     def _default_prefix(self):
         # services are named jy-<escaped username>[--<server name>]
-        return "jy"
+        return contract.SERVICE_PREFIX
 
     @default("object_name")
     def _object_name_default(self):
@@ -309,7 +309,7 @@ class GPUSwarmSpawner(SwarmSpawner):
 
     @default("use_internal_ip")
     def _default_use_internal_ip(self):
-        # the hub sits on the same attachable overlay and reaches servers by service name
+        # the hub sits on the same attachable overlay and reaches servers at their task's address
         return True
 
     @default("extra_endpoint_spec")

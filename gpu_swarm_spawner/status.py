@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .contract import USER_LABEL
+from .contract import SERVICE_PREFIX, USER_LABEL
 from .inventory import (
     build_inventory,
     gpu_kinds,
@@ -28,7 +28,9 @@ def _table(rows: list[list[str]]) -> list[str]:
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def render(nodes: list[dict], tasks: list[dict], services: list[dict], prefix: str = "jy") -> str:
+def render(
+    nodes: list[dict], tasks: list[dict], services: list[dict], prefix: str = SERVICE_PREFIX
+) -> str:
     """Machines with their GPUs and slices, then one line per participant's server."""
     used_on = used_slices(tasks)  # on every machine, paused or drained ones too
     rows = [["machine", "state", "availability", "GPUs", "slices used/total", "note"]]
@@ -78,7 +80,9 @@ def render(nodes: list[dict], tasks: list[dict], services: list[dict], prefix: s
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prefix", default="jy", help="service name prefix of user servers")
+    parser.add_argument(
+        "--prefix", default=SERVICE_PREFIX, help="service name prefix of user servers"
+    )
     args = parser.parse_args(argv)
     import docker
 
