@@ -279,6 +279,21 @@ def merge(
     return Settings(values, origin)
 
 
+#: The demo's defaults that a production hub (`make up`) must not inherit: {key: its value there}.
+#: Simulated GPUs on the manager would be offered to participants as if they were real.
+PRODUCTION_DEFAULTS = {"GPUHUB_SIMULATE_IF_NO_GPU": "0"}
+
+
+def production_defaults(settings: Settings) -> Settings:
+    """``make up``'s values for the settings left at a default meant for the demo; a value the
+    config file or the environment sets is kept."""
+    values, origin = dict(settings.values), dict(settings.origin)
+    for key, value in PRODUCTION_DEFAULTS.items():
+        if origin.get(key) == "the default":
+            values[key], origin[key] = value, "the default of make up"
+    return Settings(values, origin)
+
+
 def read_defaults(path: str) -> dict[str, tuple[str, int]]:
     """deploy/settings.env: the config file's format, plus ``${GPUHUB_X}`` references."""
     return parse_env(Path(path).read_bytes(), path, references=True)
@@ -679,7 +694,9 @@ def load(args, environ=os.environ, machine: Machine | None = None) -> tuple[Sett
         settings = merge(defaults, config, environ, source, args.defaults)
     except ConfigFileError as e:
         return Settings({}, {}), e.problems
-    if args.mode != "up":
+    if args.mode == "up":
+        settings = production_defaults(settings)
+    else:
         settings = resolve_auto(settings, machine or this_machine())
     if not args.mode:
         return settings, unknown

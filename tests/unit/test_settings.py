@@ -388,6 +388,26 @@ def test_load_prints_what_it_checked_as_shell_exports(tmp_path):
     assert f"export GPUHUB_CONFIG_FILE={tmp_path}/config.env" in exports
 
 
+@pytest.mark.parametrize(
+    ("mode", "line", "env", "simulated"),
+    [
+        ("up", "", {}, "0"),  # a production hub: no simulated GPUs unless asked
+        ("up", "GPUHUB_SIMULATE_IF_NO_GPU=2\n", {}, "2"),  # a test install asks
+        ("up", "", {"GPUHUB_SIMULATE_IF_NO_GPU": "1"}, "1"),
+        ("demo", "", {}, "2"),  # the demo keeps its default
+    ],
+)
+def test_make_up_offers_no_simulated_gpus_unless_asked(tmp_path, mode, line, env, simulated):
+    text = (
+        "GPUHUB_AUTH=github\nGPUHUB_TLS=self-signed\nGPUHUB_HOSTNAME=10.0.0.5\n"
+        "GPUHUB_GITHUB_CLIENT_ID=Iv1.abc\nGPUHUB_GITHUB_CLIENT_SECRET=s\n"
+        "GPUHUB_ALLOWED_ORGS=org\nGPUHUB_CPU_LIMIT=2\nGPUHUB_MEM_LIMIT=4G\nGPUHUB_PIDS_LIMIT=0\n"
+    ) + line
+    result = run_load(tmp_path, text, mode=mode, **env)
+    assert result.returncode == 0, result.stderr
+    assert f"export GPUHUB_SIMULATE_IF_NO_GPU={simulated}" in result.stdout.splitlines()
+
+
 def test_load_refuses_the_unedited_example_with_one_line_per_placeholder(tmp_path):
     roster = tmp_path / "roster.txt"
     roster.write_text("ada\n")
