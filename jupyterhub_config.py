@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpu_swarm_spawner import HUB_TEMPLATES
+from gpu_swarm_spawner import HUB_TEMPLATES, contract
 from gpu_swarm_spawner.settings import names
 
 c = get_config()  # noqa: F821  (provided by JupyterHub)
@@ -135,13 +135,13 @@ if setting("MEM_LIMIT", ""):
 if setting("SPAWNER", "gpu") == "stock-swarm":
     # The benchmark's baseline: dockerspawner as the original workshop ran it, one named slot.
     c.JupyterHub.spawner_class = "dockerspawner.SwarmSpawner"
-    c.SwarmSpawner.prefix = "jy"
+    c.SwarmSpawner.prefix = contract.SERVICE_PREFIX
     c.SwarmSpawner.use_internal_ip = True
     c.SwarmSpawner.extra_endpoint_spec = {"mode": "dnsrr"}
     c.SwarmSpawner.extra_resources_spec = {
         "generic_resources": {setting("NAMED_SLOTS", "NVIDIA-GPU"): 1}
     }
-    c.SwarmSpawner.extra_create_kwargs = {"labels": {"gpu-jupyterhub.stack": STACK}}
+    c.SwarmSpawner.extra_create_kwargs = {"labels": {contract.STACK_LABEL: STACK}}
 else:
     c.JupyterHub.spawner_class = "gpu_swarm_spawner.GPUSwarmSpawner"
     c.GPUSwarmSpawner.gpu_slices = int(setting("GPU_SLICES", "1"))
@@ -149,8 +149,8 @@ else:
     c.GPUSwarmSpawner.docker_api_threads = int(setting("DOCKER_API_THREADS", "4"))
     if setting("PIDS_LIMIT", ""):
         c.GPUSwarmSpawner.pids_limit = int(setting("PIDS_LIMIT", ""))  # 0: no limit
-    c.GPUSwarmSpawner.service_labels = {"gpu-jupyterhub.stack": STACK}
-    c.GPUSwarmSpawner.volumes = {"jy-home-{username}": "/home/jovyan"}
+    c.GPUSwarmSpawner.service_labels = {contract.STACK_LABEL: STACK}
+    c.GPUSwarmSpawner.volumes = {contract.HOME_VOLUME: "/home/jovyan"}
     # the spawn page: environments (NAME=IMAGE, the first is the default) and a full GPU
     ENVIRONMENTS = dict(entry.split("=", 1) for entry in setting("ENVIRONMENTS", "").split())
     if ENVIRONMENTS:

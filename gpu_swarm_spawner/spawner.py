@@ -11,6 +11,7 @@ import jinja2
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, TaskTemplate
 from dockerspawner import SwarmSpawner
 from jupyterhub.spawner import SpawnException
+from jupyterhub.utils import format_exception
 from tornado import web
 from traitlets import (
     Bool,
@@ -367,13 +368,11 @@ class GPUSwarmSpawner(SwarmSpawner):
     def failure_message(self) -> str:
         """What the participant was told when this server's latest start failed; "" when it
         did not fail (or a new start began). The hub's home page shows it (templates/hub)."""
-        spawn = self._spawn_future
-        if self.active or spawn is None or not spawn.done() or spawn.cancelled():
+        error = self._failed
+        if not error:
             return ""
-        error = spawn.exception()
-        if error is None:
-            return ""
-        return getattr(error, "jupyterhub_message", "") or f"The server could not start: {error}"
+        message, _ = format_exception(error, only_jupyterhub=True)
+        return message or f"The server could not start: {error}"
 
     # ---- choosing a GPU --------------------------------------------------------------------
 
@@ -765,9 +764,9 @@ class GPUSwarmSpawner(SwarmSpawner):
         return {
             **self.service_labels,
             **(self.extra_create_kwargs.get("labels") or {}),
-            "gpu-jupyterhub.user": self.user.name,
-            "gpu-jupyterhub.gpu": self.gpu_uuid,
-            "gpu-jupyterhub.slices": str(self.gpu_slices_held),
+            contract.USER_LABEL: self.user.name,
+            contract.GPU_LABEL: self.gpu_uuid,
+            contract.SLICES_LABEL: str(self.gpu_slices_held),
         }
 
     async def create_object(self):

@@ -287,7 +287,7 @@ fresh_machine() {
   ln -sfn "/proc/$pid/root/run/docker.sock" "$BED_RUN/$name.sock"
   ln -sfn "/proc/$pid/root" "$BED_RUN/$name.root"
   ( cd "$REPO" && git ls-files -co --exclude-standard -z \
-      | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
+      | while IFS= read -r -d '' f; do [ -e "$f" ] || continue; printf '%s\0' "$f"; done \
       | tar --null -T - -c ) \
     | docker exec -i "gjbed-$name" sh -c 'mkdir -p /root/gpu-jupyterhub && tar -x -C /root/gpu-jupyterhub'
   log "fresh machine $name at $(fresh_addr "$name") (repository copied, engine not started)"

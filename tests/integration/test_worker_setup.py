@@ -20,6 +20,7 @@ import pytest
 
 from gpu_swarm_spawner.inventory import MEMORY_LABEL, build_inventory
 
+from .hub import BED as BED_ENV
 from .hub import BED_MANAGER, BED_RUN, REPO, engine_of
 from .spawners import make_spawner, remove_services
 
@@ -182,7 +183,7 @@ def test_join_with_the_printed_line_makes_the_slices_usable(machine, image_tar):
     assert all(g.simulated and g.free == 3 for g in gpus)
     node = node_of_machine()
     assert node["Status"]["State"] == "ready"
-    assert node["Status"]["Addr"] == f"{BED_MANAGER.rsplit('.', 1)[0]}.31"
+    assert node["Status"]["Addr"] == f"{BED_ENV['BED_NET']}.31"  # bed.sh's fresh_addr of fresh1
     labels = node["Description"]["Engine"]["Labels"]
     assert labels["gpu-jupyterhub.gpu-count"] == "2"
     assert labels["gpu-jupyterhub.slices-per-gpu"] == "3"

@@ -15,11 +15,16 @@ SHARED = {
     "simulated GPU kind": contract.KIND_PREFIX + contract.SIMULATED_MARKER,
     "participant's service": contract.SERVICE_PREFIX + "-",
 }
-PYTHON = sorted((REPO / "worker_setup").glob("*.py")) + [REPO / "gpu_swarm_spawner" / "status.py"]
+PYTHON = [
+    *sorted((REPO / "worker_setup").glob("*.py")),
+    *(REPO / "gpu_swarm_spawner" / name for name in ("status.py", "spawner.py", "inventory.py")),
+    REPO / "jupyterhub_config.py",
+]
 
 
 def strings(source: str) -> list[tuple[int, str]]:
-    """(line, text) of the string constants in ``source``, docstrings left out."""
+    """(line, text) of the string constants in ``source``, docstrings and the ``help=`` of
+    traits (documentation) left out."""
     tree = ast.parse(source)
     docstrings = {
         id(node.body[0].value)
@@ -28,6 +33,10 @@ def strings(source: str) -> list[tuple[int, str]]:
         and node.body
         and isinstance(node.body[0], ast.Expr)
         and isinstance(node.body[0].value, ast.Constant)
+    } | {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.keyword) and node.arg == "help"
     }
     return [
         (node.lineno, node.value)
