@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .contract import KIND_PREFIX as DEFAULT_KIND_PREFIX
-from .contract import MEMORY_LABEL, is_simulated
+from .contract import KIND_PREFIX, MEMORY_LABEL, is_simulated
 
 #: Task states in which a task holds (or is about to hold) its reservation on a node.
 _LIVE_TASK_STATES = frozenset(
@@ -49,7 +48,7 @@ class GPU:
         return self.memory_mb * slices // self.slices if self.slices else 0
 
 
-def gpu_kinds(node: dict, kind_prefix: str = DEFAULT_KIND_PREFIX) -> dict[str, int]:
+def gpu_kinds(node: dict, kind_prefix: str = KIND_PREFIX) -> dict[str, int]:
     """The GPU kinds a node advertises, as ``{uuid: slices}``."""
     resources = node.get("Description", {}).get("Resources", {}) or {}
     kinds = {}
@@ -77,7 +76,7 @@ def node_is_schedulable(node: dict) -> bool:
     )
 
 
-def task_reservations(task: dict, kind_prefix: str = DEFAULT_KIND_PREFIX) -> dict[str, int]:
+def task_reservations(task: dict, kind_prefix: str = KIND_PREFIX) -> dict[str, int]:
     """The GPU slices a task reserves, as ``{uuid: slices}``."""
     resources = task.get("Spec", {}).get("Resources", {}) or {}
     reservations = resources.get("Reservations", {}) or {}
@@ -115,7 +114,7 @@ class Claim:
 
 
 def used_slices(
-    tasks: list[dict], kind_prefix: str = DEFAULT_KIND_PREFIX, claims: Iterable[Claim] = ()
+    tasks: list[dict], kind_prefix: str = KIND_PREFIX, claims: Iterable[Claim] = ()
 ) -> dict[str, int]:
     """``{uuid: slices}`` held by live tasks and by ``claims``, on any node.
 
@@ -139,7 +138,7 @@ def used_slices(
 def build_inventory(
     nodes: list[dict],
     tasks: list[dict],
-    kind_prefix: str = DEFAULT_KIND_PREFIX,
+    kind_prefix: str = KIND_PREFIX,
     claims: Iterable[Claim] = (),
 ) -> list[GPU]:
     """Every GPU on a schedulable node, with the slices live tasks (and ``claims``) hold on it.

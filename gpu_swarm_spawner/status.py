@@ -11,11 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .contract import SERVICE_PREFIX, USER_LABEL
+from .contract import SERVICE_PREFIX, USER_LABEL, is_simulated
 from .inventory import (
     build_inventory,
     gpu_kinds,
-    is_simulated,
     task_is_live,
     task_reservations,
     totals,

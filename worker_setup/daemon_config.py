@@ -9,8 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 
-from gpu_swarm_spawner.contract import KIND_PREFIX as DEFAULT_KIND_PREFIX
-from gpu_swarm_spawner.contract import LABEL_PREFIX, MEMORY_LABEL
+from gpu_swarm_spawner.contract import KIND_PREFIX, LABEL_PREFIX, MEMORY_LABEL
 
 KEY = "node-generic-resources"
 LABELS_KEY = "labels"
@@ -106,7 +105,7 @@ def _is_gpu_entry(entry: str, kind_prefix: str, named_kind: str) -> bool:
 def merge(
     config: dict,
     entries: list[str],
-    kind_prefix: str = DEFAULT_KIND_PREFIX,
+    kind_prefix: str = KIND_PREFIX,
     named_kind: str = "",
     labels: list[str] = (),
 ) -> dict:
