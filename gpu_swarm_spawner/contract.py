@@ -49,3 +49,15 @@ def simulated_uuid(machine_id: str, index: int, kind_prefix: str = KIND_PREFIX) 
     """
     short = hashlib.sha256(machine_id.encode()).hexdigest()[:8]
     return f"{kind_prefix}{SIMULATED_MARKER}{short}-{index}"
+
+
+def image_in_registry(registry: str, image: str) -> str:
+    """An image's name in the registry at ``registry`` (HOST:PORT): the manager's registry
+    (`make up`) serves the servers' images under its own address, and the GPU machines pull them
+    by that name. A registry host already in ``image`` (``host.domain/...``) is replaced:
+    ``image_in_registry("10.0.0.5:5000", "gpu-jupyterhub/singleuser:latest")`` is
+    ``"10.0.0.5:5000/gpu-jupyterhub/singleuser:latest"``."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        image = rest
+    return f"{registry}/{image}"
