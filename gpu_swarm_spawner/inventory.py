@@ -17,11 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .contract import KIND_PREFIX, MEMORY_LABEL, is_simulated
-
-#: Task states in which a task holds (or is about to hold) its reservation on a node.
-_LIVE_TASK_STATES = frozenset(
-    {"new", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running"}
-)
+from .tasks import is_live as task_is_live
 
 
 @dataclass(frozen=True)
@@ -86,15 +82,6 @@ def task_reservations(task: dict, kind_prefix: str = KIND_PREFIX) -> dict[str, i
         if spec and spec.get("Kind", "").startswith(kind_prefix):
             held[spec["Kind"]] = held.get(spec["Kind"], 0) + int(spec.get("Value", 0))
     return held
-
-
-def task_is_live(task: dict) -> bool:
-    """A task that Swarm still counts against its node's resources.
-
-    What counts is the task's actual state, not the desired one: the task of a service that
-    was just removed keeps its reservation until its container has really stopped.
-    """
-    return bool(task.get("NodeID")) and task.get("Status", {}).get("State") in _LIVE_TASK_STATES
 
 
 @dataclass(frozen=True)

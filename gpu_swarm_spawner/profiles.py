@@ -1,6 +1,6 @@
 """What a participant chooses on the spawn page: an environment (image) and a GPU share.
 
-Pure: the choices offered, and the slices a choice reserves. The form itself is the template
+Pure: the choices offered, and whether a choice takes a whole GPU. The form itself is the template
 ``templates/spawn_options.html``; ``GPUSwarmSpawner`` renders it and applies the choice.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SLICE, FULL = "slice", "full"
-FULL_GPU_FOR = ("admins", "all")
+#: Who may choose a full GPU: nobody, admins or everyone.
+FULL_GPU_FOR = ("off", "admins", "all")
 
 
 class ChoiceError(ValueError):
@@ -22,42 +23,36 @@ class Offer:
 
     environments: list[str]  # display names of allowed_images, in order
     default_environment: str
-    slices: int  # what a normal server reserves
-    full_gpu_slices: int  # 0: no full-GPU choice for this user
+    slices_per_server: int  # what a server on a GPU share reserves
+    full_gpu: bool  # this user may ask for a whole GPU (all of its slices)
 
     @property
     def has_choices(self) -> bool:
-        return len(self.environments) > 1 or self.full_gpu_slices > 0
+        return len(self.environments) > 1 or self.full_gpu
 
 
 def offer(
     allowed_images: dict[str, str],
     default_image: str,
-    slices: int,
-    full_gpu_slices: int,
+    slices_per_server: int,
     full_gpu_for: str,
     is_admin: bool,
 ) -> Offer:
     names = list(allowed_images)
     default = next((n for n, image in allowed_images.items() if image == default_image), "")
-    full_allowed = full_gpu_slices > slices and (full_gpu_for == "all" or is_admin)
-    return Offer(
-        names,
-        default or (names[0] if names else ""),
-        slices,
-        (full_gpu_slices if full_allowed else 0),
-    )
+    full_gpu = full_gpu_for == "all" or (full_gpu_for == "admins" and is_admin)
+    return Offer(names, default or (names[0] if names else ""), slices_per_server, full_gpu)
 
 
-def slices_for(choice: dict, offered: Offer) -> int:
-    """The slices a server started with ``choice`` (its user_options) reserves."""
+def wants_full_gpu(choice: dict, offered: Offer) -> bool:
+    """Whether a server started with ``choice`` (its user_options) takes a whole GPU."""
     gpu = choice.get("gpu", SLICE)
     if gpu == SLICE:
-        return offered.slices
+        return False
     if gpu == FULL:
-        if not offered.full_gpu_slices:
+        if not offered.full_gpu:
             raise ChoiceError("A full GPU is not offered to you on this hub; choose a GPU slice.")
-        return offered.full_gpu_slices
+        return True
     raise ChoiceError(f"Unknown GPU choice {gpu!r}; choose {SLICE!r} or {FULL!r}.")
 
 

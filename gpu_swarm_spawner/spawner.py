@@ -1,31 +1,42 @@
-"""GPUSwarmSpawner: each user's server is a Swarm service holding slices of one GPU."""
+"""GPUSwarmSpawner: each user's server is a Swarm service holding slices of one GPU.
+
+How a spawn runs, top-down (the methods appear in this order below):
+
+1. ``start`` (JupyterHub calls it): asks the hub's GPU broker (``broker.py``) for a GPU that
+   fits, with the placement policy (``placement.py``) over the swarm's inventory
+   (``inventory.py``); the broker claims the slices at once. No GPU fits: the participant is
+   told so (``NoGPUSliceAvailable``, HTTP 503) before anything is created.
+2. ``SwarmSpawner.start`` (dockerspawner) then hops back into this class:
+   ``create_object`` creates the service (the slices reserved as a generic resource of the
+   chosen GPU's kind, its UUID in the environment), and ``start_object`` waits for its task:
+   each task read is classified by ``tasks.read_task``; Swarm refusing to place it means
+   another server took the slice first (``SliceTaken``: ``start`` tries the next GPU), a
+   machine without the image fails at once, and the wait ends when the server listens.
+3. JupyterHub asks ``get_ip_and_port`` where to connect: the task's address on the network.
+4. Later, ``poll`` reports the server stopped when its task or its machine is gone.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import jinja2
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, TaskTemplate
-from dockerspawner import SwarmSpawner
 from jupyterhub.spawner import SpawnException
 from jupyterhub.utils import format_exception
 from tornado import web
 from traitlets import (
     Bool,
-    Dict,
-    Float,
     Integer,
     List,
-    TraitError,
     Unicode,
     default,
-    validate,
 )
 
-from . import contract, inventory, naming, placement, profiles
+from . import broker, contract, inventory, naming, profiles, tasks
+from .tasks import Phase
+from .traits import GPUSwarmSpawnerTraits
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
@@ -54,13 +65,8 @@ class NoGPUSliceAvailable(SpawnFailed):
         super().__init__(message, log_message, reason="capacity", status_code=503)
 
 
-def task_address(task: dict, network_name: str) -> str:
-    """The task's IP address on ``network_name``, or "" when it has none there."""
-    for attachment in task.get("NetworksAttachments") or []:
-        if attachment.get("Network", {}).get("Spec", {}).get("Name") == network_name:
-            addresses = attachment.get("Addresses") or [""]
-            return addresses[0].split("/", 1)[0]
-    return ""
+class SliceTaken(RuntimeError):
+    """Swarm could not place the service: another server took the slice first."""
 
 
 def with_gpu_slices(generic, kind: str, slices: int) -> list[dict]:
@@ -74,481 +80,60 @@ def with_gpu_slices(generic, kind: str, slices: int) -> list[dict]:
     return [*others, {"DiscreteResourceSpec": {"Kind": kind, "Value": slices}}]
 
 
-class SliceTaken(RuntimeError):
-    """Swarm could not place the service: another server took the slice first."""
-
-
-#: Swarm's words for a task it cannot place (e.g. "no suitable node (insufficient resources
-#: on 3 nodes)"); the task then stays pending until something frees up.
-UNPLACEABLE = "no suitable node"
-
-
-def unplaceable(status: dict) -> bool:
-    """A task status saying Swarm cannot place the task (no node has the resources)."""
-    return status["State"].lower() == "pending" and UNPLACEABLE in status.get("Err", "")
-
-
-#: Swarm's words for a task whose machine has not got the image and cannot pull it. Swarm would
-#: retry it every few seconds until the start timeout, so the spawn fails at once instead.
-NO_IMAGE = "No such image"
-
-
-def image_missing(status: dict) -> bool:
-    return status["State"].lower() == "rejected" and NO_IMAGE in status.get("Err", "")
-
-
-#: Task states on the way to running, and what the participant is told about each.
-STAGES = {
-    "new": (35, "Waiting for Swarm to place the server"),
-    "pending": (35, "Waiting for Swarm to place the server"),
-    "assigned": (40, "Swarm assigned the server to {node}"),
-    "accepted": (45, "{node} accepted the server"),
-    "preparing": (55, "Preparing the container on {node} (pulling the image if it is missing)"),
-    "ready": (65, "Container ready on {node}"),
-    "starting": (75, "Container starting on {node}"),
-    "running": (90, "Container running on {node}"),
-}
-
-
-class GPUSwarmSpawner(SwarmSpawner):
+class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     """A ``dockerspawner.SwarmSpawner`` that gives every server slices of exactly one GPU.
 
     GPUs are advertised to Swarm by the worker setup as discrete generic resources, one kind per
     GPU (the kind is the GPU UUID, the value its number of slices). At start the spawner reads
-    the swarm's inventory, picks a GPU with the placement policy, reserves ``gpu_slices`` of that
-    kind (Swarm enforces the count) and tells the container which device it holds.
+    the swarm's inventory, picks a GPU with the placement policy, reserves ``slices_per_server``
+    of that kind (or all of them, for a full GPU; Swarm enforces the count) and tells the
+    container which device it holds. The module's docstring walks through a spawn; the
+    settings (traits) are in ``traits.py``.
     """
-
-    gpu_slices = Integer(
-        1,
-        config=True,
-        help="""
-        How many slices of one GPU each server reserves. A GPU advertised as 3 slices holds
-        three 1-slice servers, or one 3-slice ("full GPU") server. All slices of a server
-        always come from the same GPU. Example: ``c.GPUSwarmSpawner.gpu_slices = 1``.
-        """,
-    )
-
-    prefer_home_node = Bool(
-        True,
-        config=True,
-        help="""
-        Start a returning user's server on the machine that ran their previous one when a GPU
-        there has room: home volumes (``jy-home-<user>``) are local to a machine, so elsewhere
-        the user would find an empty home. Turn off when homes are on shared storage.
-        """,
-    )
-
-    full_gpu_slices = Integer(
-        0,
-        config=True,
-        help="""
-        The slices of a whole GPU (the GPU machines' slices per GPU, e.g. 3). When it is more
-        than ``gpu_slices``, the spawn page offers a "full GPU" that reserves all of them on
-        one GPU (to ``full_gpu_for``). 0: no such choice.
-        """,
-    )
-
-    full_gpu_for = Unicode(
-        "admins",
-        config=True,
-        help="""
-        Who may choose a full GPU on the spawn page: ``admins`` or ``all``.
-        """,
-    )
-
-    gpu_kind_prefix = Unicode(
-        contract.KIND_PREFIX,
-        config=True,
-        help="""
-        Generic-resource kinds that start with this are GPUs; the rest of the kind is ignored
-        for matching and the whole kind is the GPU UUID handed to the container.
-        The worker setup advertises kinds like ``GPU-8d2c6f1e-...=3``. Default: ``GPU-``.
-        """,
-    )
-
-    @validate("gpu_kind_prefix")
-    def _validate_gpu_kind_prefix(self, proposal):
-        if not proposal.value.strip():
-            raise TraitError(
-                "GPUSwarmSpawner.gpu_kind_prefix must not be empty: it selects which "
-                "generic resources are GPUs; leave it at the default 'GPU-'"
-            )
-        return proposal.value
-
-    placement_policy = Unicode(
-        "spread",
-        config=True,
-        help="""
-        How a GPU is chosen for a new server: ``spread`` (the GPU with most free slices, so each
-        participant shares a GPU with as few others as possible) or ``pack`` (the busiest GPU
-        that still fits, so whole machines can be emptied and switched off).
-        """,
-    )
-
-    # the settings that take one of a few words, and those words
-    _CHOICES = {"placement_policy": placement.POLICIES, "full_gpu_for": profiles.FULL_GPU_FOR}
-
-    @validate(*_CHOICES)
-    def _validate_choice(self, proposal):
-        choices = self._CHOICES[proposal.trait.name]
-        if proposal.value not in choices:
-            raise TraitError(
-                f"GPUSwarmSpawner.{proposal.trait.name} is {proposal.value!r}; "
-                f"write one of: {', '.join(choices)}"
-            )
-        return proposal.value
-
-    placement_attempts = Integer(
-        5,
-        config=True,
-        help="""
-        How many GPUs a spawn tries when it loses the race for a slice (another server took it
-        between reading the inventory and Swarm placing the service) before it gives up with
-        the "no slice free" message. Each lost race costs about the task poll interval.
-        """,
-    )
-
-    task_poll_interval = Float(
-        0.2,
-        config=True,
-        help="""
-        Seconds between the first checks of a new service's task (the delay then grows by half
-        each time, up to 2 s). Small values notice a lost slice race or a started container
-        sooner, at the cost of more Docker API calls. Default 0.2.
-        """,
-    )
-
-    docker_api_threads = Integer(
-        4,
-        config=True,
-        help="""
-        Threads for blocking Docker API calls, shared by all servers of the hub
-        (dockerspawner gives each spawner class one thread). A few threads keep one slow call
-        (a busy manager, a large listing) from holding up every other participant's spawn;
-        many threads mostly add load on the manager. On the 3-node test bed 1, 2, 4 and 16
-        threads gave the same figures for 50 simultaneous spawns (see ``make bench``).
-        Takes effect at hub start.
-        """,
-    )
-
-    inventory_max_age = Float(
-        1.0,
-        config=True,
-        help="""
-        Seconds a read of the swarm's nodes and tasks is reused by other spawns (reads in
-        flight are always shared). Under a burst this keeps refusals instant and the manager
-        unloaded; a slice freed within that time is seen by the next read. 0: a read per spawn
-        unless one is in flight. Default 1.
-        """,
-    )
-
-    probe_server = Bool(
-        True,
-        config=True,
-        help="""
-        After the container runs, wait until the server accepts connections where the hub will
-        connect to it (``get_ip_and_port``: the task's address on the overlay network; the
-        service name with ``use_internal_hostname``; ``host_ip`` and the published port with
-        ``use_internal_ip = False``) before handing it to the hub (probes every 0.1 s, at most
-        ``http_timeout``). Spawns then finish as soon as the server listens, instead of after
-        the hub's backed-off checks. Turn off only where the hub cannot reach that address.
-        """,
-    )
-
-    service_labels = Dict(
-        config=True,
-        help="""
-        Labels put on every user service and home volume, e.g.
-        ``{"gpu-jupyterhub.stack": "gpuhub"}``; ``make down`` finds what to remove by them.
-        """,
-    )
-
-    pids_limit = Integer(
-        0,
-        config=True,
-        help="""
-        The most processes (and threads) a server may run at once, e.g. ``2048``: a fork bomb
-        or a runaway data loader then stops there instead of exhausting the machine that other
-        participants share. 0: no limit. Needs Docker 20.10 (API 1.41) on the swarm's
-        managers and GPU machines. Leave room for the frameworks: every thread counts, and
-        PyTorch's data loaders start a process per worker.
-        """,
-    )
-
-    # the number settings with a least value: {trait: (least, "... or more", advice)}
-    _MINIMUMS = {
-        "gpu_slices": (1, "1 or more", "every server needs a slice (use 1 for a shared GPU)"),
-        "placement_attempts": (1, "1 or more", ""),
-        "docker_api_threads": (1, "1 or more", ""),
-        "inventory_max_age": (0, "0 or more seconds", ""),
-        "pids_limit": (0, "0 (no limit) or more", "write a number of processes such as 2048"),
-    }
-
-    @validate(*_MINIMUMS)
-    def _validate_minimum(self, proposal):
-        least, expected, advice = self._MINIMUMS[proposal.trait.name]
-        if proposal.value < least:
-            raise TraitError(
-                f"GPUSwarmSpawner.{proposal.trait.name} must be {expected}, got {proposal.value}"
-                + (f"; {advice}" if advice else "")
-            )
-        return proposal.value
-
-    @default("prefix")
-    def _default_prefix(self):
-        # services are named jy-<escaped username>[--<server name>]
-        return contract.SERVICE_PREFIX
-
-    @default("object_name")
-    def _object_name_default(self):
-        """dockerspawner's name (``jy-<escaped user>[--<server>]``) fitted into a Swarm service
-        name: unchanged where it fits (so running servers are found again), else cut and ended
-        with a hash of the whole name (``naming.fit``). dockerspawner calls this again when the
-        image changes."""
-        return naming.service_name(super()._object_name_default())
-
-    @default("use_internal_ip")
-    def _default_use_internal_ip(self):
-        # the hub sits on the same attachable overlay and reaches servers at their task's address
-        return True
-
-    @default("extra_endpoint_spec")
-    def _default_extra_endpoint_spec(self):
-        # DNS round robin: works without IPVS and is all a single-task service needs. A port
-        # published for a hub that does not use internal IPs needs the routing mesh's virtual
-        # IP instead: Swarm refuses ingress ports with dnsrr.
-        return {"mode": "dnsrr"} if self.use_internal_ip else {}
 
     # What the running server holds; persisted in the hub database (get_state/load_state).
     gpu_uuid = Unicode("")
     gpu_node = Unicode("")
-    gpu_slices_held = Integer(0)
-    gpu_slices_wanted = Integer(0)  # this spawn's choice (spawn page); 0: gpu_slices
+    slices_held = Integer(0)
+    full_gpu_requested = Bool(False)  # this spawn's choice on the spawn page
     home_node = Unicode("")  # the machine of the user's last server (its home volume); kept
     gpu_memory_mb = Integer(0)  # the memory budget of the slices held (0: unknown)
     task_ip = Unicode("")  # the server's address on the network, once its task has one
 
-    _gpu_executor = None
+    @property
+    def broker(self) -> broker.GPUBroker:
+        """What all servers of this hub share: the Docker thread pool, the read of the swarm
+        and the slices claimed but not yet placed (``broker.py``)."""
+        return broker.of_hub(self.docker_api_threads, self.gpu_kind_prefix, self.inventory_max_age)
 
     @property
     def executor(self):
-        """One thread pool for the Docker calls of all servers (dockerspawner's has 1 thread)."""
-        cls = GPUSwarmSpawner
-        if cls._gpu_executor is None:
-            cls._gpu_executor = ThreadPoolExecutor(
-                self.docker_api_threads, thread_name_prefix="docker-api"
-            )
-        return cls._gpu_executor
+        """The broker's thread pool, for every Docker call (dockerspawner's has 1 thread)."""
+        return self.broker.executor
 
-    # ---- progress ---------------------------------------------------------------------------
-
-    # this spawn's stages, newest last: {"progress": percent, "message": text}
-    _progress_events = List()
-
-    def _report(self, progress: int, message: str) -> None:
-        """Record a stage of the spawn for the progress bar (and the log)."""
-        events = self._progress_events
-        if events and events[-1]["message"] == message:
-            return
-        events.append({"progress": progress, "message": message})
-        self.log.debug("Spawn progress of %s: %s%% %s", self._log_name, progress, message)
-
-    async def progress(self):
-        """The stages of this spawn, as they happen (JupyterHub stops reading at the end)."""
-        seen = 0
-        while True:
-            events = self._progress_events
-            while seen < len(events):
-                yield events[seen]
-                seen += 1
-            await asyncio.sleep(0.2)
-
-    @property
-    def failure_message(self) -> str:
-        """What the participant was told when this server's latest start failed; "" when it
-        did not fail (or a new start began). The hub's home page shows it (templates/hub)."""
-        error = self._failed
-        if not error:
-            return ""
-        message, _ = format_exception(error, only_jupyterhub=True)
-        return message or f"The server could not start: {error}"
-
-    # ---- choosing a GPU --------------------------------------------------------------------
-
-    # Slices spawns of this hub have asked for that Swarm does not show as placed yet, by
-    # spawner (see inventory.Claim); shared by all spawners of the hub process.
-    _claims: dict[int, inventory.Claim] = {}
-    # The latest read of the swarm, shared by spawns: (loop, future, started at loop time)
-    _swarm_read: tuple | None = None
-
-    async def _read_swarm(self) -> tuple[list[dict], list[dict]]:
-        nodes = await self.docker("nodes")
-        # all tasks: those of a service being removed still hold their slices until they stop
-        tasks = await self.docker("tasks")
-        return nodes, tasks
-
-    async def gpu_inventory(self) -> list[inventory.GPU]:
-        """The swarm's GPUs and their used slices, read from the Docker API.
-
-        Spawns share a read that is in flight or younger than ``inventory_max_age``: under a
-        burst of 50 spawns the manager answers a few reads instead of 50, and participants who
-        do not fit are told so without waiting for another read behind the burst's own calls.
-        Claims are added after the read, so a shared read still counts every slice this hub
-        has asked for; Swarm stays the authority on what fits.
-        """
-        loop = asyncio.get_running_loop()
-        read = self._shared_read(loop)
-        if read is None:
-            read = asyncio.ensure_future(self._read_swarm())
-            GPUSwarmSpawner._swarm_read = (loop, read, loop.time())
-        nodes, tasks = await asyncio.shield(read)
-        return inventory.build_inventory(
-            nodes, tasks, self.gpu_kind_prefix, claims=list(self._claims.values())
-        )
-
-    def _shared_read(self, loop) -> asyncio.Future | None:
-        """The read of the swarm a spawn may share: one in flight, or one that succeeded less
-        than ``inventory_max_age`` ago; None when a new read is needed."""
-        if GPUSwarmSpawner._swarm_read is None:
-            return None
-        read_loop, read, started = GPUSwarmSpawner._swarm_read
-        if read_loop is not loop:
-            return None
-        if not read.done():
-            return read
-        if read.cancelled() or read.exception() or loop.time() - started >= self.inventory_max_age:
-            return None
-        return read
-
-    def _claim(self, claim: inventory.Claim | None) -> None:
-        """Record (or, given None, drop) the slices this spawn has asked Swarm for."""
-        if claim is None:
-            if self._claims.pop(id(self), None) is not None:
-                # Swarm placed (or refused) it: a read from before may not show it, so the
-                # next spawn reads again rather than reuse that read
-                GPUSwarmSpawner._swarm_read = None
-        else:
-            self._claims[id(self)] = claim
-
-    async def reserve_gpu(self, exclude: frozenset = frozenset()) -> inventory.GPU:
-        """Pick the GPU for this server, or refuse at once with a message people understand.
-
-        ``exclude``: GPUs this spawn already lost a race for; they count as full.
-        """
-        gpus = [
-            dataclasses.replace(g, used=g.slices) if g.uuid in exclude else g
-            for g in await self.gpu_inventory()
-        ]
-        slices = self.slices_wanted
-        home = self.home_node if self.prefer_home_node else ""
-        gpu = placement.choose(
-            gpus, slices, self.placement_policy, seed=self.user.name, prefer_node=home
-        )
-        if gpu is not None and home and gpu.node_name != home:
-            self.log.info(
-                "%s: no room on %s (their home), starting elsewhere", self._log_name, home
-            )
-            self._report(
-                18,
-                f"No GPU on {home}, where your files from last time are, has room: this server "
-                f"starts on {gpu.node_name} with the home there (your files stay on {home})",
-            )
-        if gpu is not None:
-            # no await since the inventory was built: no other spawn of this hub chose meanwhile
-            self._claim(inventory.Claim(gpu.uuid, slices))
-        else:
-            used, total = inventory.totals(gpus)
-            detail = ", ".join(f"{g.node_name}:{g.uuid}={g.used}/{g.slices}" for g in gpus)
-            raise NoGPUSliceAvailable(
-                placement.refusal_message(gpus, slices),
-                f"No GPU with {slices} free slice(s) for {self._log_name}: "
-                f"{used}/{total} slices in use on {len(gpus)} GPU(s) ({detail or 'none'})",
-            )
-        return gpu
-
-    # ---- the spawn page ------------------------------------------------------------------------
-
-    @property
-    def slices_wanted(self) -> int:
-        return self.gpu_slices_wanted or self.gpu_slices
-
-    def spawn_offer(self) -> profiles.Offer:
-        """What this user may choose: the environments of ``allowed_images``, a full GPU."""
-        images = self._get_allowed_images()
-        return profiles.offer(
-            images if isinstance(images, dict) else {},
-            self.image,
-            self.gpu_slices,
-            self.full_gpu_slices,
-            self.full_gpu_for,
-            is_admin=bool(getattr(self.user, "admin", False)),
-        )
-
-    @default("options_form")
-    def _default_options_form(self):
-        def form(spawner):
-            offered = spawner.spawn_offer()
-            if not offered.has_choices:
-                return ""  # nothing to choose: the server starts at once
-            return _TEMPLATES.get_template("spawn_options.html").render(offer=offered)
-
-        return form
-
-    @default("options_from_form")
-    def _default_options_from_form(self):
-        return profiles.options_from_form
-
-    @default("apply_user_options")
-    def _default_apply_user_options(self):
-        def apply(spawner, user_options):
-            # the environment (user_options["image"]) is applied by DockerSpawner.start
-            try:
-                offered = spawner.spawn_offer()
-                spawner.gpu_slices_wanted = profiles.slices_for(user_options, offered)
-            except profiles.ChoiceError as e:
-                raise web.HTTPError(400, str(e)) from None
-
-        return apply
+    # ---- the spawn path ---------------------------------------------------------------------
 
     async def start(self):
+        """Reserve slices of one GPU, then start the service there (module docstring)."""
         self._progress_events = []  # this spawn's stages (progress() reads them)
         try:
             return await self._start_on_a_gpu()
         finally:
-            self._claim(None)
+            self.broker.release(self)
 
     async def _start_on_a_gpu(self):
         lost = set()
         for attempt in range(1, self.placement_attempts + 1):
-            gpu = await self.reserve_gpu(frozenset(lost))
-            self.gpu_uuid, self.gpu_node = gpu.uuid, gpu.node_name
-            self.gpu_slices_held = self.slices_wanted
-            self.gpu_memory_mb = gpu.memory_budget_mb(self.slices_wanted)
-            kind = "SIMULATED GPU" if gpu.simulated else "GPU"
-            self.log.info(
-                "Reserving %d slice(s) of %s %s on %s for %s (%d/%d free, attempt %d)",
-                self.slices_wanted,
-                kind,
-                gpu.uuid,
-                gpu.node_name,
-                self._log_name,
-                gpu.free,
-                gpu.slices,
-                attempt,
-            )
-            self._report(
-                20,
-                f"Reserving {self.slices_wanted} slice(s) of {kind} {gpu.uuid} on {gpu.node_name}",
-            )
+            self._hold(await self.reserve_gpu(frozenset(lost)), attempt)
             try:
+                # dockerspawner's start: create_object, then start_object (both below)
                 started = await super().start()
-                self.home_node = gpu.node_name
+                self.home_node = self.gpu_node
                 return started
             except SliceTaken as e:
-                lost.add(gpu.uuid)
-                self.log.info("%s lost the race for %s: %s", self._log_name, gpu.uuid, e)
-                self._report(15, f"{gpu.uuid} was taken a moment ago; trying another GPU")
+                lost.add(self.gpu_uuid)
+                self.log.info("%s lost the race for %s: %s", self._log_name, self.gpu_uuid, e)
+                self._report(15, f"{self.gpu_uuid} was taken a moment ago; trying another GPU")
                 await self._discard_service()
             except Exception:
                 # the hub does not stop a server whose start failed: its service would stay,
@@ -565,68 +150,92 @@ class GPUSwarmSpawner(SwarmSpawner):
             f"({', '.join(sorted(lost))})",
         )
 
-    async def _discard_service(self) -> None:
-        if self.object_id:
-            await self.remove_object()
-            self.object_id = ""
-        self.clear_gpu()
+    def _hold(self, reservation: broker.Reservation, attempt: int) -> None:
+        """Take the reserved slices as this server's (create_object reads them)."""
+        gpu = reservation.gpu
+        self.gpu_uuid, self.gpu_node = gpu.uuid, gpu.node_name
+        self.slices_held = reservation.slices
+        self.gpu_memory_mb = gpu.memory_budget_mb(reservation.slices)
+        kind = "SIMULATED GPU" if gpu.simulated else "GPU"
+        self.log.info(
+            "Reserving %d slice(s) of %s %s on %s for %s (%d/%d free, attempt %d)",
+            reservation.slices,
+            kind,
+            gpu.uuid,
+            gpu.node_name,
+            self._log_name,
+            gpu.free,
+            gpu.slices,
+            attempt,
+        )
+        self._report(
+            20, f"Reserving {reservation.slices} slice(s) of {kind} {gpu.uuid} on {gpu.node_name}"
+        )
 
-    async def _current_task(self) -> dict | None:
-        """The service's newest task (one API call; SwarmSpawner.get_task makes two)."""
-        tasks = await self.docker("tasks", filters={"service": self.object_id})
-        if not tasks:
-            return None
-        return max(tasks, key=lambda t: (t.get("DesiredState") == "running", t["CreatedAt"]))
+    async def create_object(self):
+        """dockerspawner's hop: create the server's service; start_object then waits for it.
+
+        SwarmSpawner's version builds the same spec from the same traits but then waits for the
+        first task in 1-second sleeps, which adds about a second to nearly every spawn.
+        """
+        container = ContainerSpec(
+            **{
+                "image": self.image,
+                "env": self.get_env(),
+                "args": await self.get_command(),
+                "mounts": self.mounts,
+                **self.extra_container_spec,
+            }
+        )
+        task_template = TaskTemplate(
+            **{
+                "container_spec": container,
+                "resources": self.service_resources(),
+                "networks": [self.network_name] if self.network_name else [],
+                "placement": Placement(**self.extra_placement_spec),
+                **self.extra_task_spec,
+            }
+        )
+        endpoint = dict(self.extra_endpoint_spec)
+        if not self.use_internal_ip:
+            endpoint.setdefault("ports", {None: (self.port, "tcp")})
+        return await self.docker(
+            "create_service",
+            **{
+                "name": self.service_name,
+                "task_template": task_template,
+                "endpoint_spec": EndpointSpec(**endpoint),
+                **self.extra_create_kwargs,
+                "labels": self.service_labels_for_server(),
+            },
+        )
 
     async def start_object(self):
-        """Wait until the server listens; a task Swarm cannot place means a lost race.
+        """dockerspawner's hop after create_object: wait until the server listens.
 
         Replaces SwarmSpawner's wait, which polls every 1-11 s and waits on an unplaceable
-        task until the hub's start_timeout. As soon as Swarm has given the task its address on
-        the network, the server's port is probed every 0.1 s alongside the task polls, so the
-        spawn ends when the server listens rather than at the next (backed-off) task poll.
+        task until the hub's start_timeout. Each task read is acted on by ``_follow``. As soon
+        as Swarm has given the task its address on the network, the server's port is probed
+        every 0.1 s alongside the task polls, so the spawn ends when the server listens rather
+        than at the next (backed-off) task poll.
         """
-        self._claim(inventory.Claim(self.gpu_uuid, self.gpu_slices_held, self.object_id))
+        self.broker.created(self, self.object_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.start_timeout
         delay = self.task_poll_interval
-        probe, probed_task = None, None
+        probe, probed_task = None, ""
         try:
             while True:
-                task = await self._current_task()
-                status = task["Status"] if task else {"State": "new"}  # not created yet
-                state = status["State"].lower()
-                if task and (task.get("NodeID") or unplaceable(status)):
-                    self._claim(None)  # Swarm counts the slices itself now (or refused them)
-                if unplaceable(status):
-                    raise SliceTaken(status["Err"])
-                if image_missing(status):
-                    raise SpawnFailed(
-                        f"The GPU machine {self.gpu_node} cannot get the server image "
-                        f"({status['Err']}). Please tell an organizer: that machine must be "
-                        "joined with the --registry option of `make join-command`, or be given "
-                        "the image with --image-tar.",
-                        reason="image",
-                    )
-                if state not in STAGES and state != "rejected":
-                    # failed, shutdown, complete, orphaned, remove: it will not come up
-                    raise RuntimeError(
-                        f"Service {self.service_name} did not start: task {state}: "
-                        f"{status.get('Err') or status.get('Message')}"
-                    )
-                # "rejected" is retried by Swarm with a new task (Docker 20.10 network bug)
-                if state in STAGES:
-                    progress, message = STAGES[state]
-                    self._report(progress, message.format(node=self.gpu_node))
-                address = task_address(task, self.network_name) if task else ""
-                self.task_ip = address or self.task_ip
-                new_task = bool(task) and task["ID"] != probed_task
-                if self.probe_server and new_task and (address or state == "running"):
+                reading = tasks.read_task(await self._current_task(), self.network_name)
+                self._follow(reading)
+                new_task = bool(reading.task_id) and reading.task_id != probed_task
+                reachable = reading.address or reading.phase is Phase.RUNNING
+                if self.probe_server and new_task and reachable:
                     if probe is not None:
                         probe.cancel()
-                    probe = asyncio.ensure_future(self.wait_for_port(address))
-                    probed_task = task["ID"]
-                if state == "running":
+                    probe = asyncio.ensure_future(self.wait_for_port(reading.address))
+                    probed_task = reading.task_id
+                if reading.phase is Phase.RUNNING:
                     if probe is not None:
                         self._report(95, "Waiting for JupyterLab to answer")
                         # a server that never listens is left to the hub's own check
@@ -636,8 +245,8 @@ class GPUSwarmSpawner(SwarmSpawner):
                     return
                 if loop.time() > deadline:
                     raise TimeoutError(
-                        f"Service {self.service_name} still {state} after "
-                        f"{self.start_timeout} s: {status.get('Err') or status.get('Message')}"
+                        f"Service {self.service_name} still {reading.state} after "
+                        f"{self.start_timeout} s: {reading.detail}"
                     )
                 if probe is None:
                     await asyncio.sleep(delay)
@@ -649,6 +258,40 @@ class GPUSwarmSpawner(SwarmSpawner):
         finally:
             if probe is not None:
                 probe.cancel()
+
+    def _follow(self, reading: tasks.TaskReading) -> None:
+        """Act on one read of the server's task: the broker told once Swarm has placed it, the
+        participant told the stage, and the start ended where the task will not come up."""
+        if reading.placed:
+            self.broker.placed(self)  # Swarm counts the slices itself now (or refused them)
+        self.task_ip = reading.address or self.task_ip
+        if reading.phase is Phase.UNPLACEABLE:
+            raise SliceTaken(reading.detail)
+        if reading.phase is Phase.NO_IMAGE:
+            raise SpawnFailed(
+                f"The GPU machine {self.gpu_node} cannot get the server image "
+                f"({reading.detail}). Please tell an organizer: that machine must be "
+                "joined with the --registry option of `make join-command`, or be given "
+                "the image with --image-tar.",
+                reason="image",
+            )
+        if reading.phase is Phase.ENDED:
+            raise RuntimeError(
+                f"Service {self.service_name} did not start: task {reading.state}: {reading.detail}"
+            )
+        stage = reading.stage(self.gpu_node)  # none while Swarm retries a rejected task
+        if stage:
+            self._report(*stage)
+
+    async def _current_task(self) -> dict | None:
+        """The service's newest task (one API call; SwarmSpawner.get_task makes two)."""
+        return tasks.newest(await self.docker("tasks", filters={"service": self.object_id}))
+
+    async def _discard_service(self) -> None:
+        if self.object_id:
+            await self.remove_object()
+            self.object_id = ""
+        self.clear_gpu()
 
     async def wait_for_port(self, address: str) -> None:
         """Until the server accepts connections where the hub will connect to it (the caller
@@ -700,7 +343,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         )
 
     async def get_ip_and_port(self):
-        """Where the hub connects to the server: see ``connect_address``."""
+        """JupyterHub's hop after start: where to connect to the server (``connect_address``)."""
         return await self.connect_address(self.task_ip)
 
     async def poll(self):
@@ -712,30 +355,156 @@ class GPUSwarmSpawner(SwarmSpawner):
         task = await self.get_task()
         if not task:
             return 0
-        status = task["Status"]
-        state = status["State"].lower()
-        if unplaceable(status):
-            return f"cannot be placed: {status['Err']}"
-        if state not in STAGES:
-            return f"task {state}: {status.get('Err') or status.get('Message')}"
-        address = task_address(task, self.network_name)
+        reading = tasks.read_task(task, self.network_name)
+        if reading.phase is Phase.UNPLACEABLE:
+            return f"cannot be placed: {reading.detail}"
+        if reading.phase not in (Phase.STARTING, Phase.RUNNING):
+            return f"task {reading.state}: {reading.detail}"
         routed = self.server.ip if self.server else ""
         by_address = self.use_internal_ip and not self.use_internal_hostname
+        address = reading.address
         if by_address and address and routed and routed not in (address, self.service_name):
             # Swarm replaced the container (it crashed): the hub's route points at the old one
             return f"the server's container was replaced (now at {address}, routed to {routed})"
-        if task.get("NodeID"):
-            node = await self.docker("inspect_node", task["NodeID"])
+        if reading.node_id:
+            node = await self.docker("inspect_node", reading.node_id)
             node_state = node.get("Status", {}).get("State")
             if node_state != "ready":
                 self.log.warning(
                     "Server %s is on node %s, which is %s: reporting it stopped",
                     self._log_name,
-                    node.get("Description", {}).get("Hostname", task["NodeID"][:7]),
+                    node.get("Description", {}).get("Hostname", reading.node_id[:7]),
                     node_state,
                 )
                 return f"node {node_state}"
         return None
+
+    # ---- choosing a GPU --------------------------------------------------------------------
+
+    async def _read_swarm(self) -> tuple[list[dict], list[dict]]:
+        nodes = await self.docker("nodes")
+        # all tasks: those of a service being removed still hold their slices until they stop
+        all_tasks = await self.docker("tasks")
+        return nodes, all_tasks
+
+    async def gpu_inventory(self) -> list[inventory.GPU]:
+        """The swarm's GPUs and their used slices (this hub's claims included).
+
+        Spawns share a read that is in flight or younger than ``inventory_max_age``: under a
+        burst of 50 spawns the manager answers a few reads instead of 50, and participants who
+        do not fit are told so without waiting for another read behind the burst's own calls.
+        """
+        return await self.broker.inventory(self._read_swarm)
+
+    def gpu_request(self) -> broker.Request:
+        """What this spawn asks the broker for."""
+        return broker.Request(
+            slices=None if self.full_gpu_requested else self.slices_per_server,
+            policy=self.placement_policy,
+            seed=self.user.name,
+            prefer_node=self.home_node if self.prefer_home_node else "",
+        )
+
+    async def reserve_gpu(self, exclude: frozenset = frozenset()) -> broker.Reservation:
+        """Slices of one GPU claimed for this server, or a refusal people understand at once.
+
+        ``exclude``: GPUs this spawn already lost a race for; they count as full.
+        """
+        request = self.gpu_request()
+        try:
+            reservation = await self.broker.reserve(self, request, self._read_swarm, exclude)
+        except broker.NoRoom as e:
+            used, total = inventory.totals(e.gpus)
+            detail = ", ".join(f"{g.node_name}:{g.uuid}={g.used}/{g.slices}" for g in e.gpus)
+            wanted = "a whole GPU" if request.slices is None else f"{request.slices} free slice(s)"
+            raise NoGPUSliceAvailable(
+                str(e),
+                f"No GPU with {wanted} for {self._log_name}: "
+                f"{used}/{total} slices in use on {len(e.gpus)} GPU(s) ({detail or 'none'})",
+            ) from None
+        home, gpu = request.prefer_node, reservation.gpu
+        if home and gpu.node_name != home:
+            self.log.info(
+                "%s: no room on %s (their home), starting elsewhere", self._log_name, home
+            )
+            self._report(
+                18,
+                f"No GPU on {home}, where your files from last time are, has room: this server "
+                f"starts on {gpu.node_name} with the home there (your files stay on {home})",
+            )
+        return reservation
+
+    # ---- the spawn page ------------------------------------------------------------------------
+
+    def spawn_offer(self) -> profiles.Offer:
+        """What this user may choose: the environments of ``allowed_images``, a full GPU."""
+        images = self._get_allowed_images()
+        return profiles.offer(
+            images if isinstance(images, dict) else {},
+            self.image,
+            self.slices_per_server,
+            self.full_gpu_for,
+            is_admin=bool(getattr(self.user, "admin", False)),
+        )
+
+    @default("options_form")
+    def _default_options_form(self):
+        def form(spawner):
+            offered = spawner.spawn_offer()
+            if not offered.has_choices:
+                return ""  # nothing to choose: the server starts at once
+            return _TEMPLATES.get_template("spawn_options.html").render(offer=offered)
+
+        return form
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return profiles.options_from_form
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        def apply(spawner, user_options):
+            # the environment (user_options["image"]) is applied by DockerSpawner.start
+            try:
+                offered = spawner.spawn_offer()
+                spawner.full_gpu_requested = profiles.wants_full_gpu(user_options, offered)
+            except profiles.ChoiceError as e:
+                raise web.HTTPError(400, str(e)) from None
+
+        return apply
+
+    # ---- progress ---------------------------------------------------------------------------
+
+    # this spawn's stages, newest last: {"progress": percent, "message": text}
+    _progress_events = List()
+
+    def _report(self, progress: int, message: str) -> None:
+        """Record a stage of the spawn for the progress bar (and the log)."""
+        events = self._progress_events
+        if events and events[-1]["message"] == message:
+            return
+        events.append({"progress": progress, "message": message})
+        self.log.debug("Spawn progress of %s: %s%% %s", self._log_name, progress, message)
+
+    async def progress(self):
+        """The stages of this spawn, as they happen (JupyterHub stops reading at the end)."""
+        seen = 0
+        while True:
+            events = self._progress_events
+            while seen < len(events):
+                yield events[seen]
+                seen += 1
+            await asyncio.sleep(0.2)
+
+    @property
+    def failure_message(self) -> str:
+        """What the participant was told when this server's latest start failed; "" when it
+        did not fail (or a new start began). The hub's home page shows it (templates/hub)."""
+        error = self._failed
+        if not error:
+            return ""
+        message, _ = format_exception(error, only_jupyterhub=True)
+        return message or f"The server could not start: {error}"
 
     # ---- what goes into the service ----------------------------------------------------------
 
@@ -750,7 +519,7 @@ class GPUSwarmSpawner(SwarmSpawner):
                 "cpu_reservation": int(self.cpu_guarantee * 1e9) if self.cpu_guarantee else None,
                 **configured,
                 "generic_resources": with_gpu_slices(
-                    configured.get("generic_resources"), self.gpu_uuid, self.gpu_slices_held
+                    configured.get("generic_resources"), self.gpu_uuid, self.slices_held
                 ),
             }
         )
@@ -766,46 +535,8 @@ class GPUSwarmSpawner(SwarmSpawner):
             **(self.extra_create_kwargs.get("labels") or {}),
             contract.USER_LABEL: self.user.name,
             contract.GPU_LABEL: self.gpu_uuid,
-            contract.SLICES_LABEL: str(self.gpu_slices_held),
+            contract.SLICES_LABEL: str(self.slices_held),
         }
-
-    async def create_object(self):
-        """Create the server's service; start_object then waits for its task.
-
-        SwarmSpawner's version builds the same spec from the same traits but then waits for the
-        first task in 1-second sleeps, which adds about a second to nearly every spawn.
-        """
-        container = ContainerSpec(
-            **{
-                "image": self.image,
-                "env": self.get_env(),
-                "args": await self.get_command(),
-                "mounts": self.mounts,
-                **self.extra_container_spec,
-            }
-        )
-        task_template = TaskTemplate(
-            **{
-                "container_spec": container,
-                "resources": self.service_resources(),
-                "networks": [self.network_name] if self.network_name else [],
-                "placement": Placement(**self.extra_placement_spec),
-                **self.extra_task_spec,
-            }
-        )
-        endpoint = dict(self.extra_endpoint_spec)
-        if not self.use_internal_ip:
-            endpoint.setdefault("ports", {None: (self.port, "tcp")})
-        return await self.docker(
-            "create_service",
-            **{
-                "name": self.service_name,
-                "task_template": task_template,
-                "endpoint_spec": EndpointSpec(**endpoint),
-                **self.extra_create_kwargs,
-                "labels": self.service_labels_for_server(),
-            },
-        )
 
     def get_env(self):
         env = super().get_env()
@@ -818,7 +549,7 @@ class GPUSwarmSpawner(SwarmSpawner):
                     # CUDA accepts UUIDs too, so this stays right with or without the runtime
                     "CUDA_VISIBLE_DEVICES": self.gpu_uuid,
                     "GPU_UUID": self.gpu_uuid,
-                    "GPU_SLICES": str(self.gpu_slices_held),
+                    "GPU_SLICES": str(self.slices_held),
                     "GPU_NODE": self.gpu_node,
                     "GPU_SIMULATED": "1" if contract.is_simulated(self.gpu_uuid) else "0",
                     # TensorFlow otherwise grabs all memory of the GPU it shares with others
@@ -866,7 +597,7 @@ class GPUSwarmSpawner(SwarmSpawner):
             state.update(
                 gpu_uuid=self.gpu_uuid,
                 gpu_node=self.gpu_node,
-                gpu_slices=self.gpu_slices_held,
+                gpu_slices=self.slices_held,  # the key servers running since 0.1 have
                 gpu_memory_mb=self.gpu_memory_mb,
             )
         return state
@@ -875,14 +606,14 @@ class GPUSwarmSpawner(SwarmSpawner):
         super().load_state(state)
         self.gpu_uuid = state.get("gpu_uuid", "")
         self.gpu_node = state.get("gpu_node", "")
-        self.gpu_slices_held = state.get("gpu_slices", 0)
+        self.slices_held = state.get("gpu_slices", 0)
         self.gpu_memory_mb = state.get("gpu_memory_mb", 0)
         self.home_node = state.get("home_node", "")
 
     def clear_gpu(self):
         self.gpu_uuid = ""
         self.gpu_node = ""
-        self.gpu_slices_held = 0
+        self.slices_held = 0
         self.gpu_memory_mb = 0
         self.task_ip = ""
 

@@ -27,7 +27,8 @@ def full(hub, hub_settings):
     assert len(per_gpu) == 1, gpus
     (slices,) = per_gpu
     holders = [
-        make_spawner(f"ci-holder-{i}", hub_settings, gpu_slices=slices) for i in range(len(gpus))
+        make_spawner(f"ci-holder-{i}", hub_settings, slices_per_server=slices)
+        for i in range(len(gpus))
     ]
 
     async def start_all():

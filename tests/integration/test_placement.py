@@ -1,6 +1,7 @@
 """Placement on the multi-node bed (manager + 2 workers, 2 simulated GPUs x 3 slices each)."""
 
 import asyncio
+import copy
 import time
 from collections import Counter
 from types import SimpleNamespace
@@ -65,7 +66,7 @@ async def test_pack_fills_one_gpu_then_the_next_on_the_same_node(stack):
 
 
 async def test_full_gpu_profile_gets_all_slices_of_one_gpu(stack):
-    full = make_spawner("ci-full", stack, gpu_slices=3)
+    full = make_spawner("ci-full", stack, slices_per_server=3)
     await full.start()
     gpu = inventory()[full.gpu_uuid]
     assert (gpu.used, gpu.free) == (3, 0)
@@ -73,27 +74,40 @@ async def test_full_gpu_profile_gets_all_slices_of_one_gpu(stack):
     assert env["NVIDIA_VISIBLE_DEVICES"] == full.gpu_uuid and env["GPU_SLICES"] == "3"
 
 
+def only_gpu(node: dict, uuid: str) -> dict:
+    """``node`` as if it advertised the GPU ``uuid`` alone."""
+    node = copy.deepcopy(node)
+    resources = node["Description"]["Resources"]
+    resources["GenericResources"] = [
+        r for r in resources["GenericResources"] if r["DiscreteResourceSpec"]["Kind"] == uuid
+    ]
+    return node
+
+
 async def test_a_lost_race_moves_on_to_another_gpu_and_leaves_nothing_pending(stack):
     # fill every GPU but one with full-GPU servers
     gpus = list(inventory().values())
-    fillers = [make_spawner(f"ci-fill-{i}", stack, gpu_slices=3) for i in range(len(gpus) - 1)]
+    fillers = [
+        make_spawner(f"ci-fill-{i}", stack, slices_per_server=3) for i in range(len(gpus) - 1)
+    ]
     await start_all(fillers)
     (free_gpu,) = gpus_with_room()
     full_gpu = fillers[0].gpu_uuid
 
     # a spawner whose first look at the swarm is stale: it sees a full GPU as empty
     late = make_spawner("ci-late", stack)
-    real_inventory = late.gpu_inventory
-    stale = [g for g in await real_inventory() if g.uuid == full_gpu]
+    real_read = late._read_swarm
     reads = []
 
     async def stale_then_real():
         reads.append(1)
-        if len(reads) == 1:
-            return [type(g)(g.uuid, g.node_id, g.node_name, g.slices, 0) for g in stale]
-        return await real_inventory()
+        nodes, tasks = await real_read()
+        if len(reads) == 1:  # only the full GPU, without the tasks holding it: it looks empty
+            tasks = [t for t in tasks if full_gpu not in str(t.get("Spec", {}))]
+            nodes = [only_gpu(n, full_gpu) for n in nodes if full_gpu in str(n["Description"])]
+        return nodes, tasks
 
-    late.gpu_inventory = stale_then_real
+    late._read_swarm = stale_then_real
     t0 = time.monotonic()
     await late.start()
     elapsed = time.monotonic() - t0
@@ -106,7 +120,9 @@ async def test_a_lost_race_moves_on_to_another_gpu_and_leaves_nothing_pending(st
 
 async def test_capacity_plus_one_is_refused_at_once_without_leftovers(stack):
     gpus = list(inventory().values())
-    await start_all([make_spawner(f"ci-cap-{i}", stack, gpu_slices=3) for i in range(len(gpus))])
+    await start_all(
+        [make_spawner(f"ci-cap-{i}", stack, slices_per_server=3) for i in range(len(gpus))]
+    )
     assert gpus_with_room() == []
     before = {s.name for s in services_of(stack["GPUHUB_STACK"])}
 

@@ -203,12 +203,13 @@ SERVER = "jy-ci-2dnewmachine"
 
 async def test_a_server_can_be_placed_on_the_new_machine(machine, hub, hub_settings):
     spawner = make_spawner("ci-newmachine", hub_settings)
-    real_inventory = spawner.gpu_inventory
+    real_read = spawner._read_swarm
 
     async def only_the_new_machine():
-        return [g for g in await real_inventory() if g.node_name == MACHINE]
+        nodes, tasks = await real_read()
+        return [n for n in nodes if n["Description"]["Hostname"] == MACHINE], tasks
 
-    spawner.gpu_inventory = only_the_new_machine
+    spawner._read_swarm = only_the_new_machine
     await spawner.start()  # it keeps running: the pause and --leave tests need a user there
     assert spawner.gpu_node == MACHINE and spawner.object_name == SERVER
     (container,) = server_containers()

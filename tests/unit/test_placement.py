@@ -1,7 +1,7 @@
 import pytest
 
 from gpu_swarm_spawner.inventory import GPU
-from gpu_swarm_spawner.placement import candidates, choose, refusal_message
+from gpu_swarm_spawner.placement import candidates, choose, refusal_message, slices_taken
 
 
 def gpu(uuid, node, slices, used):
@@ -71,6 +71,20 @@ def test_full_gpu_request_needs_an_empty_gpu():
     assert choose(CLUSTER, 3, "pack").uuid == "GPU-b0"
 
 
+def test_a_whole_gpu_is_an_unused_one_with_however_many_slices_it_has():
+    # with --slice-memory a large GPU advertises more slices than a small one
+    mixed = [
+        gpu("GPU-s0", "small", 3, 1),
+        gpu("GPU-l0", "large", 20, 0),
+        gpu("GPU-s1", "small", 3, 0),
+    ]
+    ranked = candidates(mixed, None, "spread")
+    assert [g.uuid for g in ranked] == ["GPU-l0", "GPU-s1"]  # only unused ones, most slices first
+    assert slices_taken(ranked[0], None) == 20 and slices_taken(ranked[1], None) == 3
+    assert slices_taken(ranked[1], 1) == 1
+    assert choose([gpu("GPU-a0", "alpha", 20, 1)], None) is None  # one slice taken: not whole
+
+
 def test_nothing_free():
     full = [gpu("GPU-a0", "alpha", 3, 3)]
     assert choose(full, 1) is None
@@ -91,6 +105,8 @@ def test_bad_arguments_say_what_to_write():
         ([gpu("GPU-a0", "alpha", 3, 3), gpu("GPU-a1", "alpha", 3, 3)], 1, "(6/6)"),
         ([gpu("GPU-a0", "alpha", 3, 0)], 4, "largest GPU here has 3"),
         ([gpu("GPU-a0", "alpha", 3, 1), gpu("GPU-a1", "alpha", 3, 1)], 3, "4 of 6 slices are free"),
+        ([gpu("GPU-a0", "alpha", 3, 1)], None, "A full GPU needs a GPU that nobody is using"),
+        ([gpu("GPU-a0", "alpha", 3, 3)], None, "(3/3)"),
     ],
 )
 def test_refusal_messages_explain_the_situation(gpus, slices, expected):

@@ -1,5 +1,5 @@
-"""The spawn page: which environments and GPU shares a user is offered, and what a choice
-reserves; the rendered form."""
+"""The spawn page: which environments and GPU shares a user is offered, whether a choice takes
+a whole GPU; the rendered form."""
 
 from types import SimpleNamespace
 
@@ -8,34 +8,35 @@ from jupyterhub.objects import Hub
 from tornado.web import HTTPError
 
 from gpu_swarm_spawner import GPUSwarmSpawner
-from gpu_swarm_spawner.profiles import ChoiceError, offer, options_from_form, slices_for
+from gpu_swarm_spawner.profiles import ChoiceError, offer, options_from_form, wants_full_gpu
 
 IMAGES = {"PyTorch": "reg/pytorch:1", "TensorFlow": "reg/tensorflow:1"}
 
 
 def test_admins_are_offered_a_full_gpu_and_participants_a_slice():
-    admin = offer(IMAGES, "reg/tensorflow:1", 1, 3, "admins", is_admin=True)
+    admin = offer(IMAGES, "reg/tensorflow:1", 1, "admins", is_admin=True)
     assert admin.environments == ["PyTorch", "TensorFlow"]
     assert admin.default_environment == "TensorFlow"
-    assert slices_for({"gpu": "full"}, admin) == 3
-    assert slices_for({}, admin) == slices_for({"gpu": "slice"}, admin) == 1
+    assert wants_full_gpu({"gpu": "full"}, admin) is True
+    assert wants_full_gpu({}, admin) is wants_full_gpu({"gpu": "slice"}, admin) is False
 
-    participant = offer(IMAGES, "reg/pytorch:1", 1, 3, "admins", is_admin=False)
-    assert participant.full_gpu_slices == 0
+    participant = offer(IMAGES, "reg/pytorch:1", 1, "admins", is_admin=False)
+    assert participant.full_gpu is False
     with pytest.raises(ChoiceError, match="not offered to you"):
-        slices_for({"gpu": "full"}, participant)
-    assert offer(IMAGES, "x", 1, 3, "all", is_admin=False).full_gpu_slices == 3
+        wants_full_gpu({"gpu": "full"}, participant)
+    assert offer(IMAGES, "x", 1, "all", is_admin=False).full_gpu is True
+    assert offer(IMAGES, "x", 1, "off", is_admin=True).full_gpu is False
 
 
-def test_no_choices_without_environments_or_a_bigger_share():
-    assert not offer({}, "img", 1, 0, "all", is_admin=True).has_choices
-    assert not offer({}, "img", 3, 3, "all", is_admin=True).has_choices  # a slice is the GPU
-    assert offer({}, "img", 1, 3, "all", is_admin=True).has_choices
+def test_no_choices_without_environments_or_a_full_gpu():
+    assert not offer({}, "img", 1, "off", is_admin=True).has_choices
+    assert not offer({"Only": "img"}, "img", 1, "admins", is_admin=False).has_choices
+    assert offer({}, "img", 1, "all", is_admin=False).has_choices
 
 
 def test_a_made_up_choice_is_refused_with_what_to_choose():
     with pytest.raises(ChoiceError, match="choose 'slice' or 'full'"):
-        slices_for({"gpu": "two"}, offer({}, "img", 1, 3, "all", is_admin=True))
+        wants_full_gpu({"gpu": "two"}, offer({}, "img", 1, "all", is_admin=True))
 
 
 def test_form_fields_become_user_options():
@@ -52,11 +53,11 @@ def spawner(admin, **config):
 
 
 def test_the_spawn_page_form_lists_the_environments_and_the_full_gpu_for_admins():
-    config = dict(allowed_images=IMAGES, image="reg/pytorch:1", full_gpu_slices=3)
+    config = dict(allowed_images=IMAGES, image="reg/pytorch:1", full_gpu_for="admins")
     html = spawner(True, **config).options_form(spawner(True, **config))
     assert '<option value="PyTorch" selected>PyTorch</option>' in html
     assert '<option value="TensorFlow" >TensorFlow</option>' in html
-    assert 'value="full"' in html and "A full GPU (3 slices" in html
+    assert 'value="full"' in html and "A full GPU (all of its slices" in html
     participant = spawner(False, **config)
     assert 'value="full"' not in participant.options_form(participant)
     plain = spawner(False)
@@ -64,14 +65,19 @@ def test_the_spawn_page_form_lists_the_environments_and_the_full_gpu_for_admins(
 
 
 async def test_a_choice_is_applied_and_a_refused_one_is_a_400_with_the_message():
-    admin = spawner(True, full_gpu_slices=3)
+    admin = spawner(True, full_gpu_for="admins")
     await admin._run_apply_user_options({"gpu": "full"})
-    assert admin.slices_wanted == 3
+    assert admin.gpu_request().slices is None  # a whole GPU, its slices counted at placement
     await admin._run_apply_user_options({})
-    assert admin.slices_wanted == 1
+    assert admin.gpu_request().slices == 1
 
-    participant = spawner(False, full_gpu_slices=3)
+    participant = spawner(False, full_gpu_for="admins")
     with pytest.raises(HTTPError) as refused:
         await participant._run_apply_user_options({"gpu": "full"})
     assert refused.value.status_code == 400
     assert "not offered to you" in refused.value.log_message
+
+
+def test_the_deprecated_full_gpu_slices_still_offers_admins_a_full_gpu():
+    assert spawner(True, full_gpu_slices=3).full_gpu_for == "admins"
+    assert spawner(True).full_gpu_for == "off"  # a hub that sets nothing offers none

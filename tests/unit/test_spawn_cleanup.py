@@ -22,8 +22,8 @@ def reserved_gpu(created: dict) -> str:
 
 def assert_nothing_left(spawner):
     assert spawner.services == {}, "a service of the failed start is left"
-    assert GPUSwarmSpawner._claims == {}, "a claim of the failed start is left"
-    assert (spawner.gpu_uuid, spawner.gpu_slices_held, spawner.object_id) == ("", 0, "")
+    assert spawner.broker.claimed() == {}, "a claim of the failed start is left"
+    assert (spawner.gpu_uuid, spawner.slices_held, spawner.object_id) == ("", 0, "")
 
 
 async def test_a_lost_race_removes_its_service_and_tries_the_next_gpu():
@@ -41,7 +41,7 @@ async def test_a_lost_race_removes_its_service_and_tries_the_next_gpu():
     assert methods.index("remove_service") < methods.index("nodes", methods.index("tasks"))
     assert list(spawner.services) == ["svc2"]  # only the server that runs
     assert (spawner.object_id, spawner.gpu_uuid) == ("svc2", second)
-    assert GPUSwarmSpawner._claims == {}
+    assert spawner.broker.claimed() == {}
     assert any("was taken a moment ago" in e["message"] for e in spawner._progress_events)
 
 

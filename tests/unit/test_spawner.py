@@ -23,9 +23,9 @@ def make_spawner(**kwargs):
 @pytest.mark.parametrize(
     "trait, value, advice",
     [
-        ("gpu_slices", 0, "1 or more"),
+        ("slices_per_server", 0, "slices_per_server must be 1 or more, got 0; every server"),
         ("placement_policy", "roundrobin", "spread, pack"),
-        ("full_gpu_for", "everyone", "write one of: admins, all"),
+        ("full_gpu_for", "everyone", "write one of: off, admins, all"),
         ("gpu_kind_prefix", " ", "must not be empty"),
         ("placement_attempts", 0, "placement_attempts must be 1 or more"),
         ("docker_api_threads", 0, "docker_api_threads must be 1 or more"),
@@ -37,6 +37,12 @@ def test_bad_settings_are_refused_with_advice(trait, value, advice):
         make_spawner(**{trait: value})
 
 
+def test_a_renamed_setting_still_works_under_its_old_name(caplog):
+    spawner = make_spawner(gpu_slices=2)
+    assert spawner.slices_per_server == 2
+    assert "gpu_slices is deprecated" in caplog.text and "slices_per_server" in caplog.text
+
+
 def test_service_name_is_jy_and_escaped_username():
     spawner = make_spawner()
     assert spawner.object_name == "jy-alice-2dsmith"
@@ -46,7 +52,7 @@ def test_service_name_is_jy_and_escaped_username():
 
 def test_env_names_exactly_one_gpu():
     spawner = make_spawner()
-    spawner.gpu_uuid, spawner.gpu_node, spawner.gpu_slices_held = "GPU-simulated-ab-1", "n1", 2
+    spawner.gpu_uuid, spawner.gpu_node, spawner.slices_held = "GPU-simulated-ab-1", "n1", 2
     env = spawner.get_env()
     assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == "GPU-simulated-ab-1"
     assert env["GPU_SLICES"] == "2"
@@ -64,15 +70,15 @@ def test_env_without_gpu_has_no_device():
 def test_state_round_trip_keeps_the_gpu():
     spawner = make_spawner()
     spawner.object_id = "svc123"
-    spawner.gpu_uuid, spawner.gpu_node, spawner.gpu_slices_held = "GPU-x", "beta", 1
+    spawner.gpu_uuid, spawner.gpu_node, spawner.slices_held = "GPU-x", "beta", 1
     spawner.gpu_memory_mb = 4096
     state = spawner.get_state()
     restored = make_spawner()
     restored.load_state(state)
-    assert (restored.gpu_uuid, restored.gpu_node, restored.gpu_slices_held) == ("GPU-x", "beta", 1)
+    assert (restored.gpu_uuid, restored.gpu_node, restored.slices_held) == ("GPU-x", "beta", 1)
     assert restored.gpu_memory_mb == 4096
     restored.clear_state()
-    assert restored.gpu_uuid == "" and restored.gpu_slices_held == 0
+    assert restored.gpu_uuid == "" and restored.slices_held == 0
 
 
 def test_the_home_machine_outlives_the_server_in_the_state():
@@ -91,16 +97,16 @@ async def test_a_returning_user_goes_back_to_the_machine_with_their_home():
     spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3}), node("n2", "beta", {"GPU-b0": 3})]
     spawner.tasks = [task("n2", {"GPU-b0": 2})]  # spread alone would pick alpha
     spawner.home_node = "beta"
-    assert (await spawner.reserve_gpu()).uuid == "GPU-b0"
+    assert (await spawner.reserve_gpu()).gpu.uuid == "GPU-b0"
 
     spawner.tasks = [task("n2", {"GPU-b0": 3})]  # beta is full: elsewhere, and the user is told
     spawner._progress_events = []
-    assert (await spawner.reserve_gpu()).uuid == "GPU-a0"
+    assert (await spawner.reserve_gpu()).gpu.uuid == "GPU-a0"
     assert "your files stay on beta" in spawner._progress_events[-1]["message"]
 
     spawner.prefer_home_node = False
     spawner.tasks = [task("n2", {"GPU-b0": 2})]
-    assert (await spawner.reserve_gpu()).uuid == "GPU-a0"
+    assert (await spawner.reserve_gpu()).gpu.uuid == "GPU-a0"
 
 
 async def test_each_spawn_reserves_only_its_own_gpu():
@@ -112,7 +118,7 @@ async def test_each_spawn_reserves_only_its_own_gpu():
         cmd=["jupyterhub-singleuser"],
     )
     for uuid, slices in [("GPU-a", 3), ("GPU-b", 1)]:
-        spawner.gpu_uuid, spawner.gpu_slices_held = uuid, slices
+        spawner.gpu_uuid, spawner.slices_held = uuid, slices
         await spawner.create_object()
     created = spawner.created[-1]
     resources = created["task_template"]["Resources"]
@@ -152,7 +158,7 @@ async def test_reserve_gpu_spreads_and_refuses_when_full():
     )
     spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3, "GPU-a1": 3})]
     spawner.tasks = [task("n1", {"GPU-a0": 1})]
-    assert (await spawner.reserve_gpu()).uuid == "GPU-a1"
+    assert (await spawner.reserve_gpu()).gpu.uuid == "GPU-a1"
 
     spawner.tasks = [task("n1", {"GPU-a0": 3}), task("n1", {"GPU-a1": 3})]
     with pytest.raises(NoGPUSliceAvailable) as refused:
@@ -180,7 +186,7 @@ async def test_the_failure_message_is_what_the_last_failed_start_told_the_partic
 
 
 def test_task_address_is_read_from_the_attachment_on_the_servers_network():
-    from gpu_swarm_spawner.spawner import task_address
+    from gpu_swarm_spawner.tasks import task_address
 
     task = {
         "NetworksAttachments": [
@@ -229,9 +235,10 @@ async def test_spawns_share_a_recent_read_of_the_swarm():
     await spawner.gpu_inventory()
     await spawner.gpu_inventory()
     assert len(reads) == 1
-    spawner.inventory_max_age = 0
-    await spawner.gpu_inventory()
-    assert len(reads) == 2
+    other = Counting(user=SimpleNamespace(name="v", id=4, url="/user/v/"), hub=Hub())
+    other.nodes = spawner.nodes
+    await other.gpu_inventory()  # another server of the same hub shares it too
+    assert len(reads) == 1
 
 
 async def test_a_machine_without_the_image_fails_the_spawn_at_once_with_advice():

@@ -1,0 +1,278 @@
+"""GPUSwarmSpawner's settings: every configurable trait, its default and its check.
+
+``GPUSwarmSpawner`` (spawner.py) inherits them, so ``c.GPUSwarmSpawner.<name>`` sets them; they
+live here so that spawner.py reads as the spawn path. Renamed settings keep their old names
+as deprecated aliases (as dockerspawner's ``_deprecated_aliases`` do).
+"""
+
+from __future__ import annotations
+
+from dockerspawner import SwarmSpawner
+from traitlets import (
+    Bool,
+    Dict,
+    Enum,
+    Float,
+    Integer,
+    TraitError,
+    Unicode,
+    default,
+    observe,
+    validate,
+)
+
+from . import contract, naming, placement, profiles
+
+
+def _with_advice(number_trait):
+    """traitlets' ``Integer``/``Float`` with ``min=``, whose error says what to write instead."""
+
+    class AtLeast(number_trait):
+        def __init__(self, default_value, least, expected="", advice="", **kwargs):
+            super().__init__(default_value, min=least, **kwargs)
+            self.expected = expected or f"{least} or more"
+            self.advice = advice
+
+        def validate(self, obj, value):
+            try:
+                return super().validate(obj, value)
+            except TraitError:
+                if not isinstance(value, (int, float)) or value >= self.min:
+                    raise
+                raise TraitError(
+                    f"{type(obj).__name__}.{self.name} must be {self.expected}, got {value}"
+                    + (f"; {self.advice}" if self.advice else "")
+                ) from None
+
+    return AtLeast
+
+
+_AtLeast = _with_advice(Integer)
+_FloatAtLeast = _with_advice(Float)
+
+
+class _OneOf(Enum):
+    """traitlets' ``Enum`` whose error lists the words to write."""
+
+    def error(self, obj, value, error=None, info=None):
+        raise TraitError(
+            f"{type(obj).__name__}.{self.name} is {value!r}; write one of: {', '.join(self.values)}"
+        )
+
+
+class GPUSwarmSpawnerTraits(SwarmSpawner):
+    """The configuration of ``GPUSwarmSpawner``."""
+
+    # ---- configuration ----------------------------------------------------------------------
+
+    slices_per_server = _AtLeast(
+        1,
+        least=1,
+        advice="every server needs a slice (use 1 for a shared GPU)",
+        config=True,
+        help="""
+        How many slices of one GPU each server reserves. A GPU advertised as 3 slices holds
+        three 1-slice servers. All slices of a server always come from the same GPU; a "full
+        GPU" (``full_gpu_for``) takes all slices of the GPU it lands on instead. Example:
+        ``c.GPUSwarmSpawner.slices_per_server = 1``.
+        """,
+    )
+
+    full_gpu_for = _OneOf(
+        profiles.FULL_GPU_FOR,
+        default_value="off",
+        config=True,
+        help="""
+        Who may choose a full GPU on the spawn page: ``off`` (nobody), ``admins`` or ``all``.
+        A full GPU is every slice of one GPU that nobody else uses, however many slices that
+        GPU is advertised as (it is counted when the GPU is chosen).
+        """,
+    )
+
+    placement_policy = _OneOf(
+        placement.POLICIES,
+        default_value="spread",
+        config=True,
+        help="""
+        How a GPU is chosen for a new server: ``spread`` (the GPU with most free slices, so each
+        participant shares a GPU with as few others as possible) or ``pack`` (the busiest GPU
+        that still fits, so whole machines can be emptied and switched off).
+        """,
+    )
+
+    prefer_home_node = Bool(
+        True,
+        config=True,
+        help="""
+        Start a returning user's server on the machine that ran their previous one when a GPU
+        there has room: home volumes (``jy-home-<user>``) are local to a machine, so elsewhere
+        the user would find an empty home. Turn off when homes are on shared storage.
+        """,
+    )
+
+    gpu_kind_prefix = Unicode(
+        contract.KIND_PREFIX,
+        config=True,
+        help="""
+        Generic-resource kinds that start with this are GPUs; the rest of the kind is ignored
+        for matching and the whole kind is the GPU UUID handed to the container.
+        The worker setup advertises kinds like ``GPU-8d2c6f1e-...=3``. Default: ``GPU-``.
+        """,
+    )
+
+    @validate("gpu_kind_prefix")
+    def _validate_gpu_kind_prefix(self, proposal):
+        if not proposal.value.strip():
+            raise TraitError(
+                "GPUSwarmSpawner.gpu_kind_prefix must not be empty: it selects which "
+                "generic resources are GPUs; leave it at the default 'GPU-'"
+            )
+        return proposal.value
+
+    placement_attempts = _AtLeast(
+        5,
+        least=1,
+        config=True,
+        help="""
+        How many GPUs a spawn tries when it loses the race for a slice (another server took it
+        between reading the inventory and Swarm placing the service) before it gives up with
+        the "no slice free" message. Each lost race costs about the task poll interval.
+        """,
+    )
+
+    task_poll_interval = Float(
+        0.2,
+        config=True,
+        help="""
+        Seconds between the first checks of a new service's task (the delay then grows by half
+        each time, up to 2 s). Small values notice a lost slice race or a started container
+        sooner, at the cost of more Docker API calls. Default 0.2.
+        """,
+    )
+
+    docker_api_threads = _AtLeast(
+        4,
+        least=1,
+        config=True,
+        help="""
+        Threads for blocking Docker API calls, shared by all servers of the hub
+        (dockerspawner gives each spawner class one thread). A few threads keep one slow call
+        (a busy manager, a large listing) from holding up every other participant's spawn;
+        many threads mostly add load on the manager. On the 3-node test bed 1, 2, 4 and 16
+        threads gave the same figures for 50 simultaneous spawns (see ``make bench``).
+        Takes effect at hub start.
+        """,
+    )
+
+    inventory_max_age = _FloatAtLeast(
+        1.0,
+        least=0,
+        expected="0 or more seconds",
+        config=True,
+        help="""
+        Seconds a read of the swarm's nodes and tasks is reused by other spawns (reads in
+        flight are always shared). Under a burst this keeps refusals instant and the manager
+        unloaded; a slice freed within that time is seen by the next read. 0: a read per spawn
+        unless one is in flight. Default 1.
+        """,
+    )
+
+    probe_server = Bool(
+        True,
+        config=True,
+        help="""
+        After the container runs, wait until the server accepts connections where the hub will
+        connect to it (``get_ip_and_port``: the task's address on the overlay network; the
+        service name with ``use_internal_hostname``; ``host_ip`` and the published port with
+        ``use_internal_ip = False``) before handing it to the hub (probes every 0.1 s, at most
+        ``http_timeout``). Spawns then finish as soon as the server listens, instead of after
+        the hub's backed-off checks. Turn off only where the hub cannot reach that address.
+        """,
+    )
+
+    service_labels = Dict(
+        config=True,
+        help="""
+        Labels put on every user service and home volume, e.g.
+        ``{"gpu-jupyterhub.stack": "gpuhub"}``; ``make down`` finds what to remove by them.
+        """,
+    )
+
+    pids_limit = _AtLeast(
+        0,
+        least=0,
+        expected="0 (no limit) or more",
+        advice="write a number of processes such as 2048",
+        config=True,
+        help="""
+        The most processes (and threads) a server may run at once, e.g. ``2048``: a fork bomb
+        or a runaway data loader then stops there instead of exhausting the machine that other
+        participants share. 0: no limit. Needs Docker 20.10 (API 1.41) on the swarm's
+        managers and GPU machines. Leave room for the frameworks: every thread counts, and
+        PyTorch's data loaders start a process per worker.
+        """,
+    )
+
+    # Renamed settings: {old name: (new name, version)}, copied across with a warning when they
+    # differ (dockerspawner's ``_deprecated_aliases``, kept apart from its table).
+    _renamed_traits = {"gpu_slices": ("slices_per_server", "0.2")}
+
+    gpu_slices = Integer(config=True, help="Deprecated: use ``slices_per_server``.")
+
+    @observe(*_renamed_traits)
+    def _renamed_trait(self, change):
+        new_name, version = self._renamed_traits[change.name]
+        if getattr(self, new_name) != change.new:
+            self.log.warning(
+                "%s.%s is deprecated since gpu-jupyterhub %s; use %s.%s instead",
+                type(self).__name__,
+                change.name,
+                version,
+                type(self).__name__,
+                new_name,
+            )
+            setattr(self, new_name, change.new)
+
+    full_gpu_slices = Integer(
+        config=True,
+        help="""
+        Deprecated and ignored: a full GPU is now all slices of the GPU it lands on, counted
+        at placement (a large GPU may have more slices than a small one). Use ``full_gpu_for``.
+        """,
+    )
+
+    @observe("full_gpu_slices")
+    def _full_gpu_slices_ignored(self, change):
+        self.log.warning(
+            "%s.full_gpu_slices is deprecated and ignored: a full GPU takes all slices of the "
+            "GPU chosen for it. Set %s.full_gpu_for (off, admins or all) instead.",
+            type(self).__name__,
+            type(self).__name__,
+        )
+        if change.new > 0 and self.full_gpu_for == "off":
+            self.full_gpu_for = "admins"  # what full_gpu_slices > 0 offered before
+
+    @default("prefix")
+    def _default_prefix(self):
+        # services are named jy-<escaped username>[--<server name>]
+        return contract.SERVICE_PREFIX
+
+    @default("object_name")
+    def _object_name_default(self):
+        """dockerspawner's name (``jy-<escaped user>[--<server>]``) fitted into a Swarm service
+        name: unchanged where it fits (so running servers are found again), else cut and ended
+        with a hash of the whole name (``naming.fit``). dockerspawner calls this again when the
+        image changes."""
+        return naming.service_name(super()._object_name_default())
+
+    @default("use_internal_ip")
+    def _default_use_internal_ip(self):
+        # the hub sits on the same attachable overlay and reaches servers at their task's address
+        return True
+
+    @default("extra_endpoint_spec")
+    def _default_extra_endpoint_spec(self):
+        # DNS round robin: works without IPVS and is all a single-task service needs. A port
+        # published for a hub that does not use internal IPs needs the routing mesh's virtual
+        # IP instead: Swarm refuses ingress ports with dnsrr.
+        return {"mode": "dnsrr"} if self.use_internal_ip else {}

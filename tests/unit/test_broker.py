@@ -1,0 +1,141 @@
+"""The GPU broker on its own: reads of the swarm shared, slices claimed until Swarm counts them,
+and no two spawns of a hub ever choosing the same free slice."""
+
+import asyncio
+
+import pytest
+
+from gpu_swarm_spawner.broker import GPUBroker, NoRoom, Request, of_hub
+
+from .clusters import node, task
+
+ONE_FREE_EACH = [node("n1", "alpha", {"GPU-a0": 3, "GPU-a1": 3})]
+BUSY = [task("n1", {"GPU-a0": 2}), task("n1", {"GPU-a1": 2})]
+
+
+class Swarm:
+    """A read of the swarm that counts calls and takes ``delay`` seconds."""
+
+    def __init__(self, nodes, tasks, delay=0.0):
+        self.nodes, self.tasks, self.delay, self.reads = nodes, tasks, delay, 0
+
+    async def __call__(self):
+        self.reads += 1
+        await asyncio.sleep(self.delay)
+        return self.nodes, list(self.tasks)
+
+
+@pytest.fixture
+def broker():
+    b = GPUBroker(threads=1, max_age=0)
+    yield b
+    b.close()
+
+
+async def test_spawns_sharing_one_read_never_choose_the_same_free_slice(broker):
+    swarm = Swarm(ONE_FREE_EACH, BUSY, delay=0.05)  # one free slice on each GPU
+    results = await asyncio.gather(
+        *(broker.reserve(owner, Request(1), swarm) for owner in "abc"), return_exceptions=True
+    )
+    assert swarm.reads == 1, "the spawns did not share the read in flight"
+    chosen = sorted(r.gpu.uuid for r in results if not isinstance(r, Exception))
+    assert chosen == ["GPU-a0", "GPU-a1"]
+    (refused,) = [r for r in results if isinstance(r, NoRoom)]
+    assert "All GPU slices are in use (6/6)" in str(refused)
+    assert len(broker.claimed()) == 2  # the refused spawn claims nothing
+
+
+async def test_a_claim_counts_until_swarm_places_the_task_then_the_task_counts(broker):
+    swarm = Swarm(ONE_FREE_EACH, [task("n1", {"GPU-a0": 3})])
+    first = await broker.reserve("a", Request(1), swarm)
+    assert first.gpu.uuid == "GPU-a1"
+    assert {g.uuid: g.used for g in await broker.inventory(swarm)}["GPU-a1"] == 1
+    broker.created("a", "svc-a")
+    # Swarm placed it: the next read shows the task, and the claim must not count it twice
+    swarm.tasks.append(task("n1", {"GPU-a1": 1}, service_id="svc-a"))
+    assert {g.uuid: g.used for g in await broker.inventory(swarm)}["GPU-a1"] == 1
+    broker.placed("a")
+    assert broker.claimed() == {}
+    assert {g.uuid: g.used for g in await broker.inventory(swarm)}["GPU-a1"] == 1
+
+
+async def test_release_leaves_nothing_claimed_and_a_new_attempt_replaces_the_old_claim(broker):
+    swarm = Swarm(ONE_FREE_EACH, [])
+    await broker.reserve("a", Request(1), swarm)
+    again = await broker.reserve("a", Request(1), swarm, exclude=frozenset({"GPU-a0"}))
+    assert again.gpu.uuid == "GPU-a1"  # the GPU it lost the race for counts as full
+    assert list(broker.claimed().values())[0].uuid == "GPU-a1"
+    assert len(broker.claimed()) == 1
+    broker.release("a")
+    broker.release("a")  # twice is fine
+    assert broker.claimed() == {}
+
+
+async def test_a_whole_gpu_claims_all_of_its_own_slices(broker):
+    swarm = Swarm([node("n1", "big", {"GPU-big": 20}), node("n2", "small", {"GPU-s": 3})], [])
+    whole = await broker.reserve("a", Request(None), swarm)
+    assert (whole.gpu.uuid, whole.slices) == ("GPU-big", 20)
+    assert (await broker.reserve("b", Request(None), swarm)).slices == 3
+    with pytest.raises(NoRoom, match="All GPU slices are in use"):
+        await broker.reserve("c", Request(None), swarm)
+
+
+async def test_a_recent_read_is_shared_an_old_or_failed_one_is_not():
+    broker = GPUBroker(threads=1, max_age=30)
+    swarm = Swarm(ONE_FREE_EACH, [])
+    await broker.inventory(swarm)
+    await broker.inventory(swarm)
+    assert swarm.reads == 1
+    broker.max_age = 0
+    await broker.inventory(swarm)
+    assert swarm.reads == 2
+
+    broker.close()
+
+
+async def test_a_failed_read_is_not_shared():
+    broker = GPUBroker(threads=1, max_age=30)
+
+    async def broken():
+        raise ConnectionError("manager away")
+
+    with pytest.raises(ConnectionError):
+        await broker.inventory(broken)
+    swarm = Swarm(ONE_FREE_EACH, [])
+    await broker.inventory(swarm)
+    assert swarm.reads == 1
+    broker.close()
+
+
+async def test_placing_a_claim_makes_the_next_spawn_read_again():
+    broker = GPUBroker(threads=1, max_age=30)
+    swarm = Swarm(ONE_FREE_EACH, [])
+    await broker.reserve("a", Request(1), swarm)
+    assert swarm.reads == 1
+    broker.placed("a")  # a read from before may not show the placed task
+    await broker.inventory(swarm)
+    assert swarm.reads == 2
+    broker.close()
+
+
+async def test_a_cancelled_spawn_does_not_cancel_the_read_others_wait_for(broker):
+    swarm = Swarm(ONE_FREE_EACH, [], delay=0.05)
+    first = asyncio.ensure_future(broker.reserve("a", Request(1), swarm))
+    second = asyncio.ensure_future(broker.reserve("b", Request(1), swarm))
+    await asyncio.sleep(0.01)
+    first.cancel()
+    assert (await second).gpu.uuid in ("GPU-a0", "GPU-a1")
+    assert swarm.reads == 1 and list(broker.claimed()) == ["b"]
+
+
+async def test_each_event_loop_has_its_own_broker():
+    here = of_hub(2, "GPU-", 1.0)
+    assert of_hub(2, "GPU-", 1.0) is here
+
+    def elsewhere():
+        async def get():
+            return of_hub(2, "GPU-", 1.0)
+
+        return asyncio.run(get())
+
+    assert await asyncio.to_thread(elsewhere) is not here

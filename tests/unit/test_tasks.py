@@ -1,0 +1,74 @@
+"""The one reader of Swarm's task dicts: what a task says about a starting or running server."""
+
+import pytest
+
+from gpu_swarm_spawner.inventory import build_inventory
+from gpu_swarm_spawner.tasks import LIVE_STATES, STAGES, Phase, newest, read_task
+
+from .clusters import node, task
+
+
+def swarm_task(state, err="", message="", node_id="n1", address=""):
+    t = {"ID": "t1", "NodeID": node_id, "Status": {"State": state, "Err": err, "Message": message}}
+    if address:
+        t["NetworksAttachments"] = [
+            {"Network": {"Spec": {"Name": "jhub"}}, "Addresses": [f"{address}/24"]}
+        ]
+    return t
+
+
+@pytest.mark.parametrize(
+    "state, err, phase",
+    [
+        ("pending", "no suitable node (insufficient resources on 3 nodes)", Phase.UNPLACEABLE),
+        ("pending", "", Phase.STARTING),
+        ("preparing", "", Phase.STARTING),
+        ("running", "", Phase.RUNNING),
+        ("rejected", "No such image: 10.0.0.5:5000/gpu-jupyterhub/singleuser", Phase.NO_IMAGE),
+        ("rejected", "node is missing network attachments", Phase.RETRYING),
+        ("failed", "task: non-zero exit (1)", Phase.ENDED),
+        ("shutdown", "", Phase.ENDED),
+        ("orphaned", "", Phase.ENDED),
+    ],
+)
+def test_each_task_state_reads_as_the_phase_the_spawn_acts_on(state, err, phase):
+    assert read_task(swarm_task(state, err), "jhub").phase is phase
+
+
+def test_a_task_not_created_yet_is_starting_and_unplaced():
+    reading = read_task(None, "jhub")
+    assert (reading.phase, reading.state, reading.placed) == (Phase.STARTING, "new", False)
+    assert reading.stage("w1") == (35, "Waiting for Swarm to place the server")
+
+
+def test_placed_means_swarm_decided_on_a_node_or_refused():
+    assert read_task(swarm_task("assigned", node_id="n2")).placed
+    assert read_task(swarm_task("pending", "no suitable node", node_id="")).placed
+    assert not read_task(swarm_task("pending", node_id="")).placed
+
+
+def test_the_reading_carries_the_address_the_detail_and_the_stage():
+    reading = read_task(swarm_task("starting", message="starting", address="10.0.8.5"), "jhub")
+    assert (reading.address, reading.detail, reading.task_id) == ("10.0.8.5", "starting", "t1")
+    assert reading.stage("w1") == (75, "Container starting on w1")
+    assert read_task(swarm_task("failed", err="boom", message="m")).detail == "boom"
+    assert read_task(swarm_task("rejected", "x")).stage("w1") is None
+
+
+def test_one_set_of_live_states_for_the_stages_and_the_inventory():
+    assert set(STAGES) == LIVE_STATES
+    nodes = [node("n1", "alpha", {"GPU-a0": 3})]
+    counted = {
+        state: build_inventory(nodes, [task("n1", {"GPU-a0": 1}, state=state)])[0].used
+        for state in [*LIVE_STATES, "failed", "shutdown", "rejected", "complete"]
+    }
+    assert {s for s, used in counted.items() if used} == LIVE_STATES
+
+
+def test_the_newest_task_meant_to_run_speaks_for_the_service():
+    old = {"ID": "a", "DesiredState": "running", "CreatedAt": "2026-01-01T10:00:00Z"}
+    new = {"ID": "b", "DesiredState": "running", "CreatedAt": "2026-01-01T10:00:05Z"}
+    stopping = {"ID": "c", "DesiredState": "shutdown", "CreatedAt": "2026-01-01T10:00:09Z"}
+    assert newest([old, stopping, new])["ID"] == "b"
+    assert newest([stopping])["ID"] == "c"
+    assert newest([]) is None
