@@ -1,32 +1,28 @@
 # JupyterHub configuration of the GPU hub. It runs inside the hub service of deploy/stack.yml.
 #
-# This file only maps settings onto `c.`; it holds no logic. The settings come from the
-# environment of the hub service (deploy/stack.yml, filled from deploy/settings.env or the
-# caller's environment) and from Docker secrets under /run/secrets. See README, "Configuration".
+# This file only maps settings onto `c.`: it sets each option once and never changes it. The
+# settings are deploy.settings' typed Config (every key of deploy/settings.env, defaults
+# overridden by the environment deploy/stack.yml gives the hub service; checked by `make up`
+# before the stack was deployed), the secrets are Docker secrets under /run/secrets. See README,
+# "Configuration".
 import os
 import sys
 from pathlib import Path
 
+from deploy.settings import from_environment
 from gpu_swarm_spawner import HUB_TEMPLATES, contract
-from gpu_swarm_spawner.settings import names
 
 c = get_config()  # noqa: F821  (provided by JupyterHub)
+cfg = from_environment(os.environ)
 
+# where the hub's container has them (the unit tests point these elsewhere)
 SECRETS = Path(os.environ.get("GPUHUB_SECRETS_DIR", "/run/secrets"))
 DATA = Path(os.environ.get("GPUHUB_DATA_DIR", "/srv/jupyterhub/data"))
-
-
-def setting(name, default):
-    return os.environ.get(f"GPUHUB_{name}", default)
 
 
 def secret(name):
     return (SECRETS / name).read_text().strip()
 
-
-STACK = setting("STACK", "gpuhub")
-TUTORIAL_REPOS = setting("TUTORIAL_REPOS", "").split()
-SIMULATED = setting("SIMULATED_GPUS", "0") == "1"
 
 # ---- hub, proxy, database ------------------------------------------------------------------
 c.JupyterHub.hub_bind_url = "http://0.0.0.0:8081"
@@ -38,25 +34,23 @@ c.ConfigurableHTTPProxy.should_start = False  # the proxy is its own service
 c.ConfigurableHTTPProxy.api_url = "http://proxy:8001"
 c.ConfigurableHTTPProxy.auth_token = secret("proxy_token")
 c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
-c.JupyterHub.log_level = setting("LOG_LEVEL", "INFO")
+c.JupyterHub.log_level = cfg.log_level
 # the home page says why the last start failed (templates/hub/home.html)
 c.JupyterHub.template_paths = [HUB_TEMPLATES]
 
 # ---- login ----------------------------------------------------------------------------------
-c.Authenticator.admin_users = set(names(setting("ADMIN_USERS", "admin")))
-if setting("AUTH", "local") == "github":
+c.Authenticator.admin_users = set(cfg.admin_users)
+if cfg.auth == "github":
     # organizations, org:team pairs, and the roster file (deploy/stack.github.yml mounts it)
     c.JupyterHub.authenticator_class = "gpu_swarm_spawner.auth.WorkshopGitHubOAuthenticator"
-    c.WorkshopGitHubOAuthenticator.client_id = setting("GITHUB_CLIENT_ID", "")
+    c.WorkshopGitHubOAuthenticator.client_id = cfg.github_client_id
     c.WorkshopGitHubOAuthenticator.client_secret = secret("github_client_secret")
-    c.WorkshopGitHubOAuthenticator.github_url = setting("GITHUB_URL", "https://github.com")
-    c.WorkshopGitHubOAuthenticator.oauth_callback_url = (
-        setting("PUBLIC_URL", "") + "/hub/oauth_callback"
-    )
-    c.WorkshopGitHubOAuthenticator.allowed_organizations = set(names(setting("ALLOWED_ORGS", "")))
+    c.WorkshopGitHubOAuthenticator.github_url = cfg.github_url
+    c.WorkshopGitHubOAuthenticator.oauth_callback_url = cfg.public_url + "/hub/oauth_callback"
+    c.WorkshopGitHubOAuthenticator.allowed_organizations = set(cfg.allowed_orgs)
     # read:org lets the hub see private organization and team memberships
     c.WorkshopGitHubOAuthenticator.scope = ["read:org"]
-    c.WorkshopGitHubOAuthenticator.roster_file = setting("ROSTER_FILE", "")
+    c.WorkshopGitHubOAuthenticator.roster_file = cfg.roster_file
 else:
     # the demo: JupyterHub's shared-password login. Any username with the generated demo
     # password; the admins (GPUHUB_ADMIN_USERS) only with the admin password, which participants
@@ -68,44 +62,41 @@ else:
     c.SharedPasswordAuthenticator.admin_password = secret("admin_password")
 
 # The operations token: scripts and the tests use it for the REST API.
-c.JupyterHub.services = [{"name": "ops", "api_token": secret("ops_token")}]
-if TUTORIAL_REPOS:
-    # the proxy routes /services/tutorial-sync/ (GitHub's webhook, the status page) to it
-    c.JupyterHub.services.append({"name": "tutorial-sync", "url": "http://tutorial-sync:8090"})
-c.JupyterHub.load_roles = [
-    {
-        "name": "ops",
-        "services": ["ops"],
-        "scopes": ["admin:users", "admin:servers", "list:users", "read:users", "access:servers"],
-    }
-]
-
+OPS = {"name": "ops", "api_token": secret("ops_token")}
+OPS_ROLE = {
+    "name": "ops",
+    "services": ["ops"],
+    "scopes": ["admin:users", "admin:servers", "list:users", "read:users", "access:servers"],
+}
+# the proxy routes /services/tutorial-sync/ (GitHub's webhook, the status page) to it
+TUTORIAL_SYNC = {"name": "tutorial-sync", "url": "http://tutorial-sync:8090"}
 # Idle servers are stopped (and their GPU slices freed) by jupyterhub-idle-culler, a hub-managed
 # service holding only the scopes it needs to find and stop them.
-IDLE_TIMEOUT = int(setting("IDLE_TIMEOUT", "5400"))
-if IDLE_TIMEOUT > 0:
-    c.JupyterHub.services.append(
-        {
-            "name": "idle-culler",
-            "command": [
-                sys.executable,
-                "-m",
-                "jupyterhub_idle_culler",
-                f"--timeout={IDLE_TIMEOUT}",
-                f"--cull-every={setting('CULL_EVERY', '60')}",
-                f"--max-age={setting('MAX_AGE', '0')}",
-            ],
-        }
-    )
-    c.JupyterHub.load_roles.append(
-        {
-            "name": "idle-culler",
-            "services": ["idle-culler"],
-            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
-        }
-    )
+IDLE_CULLER = {
+    "name": "idle-culler",
+    "command": [
+        sys.executable,
+        "-m",
+        "jupyterhub_idle_culler",
+        f"--timeout={cfg.idle_timeout}",
+        f"--cull-every={cfg.cull_every}",
+        f"--max-age={cfg.max_age}",
+    ],
+}
+IDLE_CULLER_ROLE = {
+    "name": "idle-culler",
+    "services": ["idle-culler"],
+    "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+}
+CULLING = cfg.idle_timeout > 0
+c.JupyterHub.services = [
+    OPS,
+    *([TUTORIAL_SYNC] if cfg.tutorial_repos else []),
+    *([IDLE_CULLER] if CULLING else []),
+]
+c.JupyterHub.load_roles = [OPS_ROLE, *([IDLE_CULLER_ROLE] if CULLING else [])]
 
-if SIMULATED:
+if cfg.simulated_gpus:
     c.JupyterHub.template_vars = {
         "announcement": (
             "Demo mode: the GPU slices of this hub are <b>simulated</b> "
@@ -115,61 +106,58 @@ if SIMULATED:
 
 # ---- user servers -----------------------------------------------------------------------------
 # Shared by GPUSwarmSpawner and the stock SwarmSpawner baseline (a subclass reads these too).
-c.SwarmSpawner.image = setting("SINGLEUSER_IMAGE", "gpu-jupyterhub/singleuser:latest")
+c.SwarmSpawner.image = cfg.singleuser_image
 # start-singleuser: the tutorial start hook, then jupyterhub-singleuser
 c.SwarmSpawner.cmd = ["start-singleuser"]
 # Servers reach the hub's API through the proxy: unlike the hub, it keeps its address when the
 # hub restarts, and answers at once (503) while the hub is away instead of leaving connections
 # to a vanished address hanging.
 c.SwarmSpawner.hub_connect_url = "http://proxy:8000"
-c.SwarmSpawner.network_name = setting("NETWORK", "jhub")
-c.SwarmSpawner.start_timeout = int(setting("START_TIMEOUT", "120"))
+c.SwarmSpawner.network_name = cfg.network
+c.SwarmSpawner.start_timeout = cfg.start_timeout
 c.SwarmSpawner.http_timeout = 60
-c.SwarmSpawner.poll_interval = int(setting("POLL_INTERVAL", "30"))
+c.SwarmSpawner.poll_interval = cfg.poll_interval
 c.SwarmSpawner.default_url = "/lab"
-if setting("CPU_LIMIT", ""):
-    c.SwarmSpawner.cpu_limit = float(setting("CPU_LIMIT", ""))
-if setting("MEM_LIMIT", ""):
-    c.SwarmSpawner.mem_limit = setting("MEM_LIMIT", "")
+# CPU, memory and pids limits: "" means none (the traits keep their defaults)
+if cfg.cpu_limit:
+    c.SwarmSpawner.cpu_limit = float(cfg.cpu_limit)
+if cfg.mem_limit:
+    c.SwarmSpawner.mem_limit = cfg.mem_limit
 
-if setting("SPAWNER", "gpu") == "stock-swarm":
+if cfg.spawner == "stock-swarm":
     # The benchmark's baseline: dockerspawner as the original workshop ran it, one named slot.
     c.JupyterHub.spawner_class = "dockerspawner.SwarmSpawner"
     c.SwarmSpawner.prefix = contract.SERVICE_PREFIX
     c.SwarmSpawner.use_internal_ip = True
     c.SwarmSpawner.extra_endpoint_spec = {"mode": "dnsrr"}
-    c.SwarmSpawner.extra_resources_spec = {
-        "generic_resources": {setting("NAMED_SLOTS", "NVIDIA-GPU"): 1}
-    }
-    c.SwarmSpawner.extra_create_kwargs = {"labels": {contract.STACK_LABEL: STACK}}
+    c.SwarmSpawner.extra_resources_spec = {"generic_resources": {cfg.named_slots: 1}}
+    c.SwarmSpawner.extra_create_kwargs = {"labels": {contract.STACK_LABEL: cfg.stack}}
 else:
     c.JupyterHub.spawner_class = "gpu_swarm_spawner.GPUSwarmSpawner"
-    c.GPUSwarmSpawner.gpu_slices = int(setting("GPU_SLICES", "1"))
-    c.GPUSwarmSpawner.placement_policy = setting("PLACEMENT", "spread")
-    c.GPUSwarmSpawner.docker_api_threads = int(setting("DOCKER_API_THREADS", "4"))
-    if setting("PIDS_LIMIT", ""):
-        c.GPUSwarmSpawner.pids_limit = int(setting("PIDS_LIMIT", ""))  # 0: no limit
-    c.GPUSwarmSpawner.service_labels = {contract.STACK_LABEL: STACK}
-    c.GPUSwarmSpawner.volumes = {contract.HOME_VOLUME: "/home/jovyan"}
-    # the spawn page: environments (NAME=IMAGE, the first is the default) and a full GPU
-    ENVIRONMENTS = dict(entry.split("=", 1) for entry in setting("ENVIRONMENTS", "").split())
-    if ENVIRONMENTS:
-        c.GPUSwarmSpawner.allowed_images = ENVIRONMENTS
-        c.GPUSwarmSpawner.image = next(iter(ENVIRONMENTS.values()))
-    if setting("FULL_GPU", "admins") != "off":
-        c.GPUSwarmSpawner.full_gpu_slices = int(setting("SLICES_PER_GPU", "3"))
-        c.GPUSwarmSpawner.full_gpu_for = setting("FULL_GPU", "admins")
-    if TUTORIAL_REPOS:
-        # the published tutorials (shared storage at the same path on every machine), read-only
-        c.GPUSwarmSpawner.volumes[setting("TUTORIALS_DIR", "/srv/tutorials")] = {
-            "bind": "/srv/tutorials",
-            "mode": "ro",
-        }
-    if setting("DATASETS_DIR", ""):
-        mode = setting("DATASETS_MODE", "ro")
-        if mode not in ("ro", "rw"):
-            raise ValueError(f"GPUHUB_DATASETS_MODE is {mode!r}; write ro or rw")
-        c.GPUSwarmSpawner.volumes[setting("DATASETS_DIR", "")] = {
-            "bind": "/srv/datasets",
-            "mode": mode,
-        }
+    c.GPUSwarmSpawner.slices_per_server = cfg.slices_per_server
+    c.GPUSwarmSpawner.placement_policy = cfg.placement
+    c.GPUSwarmSpawner.docker_api_threads = cfg.docker_api_threads
+    if cfg.pids_limit:
+        c.GPUSwarmSpawner.pids_limit = int(cfg.pids_limit)  # 0: no limit
+    c.GPUSwarmSpawner.service_labels = {contract.STACK_LABEL: cfg.stack}
+    # the home volume; the published tutorials and the dataset cache (shared storage at the
+    # same path on every machine): tutorials read-only, datasets as GPUHUB_DATASETS_MODE says
+    c.GPUSwarmSpawner.volumes = {
+        contract.HOME_VOLUME: "/home/jovyan",
+        **(
+            {cfg.tutorials_dir: {"bind": "/srv/tutorials", "mode": "ro"}}
+            if cfg.tutorial_repos
+            else {}
+        ),
+        **(
+            {cfg.datasets_dir: {"bind": "/srv/datasets", "mode": cfg.datasets_mode}}
+            if cfg.datasets_dir
+            else {}
+        ),
+    }
+    # the spawn page: environments (NAME=IMAGE, the first is the default) and who may take a
+    # full GPU (all slices of the chosen GPU): off, admins or all
+    if cfg.environments:
+        c.GPUSwarmSpawner.allowed_images = cfg.environments
+        c.GPUSwarmSpawner.image = next(iter(cfg.environments.values()))
+    c.GPUSwarmSpawner.full_gpu_for = cfg.full_gpu

@@ -28,7 +28,7 @@ load_settings() {  # load_settings [up|demo]
   local config out
   config=$(config_file)
   command -v python3 >/dev/null 2>&1 || ensure_packages python3:python3
-  out=$(PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" python3 -m gpu_swarm_spawner.settings load \
+  out=$(PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" python3 -m deploy.settings load \
           --defaults "$REPO/deploy/settings.env" ${config:+--config "$config"} ${1:+--mode "$1"}) \
     || die "fix the settings above${config:+ in $config} and run this again"
   eval "$out"
@@ -291,7 +291,7 @@ ensure_roster() {
   install -d -m 0755 "$dir"
   GPUHUB_ROSTER_FILE=
   if [ -n "${GPUHUB_ROSTER:-}" ]; then
-    local out; out=$("$VENV/bin/python" -m gpu_swarm_spawner.settings roster "$GPUHUB_ROSTER" 2>&1) \
+    local out; out=$("$VENV/bin/python" -m deploy.settings roster "$GPUHUB_ROSTER" 2>&1) \
       || die "${out#error: }"
     install -m 0644 "$GPUHUB_ROSTER" "$dir/.roster.txt.tmp"
     mv "$dir/.roster.txt.tmp" "$dir/roster.txt"

@@ -1,13 +1,21 @@
 """jupyterhub_config.py as the hub loads it: the demo's login (JupyterHub's shared-password
-authenticator, with the generated passwords from Docker secrets) and the servers' limits."""
+authenticator, with the generated passwords from Docker secrets), the servers' limits, and every
+setting mapped from the typed settings (deploy.settings.from_environment) onto `c.`."""
 
+import ast
 import asyncio
+import os
+import re
+import sys
 from pathlib import Path
 
 import pytest
 from jupyterhub.authenticators.shared import SharedPasswordAuthenticator
 from traitlets.config.loader import PyFileConfigLoader
 from traitlets.utils.importstring import import_item
+
+from deploy.settings import key_of
+from gpu_swarm_spawner import contract
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_PASSWORD = "2e4dfa3d9c0b4f6e8a1d7c5b3e9f0a12"  # 32 hex characters, as ensure_secrets makes
@@ -29,8 +37,12 @@ def hub_config(tmp_path, monkeypatch):
         (secrets / name).write_text(value + "\n")  # openssl rand -hex 16 ends with a newline
     monkeypatch.setenv("GPUHUB_SECRETS_DIR", str(secrets))
     monkeypatch.setenv("GPUHUB_DATA_DIR", str(tmp_path / "data"))
-    for key in ("GPUHUB_AUTH", "GPUHUB_CPU_LIMIT", "GPUHUB_MEM_LIMIT", "GPUHUB_PIDS_LIMIT"):
-        monkeypatch.delenv(key, raising=False)
+    for key in list(os.environ):  # only what each test passes, as the stack does
+        if key.startswith("GPUHUB_") and key not in ("GPUHUB_SECRETS_DIR", "GPUHUB_DATA_DIR"):
+            monkeypatch.delenv(key)
+    # what `make demo` resolves auto to is a number; "" (no limit) stands in for it here
+    for key in ("GPUHUB_CPU_LIMIT", "GPUHUB_MEM_LIMIT", "GPUHUB_PIDS_LIMIT"):
+        monkeypatch.setenv(key, "")
 
     def load(**settings):
         for key, value in settings.items():
@@ -95,3 +107,135 @@ def test_the_stack_passes_the_limits_and_the_admin_password_to_the_hub():
         assert f"      {key}: ${{{key}}}\n" in stack
     assert "demo_password, admin_password]" in stack
     assert "file: ${GPUHUB_STATE_DIR}/admin_password" in stack
+
+
+def test_every_setting_reaches_the_spawner_and_the_hub(hub_config):
+    config = hub_config(
+        STACK="ws",
+        NETWORK="ws-net",
+        SINGLEUSER_IMAGE="reg:5000/singleuser:1",
+        SLICES_PER_SERVER="2",
+        PLACEMENT="pack",
+        DOCKER_API_THREADS="8",
+        START_TIMEOUT="90",
+        POLL_INTERVAL="15",
+        LOG_LEVEL="DEBUG",
+        ADMIN_USERS="ada, bob",
+        ENVIRONMENTS="PyTorch=reg:5000/pytorch:1 TF=reg:5000/tf:1",
+        FULL_GPU="all",
+        TUTORIAL_REPOS="intro=https://x/intro.git",
+        TUTORIALS_DIR="/nfs/tutorials",
+        DATASETS_DIR="/nfs/data",
+        DATASETS_MODE="rw",
+        IDLE_TIMEOUT="600",
+        CULL_EVERY="30",
+        MAX_AGE="7200",
+        SIMULATED_GPUS="1",
+    )
+    spawner = config.GPUSwarmSpawner
+    assert config.JupyterHub.spawner_class == "gpu_swarm_spawner.GPUSwarmSpawner"
+    assert spawner.slices_per_server == 2
+    assert spawner.placement_policy == "pack"
+    assert spawner.docker_api_threads == 8
+    assert spawner.full_gpu_for == "all"
+    assert "full_gpu_slices" not in spawner and "gpu_slices" not in spawner
+    assert spawner.allowed_images == {"PyTorch": "reg:5000/pytorch:1", "TF": "reg:5000/tf:1"}
+    assert spawner.image == "reg:5000/pytorch:1"  # the first environment is the default
+    assert spawner.service_labels == {contract.STACK_LABEL: "ws"}
+    assert spawner.volumes == {
+        contract.HOME_VOLUME: "/home/jovyan",
+        "/nfs/tutorials": {"bind": "/srv/tutorials", "mode": "ro"},
+        "/nfs/data": {"bind": "/srv/datasets", "mode": "rw"},
+    }
+    swarm = config.SwarmSpawner
+    assert swarm.image == "reg:5000/singleuser:1"
+    assert swarm.network_name == "ws-net"
+    assert (swarm.start_timeout, swarm.poll_interval) == (90, 15)
+    assert config.JupyterHub.log_level == "DEBUG"
+    assert config.Authenticator.admin_users == {"ada", "bob"}
+    services = {s["name"]: s for s in config.JupyterHub.services}
+    assert set(services) == {"ops", "tutorial-sync", "idle-culler"}
+    assert services["idle-culler"]["command"] == [
+        sys.executable,
+        "-m",
+        "jupyterhub_idle_culler",
+        "--timeout=600",
+        "--cull-every=30",
+        "--max-age=7200",
+    ]
+    assert [r["name"] for r in config.JupyterHub.load_roles] == ["ops", "idle-culler"]
+    assert "simulated" in config.JupyterHub.template_vars["announcement"]
+
+
+def test_settings_left_out_take_deploy_settings_env_defaults(hub_config):
+    config = hub_config()
+    spawner = config.GPUSwarmSpawner
+    assert spawner.slices_per_server == 1 and spawner.placement_policy == "spread"
+    assert spawner.docker_api_threads == 4 and spawner.full_gpu_for == "admins"
+    assert spawner.volumes == {contract.HOME_VOLUME: "/home/jovyan"}
+    assert "allowed_images" not in spawner
+    assert config.SwarmSpawner.image == "gpu-jupyterhub/singleuser:latest"
+    assert config.SwarmSpawner.network_name == "jhub"
+    assert config.Authenticator.admin_users == {"admin"}
+    assert [s["name"] for s in config.JupyterHub.services] == ["ops", "idle-culler"]
+    assert "--timeout=5400" in config.JupyterHub.services[1]["command"]
+    assert "template_vars" not in config.JupyterHub  # real GPUs: no banner
+
+
+def test_culling_off_and_no_full_gpu(hub_config):
+    config = hub_config(IDLE_TIMEOUT="0", FULL_GPU="off")
+    assert [s["name"] for s in config.JupyterHub.services] == ["ops"]
+    assert [r["name"] for r in config.JupyterHub.load_roles] == ["ops"]
+    assert config.GPUSwarmSpawner.full_gpu_for == "off"
+
+
+def test_the_old_name_of_slices_per_server_still_reaches_the_spawner(hub_config):
+    assert hub_config(GPU_SLICES="3").GPUSwarmSpawner.slices_per_server == 3
+
+
+def test_github_settings_reach_the_authenticator(hub_config, tmp_path):
+    (tmp_path / "secrets" / "github_client_secret").write_text("s3cret\n")
+    config = hub_config(
+        AUTH="github",
+        GITHUB_CLIENT_ID="Iv1.abc",
+        GITHUB_URL="http://10.199.8.1:9000",
+        PUBLIC_URL="https://hub.uni.edu",
+        ALLOWED_ORGS="org-a,org-b:tutors",
+        ROSTER_FILE="/srv/jupyterhub/roster/roster.txt",
+    )
+    auth = config.WorkshopGitHubOAuthenticator
+    assert auth.client_id == "Iv1.abc" and auth.client_secret == "s3cret"
+    assert auth.github_url == "http://10.199.8.1:9000"
+    assert auth.oauth_callback_url == "https://hub.uni.edu/hub/oauth_callback"
+    assert auth.allowed_organizations == {"org-a", "org-b:tutors"}
+    assert auth.roster_file == "/srv/jupyterhub/roster/roster.txt"
+
+
+def test_the_stock_swarm_baseline(hub_config):
+    config = hub_config(SPAWNER="stock-swarm", NAMED_SLOTS="NVIDIA-GPU", STACK="bench")
+    assert config.JupyterHub.spawner_class == "dockerspawner.SwarmSpawner"
+    assert config.SwarmSpawner.extra_resources_spec == {"generic_resources": {"NVIDIA-GPU": 1}}
+    assert config.SwarmSpawner.extra_create_kwargs == {"labels": {contract.STACK_LABEL: "bench"}}
+    assert "GPUSwarmSpawner" not in config
+
+
+def test_the_hub_config_reads_only_settings_the_stack_passes_to_the_hub():
+    """jupyterhub_config.py takes every setting from the typed Config, and the stack passes each
+    one it reads (a setting not passed would silently keep settings.env's default)."""
+    source = (REPO / "jupyterhub_config.py").read_text()
+    tree = ast.parse(source)
+    read = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "cfg"
+    }
+    assert len(read) > 25, read
+    stacks = "".join((REPO / "deploy" / f).read_text() for f in ("stack.yml", "stack.github.yml"))
+    passed = set(re.findall(r"^      (GPUHUB_[A-Z0-9_]+): \$\{\1\}$", stacks, re.M))
+    missing = sorted(key_of(name) for name in read if key_of(name) not in passed)
+    assert not missing, f"the hub's environment in deploy/stack*.yml lacks {missing}"
+    # no setting read around the Config: only where the container keeps secrets and data
+    environ = set(re.findall(r"os\.environ(?:\.get)?\(\s*\"(\w+)\"", source))
+    assert environ == {"GPUHUB_SECRETS_DIR", "GPUHUB_DATA_DIR"}

@@ -1,8 +1,11 @@
 """The organizer's settings: the config file's one reader (its format and a corpus of odd lines),
-precedence, `auto` limits, placeholders left from the example, and every check that stops
-`make up` with one line naming the key."""
+precedence, `auto` limits, placeholders left from the example, every check that stops `make up`
+with one line naming the key, the renamed settings, and the typed Config that `read` and
+`from_environment` return."""
 
 import argparse
+import ast
+import dataclasses
 import os
 import re
 import subprocess
@@ -11,23 +14,31 @@ from pathlib import Path
 
 import pytest
 
-from gpu_swarm_spawner import settings as settings_module
-from gpu_swarm_spawner.settings import (
+from deploy import settings as settings_module
+from deploy.settings import (
+    CONVERTERS,
+    FILLED_BY_DEPLOY,
     GIB,
     MIB,
     PLACEHOLDERS,
+    Config,
     ConfigFileError,
     Machine,
     Settings,
+    SettingsError,
     auto_limits,
+    config_file,
+    from_environment,
     load,
     merge,
     parse_env,
     placeholders,
     problems,
+    read,
     read_defaults,
     resolve_auto,
     servers_here,
+    typed_attributes,
     unknown_keys,
 )
 
@@ -218,7 +229,7 @@ def test_servers_here_counts_the_slices_this_machine_advertises(
     settings = {
         "GPUHUB_SIMULATE_IF_NO_GPU": simulate,
         "GPUHUB_SLICES_PER_GPU": per_gpu,
-        "GPUHUB_GPU_SLICES": slices,
+        "GPUHUB_SLICES_PER_SERVER": slices,
     }
     assert servers_here(settings, Machine(8, 8 * GIB, gpus)) == servers
 
@@ -303,7 +314,7 @@ def test_placeholders_that_do_not_matter_for_the_setup_are_let_through():
         ({"GPUHUB_TLS": "files", "GPUHUB_TLS_CERT": "/c", "GPUHUB_TLS_KEY": "/k"}, "/c does not"),
         ({"GPUHUB_TLS_CERT": "/c"}, "GPUHUB_TLS is not files"),
         ({"GPUHUB_TLS": "https"}, "GPUHUB_TLS is 'https'"),
-        ({"GPUHUB_GPU_SLICES": "4"}, "GPUHUB_GPU_SLICES is 4 but a GPU has only"),
+        ({"GPUHUB_SLICES_PER_SERVER": "4"}, "GPUHUB_SLICES_PER_SERVER is 4 but a GPU has only"),
         ({"GPUHUB_IDLE_TIMEOUT": "90m"}, "GPUHUB_IDLE_TIMEOUT is '90m'; write a whole number"),
         ({"GPUHUB_HTTPS_PORT": "80", "GPUHUB_HTTP_PORT": "80"}, "must differ"),
         ({"GPUHUB_HTTPS_PORT": "70000"}, "GPUHUB_HTTPS_PORT is 70000; write at least 1"),
@@ -320,6 +331,8 @@ def test_placeholders_that_do_not_matter_for_the_setup_are_let_through():
         ({"GPUHUB_FULL_GPU": "yes"}, "GPUHUB_FULL_GPU is 'yes'; write one of: admins, all, off"),
         ({"GPUHUB_ENVIRONMENTS": "PyTorch"}, "'PyTorch' is not NAME=IMAGE"),
         ({"GPUHUB_ENVIRONMENTS": "A=x:1 A=y:2"}, "'A' is listed twice"),
+        ({"GPUHUB_SPAWNER": "stock"}, "GPUHUB_SPAWNER is 'stock'; write one of: gpu, stock-swarm"),
+        ({"GPUHUB_SPAWNER": "stock-swarm"}, "GPUHUB_NAMED_SLOTS is empty; name the slot kind"),
     ],
 )
 def test_each_problem_is_one_line_naming_the_key(base, changes, key):
@@ -340,7 +353,7 @@ def run_load(tmp_path, config_text, mode="up", file_mode=0o600, **env):
     config = tmp_path / "config.env"
     config.write_text(config_text)
     config.chmod(file_mode)
-    command = [sys.executable, "-m", "gpu_swarm_spawner.settings", "load", "--mode", mode]
+    command = [sys.executable, "-m", "deploy.settings", "load", "--mode", mode]
     command += ["--defaults", str(DEFAULTS), "--config", str(config)]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUHUB_")}
     return subprocess.run(command, capture_output=True, text=True, env={**clean, **env}, cwd=REPO)
@@ -459,3 +472,258 @@ def test_load_without_a_mode_resolves_auto_on_this_machine(tmp_path):
     )
     assert settings.values["GPUHUB_CPU_LIMIT"] == "auto"  # not resolved: refused instead
     assert any("GPUHUB_CPU_LIMIT is auto" in e for e in errors)
+
+
+# ---- renamed settings --------------------------------------------------------------------------
+
+
+def test_the_old_name_gpu_slices_is_read_as_slices_per_server_with_a_warning(tmp_path, capsys):
+    config = tmp_path / "config.env"
+    config.write_text("# mine\nGPUHUB_GPU_SLICES=2\n")
+    cfg = read(environ={}, config=str(config), machine=MACHINE)
+    assert cfg.slices_per_server == 2
+    assert cfg.origin["GPUHUB_SLICES_PER_SERVER"] == f"{config} line 2"
+    assert "GPUHUB_GPU_SLICES" not in cfg.values
+    assert capsys.readouterr().err == (
+        f"warning: {config} line 2: GPUHUB_GPU_SLICES was renamed; "
+        "write GPUHUB_SLICES_PER_SERVER instead\n"
+    )
+
+    cfg = read(environ={"GPUHUB_GPU_SLICES": "3"}, config="", machine=MACHINE)
+    assert cfg.slices_per_server == 3 and cfg.origin["GPUHUB_SLICES_PER_SERVER"] == (
+        "the environment"
+    )
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert warning.startswith("warning: the environment: GPUHUB_GPU_SLICES was renamed")
+
+    # the hub's environment too
+    assert from_environment({"GPUHUB_GPU_SLICES": "3"}).slices_per_server == 3
+    assert "GPUHUB_GPU_SLICES was renamed" in capsys.readouterr().err
+
+
+def test_the_new_name_wins_where_both_are_set(tmp_path, capsys):
+    config = tmp_path / "config.env"
+    config.write_text("GPUHUB_SLICES_PER_SERVER=2\nGPUHUB_GPU_SLICES=3\n")
+    assert read(environ={}, config=str(config), machine=MACHINE).slices_per_server == 2
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert warning == (
+        f"warning: {config} line 2: GPUHUB_GPU_SLICES is the old name of "
+        "GPUHUB_SLICES_PER_SERVER, which is set too and wins; remove GPUHUB_GPU_SLICES"
+    )
+    # the environment's old name still wins over the config file's new one
+    cfg = read(environ={"GPUHUB_GPU_SLICES": "3"}, config=str(config), machine=MACHINE)
+    assert cfg.slices_per_server == 3
+
+
+def test_load_takes_the_old_name_and_checks_it_under_the_new_one(tmp_path):
+    text = (
+        "GPUHUB_AUTH=github\nGPUHUB_TLS=self-signed\nGPUHUB_HOSTNAME=10.0.0.5\n"
+        "GPUHUB_GITHUB_CLIENT_ID=Iv1.abc\nGPUHUB_GITHUB_CLIENT_SECRET=s\n"
+        "GPUHUB_ALLOWED_ORGS=org\nGPUHUB_CPU_LIMIT=2\nGPUHUB_MEM_LIMIT=4G\nGPUHUB_PIDS_LIMIT=0\n"
+        "GPUHUB_GPU_SLICES=2\n"
+    )
+    result = run_load(tmp_path, text)
+    assert result.returncode == 0, result.stderr  # not an unknown setting
+    assert "export GPUHUB_SLICES_PER_SERVER=2" in result.stdout.splitlines()
+    assert "GPUHUB_GPU_SLICES" not in result.stdout
+    assert result.stderr == (
+        f"warning: {tmp_path}/config.env line 10: GPUHUB_GPU_SLICES was renamed; "
+        "write GPUHUB_SLICES_PER_SERVER instead\n"
+    )
+    result = run_load(tmp_path, text.replace("SLICES=2", "SLICES=4"))
+    assert result.returncode == 1
+    assert "GPUHUB_SLICES_PER_SERVER is 4 but a GPU has only" in result.stderr
+
+
+# ---- one typed object: read, from_environment, Config ------------------------------------
+
+
+def test_config_has_one_attribute_per_setting_in_the_files_order():
+    keys = list(read_defaults(str(DEFAULTS)))
+    assert [settings_module.key_of(name) for name in typed_attributes()] == keys
+    assert set(CONVERTERS) <= set(keys)
+
+
+def test_every_variable_the_stack_files_interpolate_is_a_setting():
+    """Config.values is what the stack files are deployed with: one list of names."""
+    keys = set(read_defaults(str(DEFAULTS)))
+    for stack in sorted((REPO / "deploy").glob("stack*.yml")):
+        used = set(re.findall(r"\$\{(GPUHUB_[A-Z0-9_]+)\}", stack.read_text()))
+        assert used <= keys, f"{stack.name}: {sorted(used - keys)} are not in settings.env"
+    assert set(FILLED_BY_DEPLOY) <= keys
+
+
+TYPES = {"int": int, "str": str, "bool": bool, "list[str]": list, "dict[str, str]": dict}
+
+
+def test_read_gives_every_setting_its_declared_type():
+    cfg = read(environ={}, config="", machine=MACHINE)
+    for f in dataclasses.fields(Config):
+        if not f.init:
+            value = getattr(cfg, f.name)
+            assert type(value) is TYPES[f.type], (f.name, f.type, value)
+            if f.type == "str":
+                assert value == cfg.values[settings_module.key_of(f.name)]
+    assert cfg.config_file == ""
+    assert cfg.stack == "gpuhub" and cfg.http_port == 8000 and cfg.slices_per_gpu == 3
+    assert cfg.simulated_gpus is False and cfg.tutorial_sync_replicas == 0
+    assert cfg.state_dir == "/var/lib/gpu-jupyterhub/gpuhub"
+    assert cfg.cpu_limit == "2.6"  # auto, for MACHINE's 16 cores and 6 simulated slices
+    assert cfg.origin["GPUHUB_STACK"] == "the default"
+
+
+def test_lists_and_environments_are_split_as_the_checks_read_them():
+    environ = {
+        "GPUHUB_ADMIN_USERS": "ada, bob\tcy",
+        "GPUHUB_ALLOWED_ORGS": "org-a,org-b:tutors",
+        "GPUHUB_TUTORIAL_REPOS": " a=https://x/a.git#main\n b=https://x/b.git ",
+        "GPUHUB_ENVIRONMENTS": "TF=gpu-jupyterhub/tensorflow:latest PyTorch=pt:1",
+        "GPUHUB_PIDS_LIMIT": "",
+        "GPUHUB_HTTP_PORT": "8080",
+    }
+    cfg = read(environ=environ, config="", machine=MACHINE)
+    assert cfg.admin_users == ["ada", "bob", "cy"]
+    assert cfg.allowed_orgs == ["org-a", "org-b:tutors"]
+    assert cfg.tutorial_repos == ["a=https://x/a.git#main", "b=https://x/b.git"]
+    assert list(cfg.environments.items()) == [  # in order: the first is the default
+        ("TF", "gpu-jupyterhub/tensorflow:latest"),
+        ("PyTorch", "pt:1"),
+    ]
+    assert cfg.pids_limit == "" and cfg.http_port == 8080
+    assert cfg.values["GPUHUB_HTTP_PORT"] == "8080"
+    assert cfg.origin["GPUHUB_HTTP_PORT"] == "the environment"
+
+
+def test_read_with_a_mode_raises_every_problem_at_once():
+    environ = {"GPUHUB_HOSTNAME": "", "GPUHUB_AUTH": "gitlab", "GPUHUB_IDLE_TIMEOUT": "90m"}
+    with pytest.raises(SettingsError) as refused:
+        read("up", environ=environ, config="")
+    found = refused.value.problems
+    assert str(refused.value) == "\n".join(found)
+    for says in (
+        "GPUHUB_HOSTNAME is empty",
+        "GPUHUB_AUTH is 'gitlab'",
+        "GPUHUB_IDLE_TIMEOUT is '90m'; write a whole number",
+        "GPUHUB_CPU_LIMIT is auto",
+    ):
+        assert any(says in line for line in found), (says, found)
+    assert read("demo", environ={}, config="", machine=MACHINE).auth == "local"
+    with pytest.raises(ValueError, match="mode is 'prod'"):
+        read("prod", environ={}, config="")
+
+
+def test_read_without_a_mode_still_refuses_what_it_cannot_read(tmp_path):
+    config = tmp_path / "c.env"
+    config.write_text("GPUHUB_IDLE_TIMEOUT=90m\nGPUHUB_HOSTNAME=\n")
+    with pytest.raises(SettingsError) as refused:  # a value of the wrong type: where, what
+        read(environ={"GPUHUB_HTTP_PORT": "80a"}, config=str(config), machine=MACHINE)
+    assert refused.value.problems == [
+        "the environment: GPUHUB_HTTP_PORT is '80a'; write a whole number",
+        f"{config} line 1: GPUHUB_IDLE_TIMEOUT is '90m'; write a whole number",
+    ]
+    config.write_text("GPUHUB_TSL=acme\nGPUHUB_PUBLIC_URL=https://x\n")
+    with pytest.raises(SettingsError) as refused:
+        read(environ={}, config=str(config), machine=MACHINE)
+    assert refused.value.problems == [
+        f"{config} line 1: unknown setting GPUHUB_TSL; did you mean GPUHUB_TLS?",
+        f"{config} line 2: GPUHUB_PUBLIC_URL is filled in while deploying, not by the config "
+        "file; remove the line",
+    ]
+    config.write_text("GPUHUB_TLS=acme # automatic\n")
+    with pytest.raises(SettingsError, match="c.env line 1: GPUHUB_TLS: a '#'"):
+        read(environ={}, config=str(config), machine=MACHINE)
+
+
+def test_environments_that_do_not_convert_are_named():
+    with pytest.raises(SettingsError, match=r"the environment: GPUHUB_ENVIRONMENTS is 'A=x A=y'"):
+        from_environment({"GPUHUB_ENVIRONMENTS": "A=x A=y"})
+    with pytest.raises(SettingsError, match=r"GPUHUB_SIMULATED_GPUS is 'yes'; write 1 or 0"):
+        from_environment({"GPUHUB_SIMULATED_GPUS": "yes"})
+
+
+def test_read_finds_the_config_file_as_the_deploy_scripts_do(tmp_path, monkeypatch):
+    config = tmp_path / "mine.env"
+    config.write_text("GPUHUB_STACK=mine\n")
+    cfg = read(environ={"GPUHUB_CONFIG": str(config)}, machine=MACHINE)
+    assert cfg.stack == "mine" and cfg.config_file == str(config)
+    assert cfg.origin["GPUHUB_STACK"] == f"{config} line 1"
+    assert read(environ={"GPUHUB_CONFIG": "none"}, machine=MACHINE).stack == "gpuhub"
+    # an explicit config wins over GPUHUB_CONFIG; "" is none
+    assert read(environ={"GPUHUB_CONFIG": str(config)}, config="", machine=MACHINE).stack == (
+        "gpuhub"
+    )
+
+
+def test_config_file_none_explicit_or_the_checkouts_config_env(tmp_path, monkeypatch):
+    assert config_file({"GPUHUB_CONFIG": "none"}) == ""
+    assert config_file({"GPUHUB_CONFIG": "/etc/hub.env"}) == "/etc/hub.env"
+    monkeypatch.setattr(settings_module, "REPO", tmp_path)
+    assert config_file({}) == ""
+    assert config_file({"GPUHUB_CONFIG": ""}) == ""
+    (tmp_path / "config.env").write_text("")
+    assert config_file({}) == str(tmp_path / "config.env")
+    assert config_file({"GPUHUB_CONFIG": "none"}) == ""
+    assert settings_module.REPO != REPO  # the patch took
+    assert Path(settings_module.DEFAULTS) == DEFAULTS
+
+
+def test_from_environment_is_the_defaults_under_what_the_stack_passes(tmp_path):
+    config = tmp_path / "c.env"
+    config.write_text("GPUHUB_STACK=from-the-file\n")
+    environ = {
+        "GPUHUB_CONFIG": str(config),  # never read in the hub
+        "GPUHUB_STACK": "prod",
+        "GPUHUB_SIMULATED_GPUS": "1",
+        "GPUHUB_HOSTNAME": "",  # no mode checks
+        "GPUHUB_NOT_A_SETTING": "x",
+        "HOME": "/root",
+    }
+    cfg = from_environment(environ)
+    assert cfg.stack == "prod" and cfg.simulated_gpus is True
+    assert cfg.config_file == ""
+    # a default referring to another setting takes its passed value
+    assert cfg.state_dir == "/var/lib/gpu-jupyterhub/prod"
+    assert cfg.cpu_limit == "auto"  # not passed: the default, not resolved here
+    assert cfg.origin["GPUHUB_STACK"] == "the environment"
+    assert cfg.origin["GPUHUB_CPU_LIMIT"] == "the default"
+    assert "GPUHUB_NOT_A_SETTING" not in cfg.values
+    assert set(cfg.values) == set(read_defaults(str(DEFAULTS)))
+
+
+def test_with_values_gives_a_changed_copy_and_the_config_is_frozen():
+    cfg = from_environment({})
+    filled = cfg.with_values({"GPUHUB_SIMULATED_GPUS": "1", "GPUHUB_HTTP_PORT": "80"}, "make up")
+    assert filled.simulated_gpus is True and filled.http_port == 80
+    assert filled.origin["GPUHUB_HTTP_PORT"] == "make up"
+    assert cfg.simulated_gpus is False and cfg.values["GPUHUB_HTTP_PORT"] == "8000"
+    with pytest.raises(KeyError, match="GPUHUB_NOPE"):
+        cfg.with_values({"GPUHUB_NOPE": "1"}, "make up")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.http_port = 1
+    with pytest.raises(SettingsError, match="make up: GPUHUB_HTTP_PORT is 'x'"):
+        cfg.with_values({"GPUHUB_HTTP_PORT": "x"}, "make up")
+
+
+def test_a_config_missing_a_setting_names_it_and_repr_hides_the_secret():
+    values = from_environment({"GPUHUB_GITHUB_CLIENT_SECRET": "s3cret-value"}).values
+    assert "s3cret-value" not in repr(Config(values))
+    del values["GPUHUB_MAX_AGE"]
+    with pytest.raises(SettingsError, match="GPUHUB_MAX_AGE is not set"):
+        Config(values)
+
+
+def test_settings_env_ships_with_the_deploy_package():
+    """deploy.settings finds it beside itself: in the checkout, and in an installed package
+    (the hub's image), where pyproject.toml's package data puts it."""
+    assert settings_module.DEFAULTS == DEFAULTS
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert re.search(r'^packages = \[.*"deploy".*\]$', pyproject, re.M)
+    assert re.search(r'^deploy = \[.*"settings\.env".*\]$', pyproject, re.M)
+    dockerfile = (REPO / "images" / "hub" / "Dockerfile").read_text()
+    assert "COPY deploy /src/deploy\n" in dockerfile
+
+
+def test_the_deploy_package_imports_nothing():
+    """Imported by a bare python3 and on GPU machines: its __init__ must stay empty of imports."""
+    tree = ast.parse((REPO / "deploy" / "__init__.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]

@@ -17,7 +17,8 @@ SHARED = {
 }
 PYTHON = [
     *sorted((REPO / "worker_setup").glob("*.py")),
-    *(REPO / "gpu_swarm_spawner" / name for name in ("status.py", "spawner.py", "inventory.py")),
+    *(REPO / "gpu_swarm_spawner" / name for name in ("spawner.py", "inventory.py")),
+    *(REPO / "deploy" / name for name in ("status.py", "settings.py")),
     REPO / "jupyterhub_config.py",
 ]
 

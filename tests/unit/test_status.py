@@ -1,6 +1,6 @@
 """`make status`'s table, from plain Docker API dicts."""
 
-from gpu_swarm_spawner.status import render
+from deploy.status import render
 
 from .clusters import node, task
 

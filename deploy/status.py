@@ -1,6 +1,6 @@
 """`make status`: the swarm's machines, GPUs, free and used slices, and running servers.
 
-    python -m gpu_swarm_spawner.status [--prefix jy]
+    python -m deploy.status [--prefix jy]
 
 ``render`` is pure (plain dicts from the Docker API in, text out); ``main`` reads the manager's
 Docker API.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .contract import SERVICE_PREFIX, USER_LABEL, is_simulated
-from .inventory import (
+from gpu_swarm_spawner.contract import SERVICE_PREFIX, USER_LABEL, is_simulated
+from gpu_swarm_spawner.inventory import (
     build_inventory,
     gpu_kinds,
     task_is_live,

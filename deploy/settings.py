@@ -1,8 +1,12 @@
 """The organizer's settings: the one reader of the config file, and every check before `make up`.
 
-    python3 -m gpu_swarm_spawner.settings load --defaults deploy/settings.env [--config FILE]
-                                               [--mode up|demo]
-    python3 -m gpu_swarm_spawner.settings roster FILE
+    python3 -m deploy.settings load [--defaults deploy/settings.env] [--config FILE]
+                                    [--mode up|demo]
+    python3 -m deploy.settings roster FILE
+
+In Python, ``read(mode)`` returns the settings as one typed, frozen ``Config`` (or raises
+``SettingsError`` with every problem), which the deploy steps and the GPU machines' setup share;
+``from_environment()`` is the same object for jupyterhub_config.py, from the hub's environment.
 
 ``load`` is what deploy/lib.sh's ``load_settings`` runs and evals. It merges the environment,
 the config file and deploy/settings.env (in that order of precedence), refuses any config line
@@ -11,14 +15,15 @@ checks every setting the mode needs (``--mode``), and prints ``export GPUHUB_X='
 for bash, or one line per problem on stderr and exit status 1. Nothing else reads the file, so
 what is checked is what is deployed.
 
-Standard library only: it runs with the system python3 before anything is installed.
-``parse_env``, ``merge``, ``auto_limits``, ``unknown_keys``, ``placeholders`` and ``problems``
-are pure.
+Standard library only: it runs with the system python3 before anything is installed, and on GPU
+machines that have nothing else. ``parse_env``, ``merge``, ``auto_limits``, ``unknown_keys``,
+``placeholders`` and ``problems`` are pure.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import ipaddress
 import os
@@ -27,13 +32,21 @@ import shlex
 import stat
 import sys
 import unicodedata
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn, TypeVar
 
+from gpu_swarm_spawner import roster
 from tutorial_sync.repos import Repo
 
-from . import roster
+#: deploy/settings.env: every setting and its default; beside this module in the checkout and
+#: in the installed package (package data).
+DEFAULTS = Path(__file__).resolve().with_name("settings.env")
+#: The checkout holding this module: its config.env is the organizer's default config file.
+REPO = DEFAULTS.parent.parent
+
+V = TypeVar("V")
 
 _KEY = re.compile(r"^GPUHUB_[A-Z0-9_]+$")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
@@ -63,13 +76,18 @@ _ASSIGNMENT = re.compile(r"(?:^|[ \t])(?:export[ \t]+)?GPUHUB_[A-Za-z0-9_]*=")
 _REFERENCE = re.compile(r"\$\{(GPUHUB_[A-Z0-9_]+)\}")
 
 
-class ConfigFileError(ValueError):
-    """Lines of a settings file that cannot be taken for certain; ``problems`` holds one line
-    each, ``FILE line N: what is wrong; what to write instead``."""
+class SettingsError(ValueError):
+    """Settings that cannot be deployed; ``problems`` holds one line each, naming the key (and
+    where it was set) and what to write instead. ``str()`` is all of them, one per line."""
 
     def __init__(self, problems: list[str]):
         super().__init__("\n".join(problems))
         self.problems = problems
+
+
+class ConfigFileError(SettingsError):
+    """Lines of a settings file that cannot be taken for certain; ``problems`` holds one line
+    each, ``FILE line N: what is wrong; what to write instead``."""
 
 
 class _Refused(ValueError):
@@ -237,6 +255,61 @@ def unknown_keys(config: dict[str, tuple[str, int]], known: set[str], source: st
     return out
 
 
+#: Settings that were renamed, {old name: new name} (as dockerspawner's ``_deprecated_aliases``).
+#: An old name in the environment or a config file is read as the new one, with a warning,
+#: unless the new one is set there too.
+RENAMED = {"GPUHUB_GPU_SLICES": "GPUHUB_SLICES_PER_SERVER"}
+
+#: Keys of deploy/settings.env that the deploy steps fill in with what they find while deploying
+#: (the public URL, image ids, secret versions, ...), for the stack files and the hub. Their
+#: defaults are placeholders; a config file that sets one is refused.
+FILLED_BY_DEPLOY = (
+    "GPUHUB_PUBLIC_URL",
+    "GPUHUB_SIMULATED_GPUS",
+    "GPUHUB_ROSTER_FILE",
+    "GPUHUB_HUB_IMAGE_ID",
+    "GPUHUB_SINGLEUSER_IMAGE_ID",
+    "GPUHUB_TUTORIAL_SYNC_REPLICAS",
+    "GPUHUB_DOCKER_SOCKET",
+    "GPUHUB_TLS_CERT_VERSION",
+    "GPUHUB_TLS_KEY_VERSION",
+    "GPUHUB_GITHUB_SECRET_VERSION",
+)
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr)
+
+
+def renamed(settings: Mapping[str, V], where: Callable[[str], str], warn=_warn) -> dict[str, V]:
+    """``settings`` with each old name of RENAMED taken as its new name, unless the new name is
+    set too; one warning line per old name, ``where(old)`` saying where it is set."""
+    out = dict(settings)
+    for old, new in RENAMED.items():
+        if old not in out:
+            continue
+        place = where(old)
+        value = out.pop(old)
+        if new in out:
+            warn(
+                f"{place}: {old} is the old name of {new}, which is set too and wins; remove {old}"
+            )
+        else:
+            out[new] = value
+            warn(f"{place}: {old} was renamed; write {new} instead")
+    return out
+
+
+def filled_by_deploy(config: dict[str, tuple[str, int]], source: str) -> list[str]:
+    """A line for each key of the config file that the deploy steps fill in themselves."""
+    return [
+        f"{source} line {number}: {key} is filled in while deploying, not by the config file; "
+        "remove the line"
+        for key, (_, number) in config.items()
+        if key in FILLED_BY_DEPLOY
+    ]
+
+
 # ---- merging ------------------------------------------------------------------------------
 
 
@@ -334,11 +407,11 @@ def this_machine() -> Machine:
 def servers_here(settings: dict[str, str], machine: Machine) -> int:
     """How many servers this machine runs at once when every slice it advertises is taken:
     its GPUs (or GPUHUB_SIMULATE_IF_NO_GPU simulated ones) times GPUHUB_SLICES_PER_GPU, over
-    GPUHUB_GPU_SLICES; at least 1."""
+    GPUHUB_SLICES_PER_SERVER; at least 1."""
     try:
         gpus = machine.gpus or int(settings.get("GPUHUB_SIMULATE_IF_NO_GPU", "0"))
         slices = gpus * int(settings.get("GPUHUB_SLICES_PER_GPU", "1"))
-        return max(1, slices // max(1, int(settings.get("GPUHUB_GPU_SLICES", "1"))))
+        return max(1, slices // max(1, int(settings.get("GPUHUB_SLICES_PER_SERVER", "1"))))
     except ValueError:  # reported by problems()
         return 1
 
@@ -418,7 +491,7 @@ def _numbers(settings) -> list[str]:
         ("GPUHUB_HTTPS_PORT", 1, 65535),
         ("GPUHUB_REGISTRY_PORT", 1, 65535),
         ("GPUHUB_SLICES_PER_GPU", 1, 64),
-        ("GPUHUB_GPU_SLICES", 1, 64),
+        ("GPUHUB_SLICES_PER_SERVER", 1, 64),
         ("GPUHUB_SIMULATE_IF_NO_GPU", 0, 16),
         ("GPUHUB_START_TIMEOUT", 10, None),
         ("GPUHUB_POLL_INTERVAL", 1, None),
@@ -431,10 +504,10 @@ def _numbers(settings) -> list[str]:
         errors += _int(settings, key, low, high)
     if errors:
         return errors
-    if int(settings["GPUHUB_GPU_SLICES"]) > int(settings["GPUHUB_SLICES_PER_GPU"]):
+    if int(settings["GPUHUB_SLICES_PER_SERVER"]) > int(settings["GPUHUB_SLICES_PER_GPU"]):
         errors.append(
-            f"GPUHUB_GPU_SLICES is {settings['GPUHUB_GPU_SLICES']} but a GPU has only "
-            f"GPUHUB_SLICES_PER_GPU={settings['GPUHUB_SLICES_PER_GPU']} slices; lower it"
+            f"GPUHUB_SLICES_PER_SERVER is {settings['GPUHUB_SLICES_PER_SERVER']} but a GPU has "
+            f"only GPUHUB_SLICES_PER_GPU={settings['GPUHUB_SLICES_PER_GPU']} slices; lower it"
         )
     ports = [settings[k] for k in ("GPUHUB_HTTP_PORT", "GPUHUB_HTTPS_PORT", "GPUHUB_REGISTRY_PORT")]
     if settings.get("GPUHUB_TLS") != "off" and len(set(ports)) < 3:
@@ -567,6 +640,12 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     if not _STACK.match(settings.get("GPUHUB_STACK", "")):
         errors.append("GPUHUB_STACK: use lower-case letters, digits, - and _")
     errors += _choice(settings, "GPUHUB_PLACEMENT", ("spread", "pack"))
+    errors += _choice(settings, "GPUHUB_SPAWNER", ("gpu", "stock-swarm"))
+    if settings.get("GPUHUB_SPAWNER") == "stock-swarm" and not settings.get("GPUHUB_NAMED_SLOTS"):
+        errors.append(
+            "GPUHUB_SPAWNER is stock-swarm but GPUHUB_NAMED_SLOTS is empty; name the slot kind "
+            "it reserves, e.g. GPUHUB_NAMED_SLOTS=NVIDIA-GPU"
+        )
     errors += _choice(settings, "GPUHUB_FULL_GPU", ("admins", "all", "off"))
     errors += _environments(settings.get("GPUHUB_ENVIRONMENTS", ""))
     errors += _choice(settings, "GPUHUB_DATASETS_MODE", ("ro", "rw"))
@@ -668,13 +747,19 @@ def _read_roster(path: str) -> tuple[set[str], list[str]]:
 # ---- the command --------------------------------------------------------------------------
 
 
-def load(args, environ=os.environ, machine: Machine | None = None) -> tuple[Settings, list[str]]:
+def _gather(
+    defaults_path: str,
+    config_path: str,
+    mode: str | None,
+    environ: Mapping[str, str],
+    machine: Machine | None,
+) -> tuple[Settings, list[str]]:
     """The effective settings and every problem found (none: they may be deployed)."""
     try:
-        defaults = read_defaults(args.defaults)
+        defaults = read_defaults(defaults_path)
     except ConfigFileError as e:  # a broken deploy/settings.env is the developers' bug
         return Settings({}, {}), e.problems
-    config, source = {}, args.config
+    config, source = {}, config_path
     if source:
         path = Path(source)
         try:
@@ -685,20 +770,24 @@ def load(args, environ=os.environ, machine: Machine | None = None) -> tuple[Sett
                 "deploy/config.example.env there and edit it (or run this with sudo)"
             ]
         try:
-            config = parse_env(data, source)
+            parsed = parse_env(data, source)
         except ConfigFileError as e:
             return Settings({}, {}), e.problems
-    unknown = unknown_keys(config, set(defaults), source)
-    environ = {k: v for k, v in environ.items() if k in defaults}
+        config = renamed(parsed, lambda key: f"{source} line {parsed[key][1]}")
+    unknown = unknown_keys(config, set(defaults), source) + filled_by_deploy(config, source)
+    environ = renamed(
+        {k: v for k, v in environ.items() if k in defaults or k in RENAMED},
+        lambda key: "the environment",
+    )
     try:
-        settings = merge(defaults, config, environ, source, args.defaults)
+        settings = merge(defaults, config, environ, source, defaults_path)
     except ConfigFileError as e:
         return Settings({}, {}), e.problems
-    if args.mode == "up":
+    if mode == "up":
         settings = production_defaults(settings)
     else:
         settings = resolve_auto(settings, machine or this_machine())
-    if not args.mode:
+    if not mode:
         return settings, unknown
     errors = unknown + placeholders(settings)
     secret = config.get("GPUHUB_GITHUB_CLIENT_SECRET", ("", 0))[0]
@@ -708,11 +797,240 @@ def load(args, environ=os.environ, machine: Machine | None = None) -> tuple[Sett
             f"run: chmod 600 {source}"
         )
     prefix = source or "settings"
-    errors += [f"{prefix}: {e}" for e in problems(settings.values, mode=args.mode)]
+    errors += [f"{prefix}: {e}" for e in problems(settings.values, mode=mode)]
     roster_file = settings.values.get("GPUHUB_ROSTER", "")
     if settings.values.get("GPUHUB_AUTH") == "github" and roster_file:
         errors += _read_roster(roster_file)[1]
     return settings, errors
+
+
+def load(args, environ=os.environ, machine: Machine | None = None) -> tuple[Settings, list[str]]:
+    """``load``'s arguments (defaults, config, mode): the effective settings and every problem
+    found (none: they may be deployed)."""
+    return _gather(args.defaults, args.config, args.mode or None, environ, machine)
+
+
+# ---- one typed object ---------------------------------------------------------------------
+
+
+def _whole_number(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("write a whole number") from None
+
+
+def _flag(value: str) -> bool:
+    if value not in ("0", "1"):
+        raise ValueError("write 1 or 0")
+    return value == "1"
+
+
+def environments(value: str) -> dict[str, str]:
+    """GPUHUB_ENVIRONMENTS as {name: image}, in the order written (the first is the default)."""
+    out: dict[str, str] = {}
+    for entry in value.split():
+        name, _, image = entry.partition("=")
+        if not name or not image or name in out:
+            raise ValueError(
+                f"write NAME=IMAGE entries separated by spaces, each name once ({entry!r})"
+            )
+        out[name] = image
+    return out
+
+
+#: How each setting that is not a plain string is read (every other key of settings.env is a
+#: ``str``; CPU, memory and pids limits stay strings, "" meaning no limit). A value that does
+#: not convert is a SettingsError naming the key, where it was set and what to write.
+CONVERTERS: dict[str, Callable[[str], object]] = {
+    **dict.fromkeys(
+        (
+            "GPUHUB_HTTP_PORT",
+            "GPUHUB_HTTPS_PORT",
+            "GPUHUB_REGISTRY_PORT",
+            "GPUHUB_SLICES_PER_GPU",
+            "GPUHUB_SIMULATE_IF_NO_GPU",
+            "GPUHUB_START_TIMEOUT",
+            "GPUHUB_DOCKER_API_THREADS",
+            "GPUHUB_SLICES_PER_SERVER",
+            "GPUHUB_POLL_INTERVAL",
+            "GPUHUB_TUTORIAL_POLL",
+            "GPUHUB_IDLE_TIMEOUT",
+            "GPUHUB_CULL_EVERY",
+            "GPUHUB_MAX_AGE",
+            "GPUHUB_TUTORIAL_SYNC_REPLICAS",
+        ),
+        _whole_number,
+    ),
+    "GPUHUB_SIMULATED_GPUS": _flag,
+    "GPUHUB_ADMIN_USERS": names,
+    "GPUHUB_ALLOWED_ORGS": names,
+    "GPUHUB_TUTORIAL_REPOS": str.split,  # NAME=URL[#BRANCH] entries; tutorial_sync reads each
+    "GPUHUB_ENVIRONMENTS": environments,
+}
+
+
+@dataclass(frozen=True, repr=False)
+class Config:
+    """Every setting, read once: ``values`` (GPUHUB_X -> the string the stack files
+    interpolate), ``origin`` (where each came from, for messages) and one typed attribute per
+    key of deploy/settings.env, named after it without GPUHUB_, in lower case
+    (``cfg.slices_per_server``, ``cfg.environments``). Built by ``read`` or
+    ``from_environment``; ``with_values`` gives a changed copy (never change ``values``)."""
+
+    values: dict[str, str]
+    origin: dict[str, str] = field(default_factory=dict)
+    config_file: str = ""  # "" when none
+
+    # in deploy/settings.env's order; tests/unit/test_settings.py holds the two lists together
+    stack: str = field(init=False)
+    http_port: int = field(init=False)
+    network: str = field(init=False)
+    base_image: str = field(init=False)
+    hub_image: str = field(init=False)
+    singleuser_image: str = field(init=False)
+    slices_per_gpu: int = field(init=False)
+    simulate_if_no_gpu: int = field(init=False)
+    named_slots: str = field(init=False)
+    spawner: str = field(init=False)
+    start_timeout: int = field(init=False)
+    docker_api_threads: int = field(init=False)
+    slices_per_server: int = field(init=False)
+    placement: str = field(init=False)
+    poll_interval: int = field(init=False)
+    admin_users: list[str] = field(init=False)
+    auth: str = field(init=False)
+    github_client_id: str = field(init=False)
+    github_client_secret: str = field(init=False)
+    github_client_secret_file: str = field(init=False)
+    github_url: str = field(init=False)
+    allowed_orgs: list[str] = field(init=False)
+    roster: str = field(init=False)
+    hostname: str = field(init=False)
+    tls: str = field(init=False)
+    tls_cert: str = field(init=False)
+    tls_key: str = field(init=False)
+    acme_email: str = field(init=False)
+    https_port: int = field(init=False)
+    registry_port: int = field(init=False)
+    environments: dict[str, str] = field(init=False)
+    full_gpu: str = field(init=False)
+    cpu_limit: str = field(init=False)
+    mem_limit: str = field(init=False)
+    pids_limit: str = field(init=False)
+    log_level: str = field(init=False)
+    state_dir: str = field(init=False)
+    tutorial_repos: list[str] = field(init=False)
+    tutorial_poll: int = field(init=False)
+    tutorials_dir: str = field(init=False)
+    datasets_dir: str = field(init=False)
+    datasets_mode: str = field(init=False)
+    idle_timeout: int = field(init=False)
+    cull_every: int = field(init=False)
+    max_age: int = field(init=False)
+    # filled in while deploying (FILLED_BY_DEPLOY)
+    public_url: str = field(init=False)
+    simulated_gpus: bool = field(init=False)
+    roster_file: str = field(init=False)
+    hub_image_id: str = field(init=False)
+    singleuser_image_id: str = field(init=False)
+    tutorial_sync_replicas: int = field(init=False)
+    docker_socket: str = field(init=False)
+    tls_cert_version: str = field(init=False)
+    tls_key_version: str = field(init=False)
+    github_secret_version: str = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "values", dict(self.values))
+        object.__setattr__(self, "origin", dict(self.origin))
+        problems = []
+        for attribute in typed_attributes():
+            key = key_of(attribute)
+            if key not in self.values:
+                problems.append(f"{key} is not set; deploy/settings.env lists every setting")
+                continue
+            value = self.values[key]
+            try:
+                typed = CONVERTERS.get(key, str)(value)
+            except ValueError as e:
+                where = self.origin.get(key, "the settings")
+                problems.append(f"{where}: {key} is {value!r}; {e}")
+                continue
+            object.__setattr__(self, attribute, typed)
+        if problems:
+            raise SettingsError(problems)
+
+    def with_values(self, changes: Mapping[str, str], origin: str) -> Config:
+        """A copy with ``changes`` (GPUHUB_X -> value, keys of settings.env only) taken from
+        ``origin`` (e.g. "make up" for what the deploy steps fill in)."""
+        unknown = sorted(set(changes) - set(self.values))
+        if unknown:
+            raise KeyError(f"not settings: {', '.join(unknown)}")
+        return dataclasses.replace(
+            self,
+            values={**self.values, **changes},
+            origin={**self.origin, **dict.fromkeys(changes, origin)},
+        )
+
+    def __repr__(self) -> str:  # the client secret stays out of logs and tracebacks
+        shown = {k: ("***" if "SECRET" in k and v else v) for k, v in self.values.items()}
+        return f"Config(config_file={self.config_file!r}, values={shown!r})"
+
+
+def typed_attributes() -> list[str]:
+    """Config's attribute for each setting, in deploy/settings.env's order."""
+    return [f.name for f in dataclasses.fields(Config) if not f.init]
+
+
+def key_of(attribute: str) -> str:
+    """The setting behind a Config attribute: ``slices_per_server`` -> GPUHUB_SLICES_PER_SERVER."""
+    return "GPUHUB_" + attribute.upper()
+
+
+def config_file(environ: Mapping[str, str] = os.environ) -> str:
+    """The organizer's config file: GPUHUB_CONFIG (`make up CONFIG=FILE`), else the checkout's
+    config.env when it exists; "" for none (GPUHUB_CONFIG=none: the demo and the tests)."""
+    chosen = environ.get("GPUHUB_CONFIG", "")
+    if chosen == "none":
+        return ""
+    if chosen:
+        return chosen
+    default = REPO / "config.env"
+    return str(default) if default.is_file() else ""
+
+
+def read(
+    mode: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+    config: str | None = None,
+    machine: Machine | None = None,
+) -> Config:
+    """The settings as ``load`` takes them: the environment over the config file (``config``;
+    None: ``config_file(environ)``, "": none) over deploy/settings.env, ``auto`` limits resolved
+    for ``machine`` (default: this one) unless ``mode`` is "up". ``mode`` "up" or "demo" runs
+    every check of that mode; None only refuses what cannot be read (a config line, an unknown
+    key, a value of the wrong type). Raises SettingsError with every problem."""
+    if mode not in (None, "up", "demo"):
+        raise ValueError(f"mode is {mode!r}; use 'up', 'demo' or None")
+    path = config_file(environ) if config is None else config
+    settings, errors = _gather(str(DEFAULTS), path, mode, environ, machine)
+    if errors:
+        raise SettingsError(errors)
+    return Config(settings.values, settings.origin, path)
+
+
+def from_environment(environ: Mapping[str, str] = os.environ) -> Config:
+    """The settings inside the hub's container (jupyterhub_config.py): deploy/settings.env's
+    defaults, overridden by the GPUHUB_* variables the stack passes. No config file, no ``auto``
+    resolution and no checks of a mode: ``load`` ran them before the stack was deployed. A key
+    the stack does not pass keeps its default."""
+    defaults = read_defaults(str(DEFAULTS))
+    passed = renamed(
+        {k: v for k, v in environ.items() if k in defaults or k in RENAMED},
+        lambda key: "the environment",
+    )
+    settings = merge(defaults, {}, passed, defaults_source=str(DEFAULTS))
+    return Config(settings.values, settings.origin, "")
 
 
 def shell_exports(settings: Settings, config: str = "") -> str:
@@ -737,12 +1055,14 @@ def main(argv=None) -> int:
     # values are bytes to bash: write them back as they came (LANG=C included)
     sys.stdout.reconfigure(encoding="utf-8", errors="surrogateescape")
     sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
-    parser = argparse.ArgumentParser(prog="python3 -m gpu_swarm_spawner.settings")
+    parser = argparse.ArgumentParser(prog="python3 -m deploy.settings")
     commands = parser.add_subparsers(dest="command", required=True)
     loader = commands.add_parser(
         "load", help="read and check the settings; print them as export lines for bash"
     )
-    loader.add_argument("--defaults", required=True, help="deploy/settings.env")
+    loader.add_argument(
+        "--defaults", default=str(DEFAULTS), help="every setting's default (deploy/settings.env)"
+    )
     loader.add_argument("--config", default="", help="the organizer's config file")
     loader.add_argument(
         "--mode",
