@@ -11,6 +11,9 @@ daemon.json is kept, and the previous file is backed up next to it.
 
 Exit status: 0 nothing changed, 3 daemon.json changed (or would, with --dry-run: restart the
 Docker engine to apply), 1 error (one line on stderr saying how to fix it).
+
+The worker setup (``python -m worker_setup``) uses the same steps as functions: ``plan`` works
+out the GPUs and the wanted daemon.json without writing anything, ``write`` writes it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import argparse
 import shutil
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import daemon_config, gpus, slicing
@@ -31,14 +36,64 @@ NAMED_KIND = "NVIDIA-GPU"
 NVIDIA_RUNTIME = "nvidia-container-runtime"
 
 
-def choose_gpus(args) -> list[gpus.GPUInfo]:
+class PlanError(Exception):
+    """daemon.json cannot be planned: it is unreadable, or this machine has no usable GPU. The
+    message is one line saying why and how to fix it."""
+
+
+@dataclass
+class Plan:
+    """What advertising does to daemon.json: the GPUs found, their slices, the file as it is
+    and as it should be. Nothing is written until ``write``."""
+
+    path: Path
+    current: dict
+    exists: bool
+    wanted: dict
+    gpus: list[gpus.GPUInfo] = field(default_factory=list)
+    slices: dict[str, int] = field(default_factory=dict)
+    #: The NVIDIA runtime made Docker's default ("": none).
+    runtime: str = ""
+
+    @property
+    def changes(self) -> bool:
+        return self.wanted != self.current
+
+    def diff(self) -> str:
+        """The change as a unified diff of daemon.json ("" when there is none)."""
+        old = self.current if self.exists else None
+        return daemon_config.diff(old, self.wanted, str(self.path))
+
+    def gpu_lines(self) -> list[str]:
+        return [f"GPU {g.index}: {g.uuid} {describe(g, self.slices)}" for g in self.gpus]
+
+    def runtime_lines(self) -> list[str]:
+        if self.runtime:
+            return [f"NVIDIA container runtime: {self.runtime} (made Docker's default runtime)"]
+        if self.gpus and not any(g.simulated for g in self.gpus):
+            return [
+                f"warning: {NVIDIA_RUNTIME} not found; containers will not get the GPU "
+                "(install the NVIDIA Container Toolkit, then run this again)"
+            ]
+        return []
+
+
+def describe(gpu: gpus.GPUInfo, slices: dict[str, int]) -> str:
+    """``Tesla K80 11441 MiB -> 3 slices`` (and ``(SIMULATED)``)."""
+    tag = " (SIMULATED)" if gpu.simulated else ""
+    return f"{gpu.name} {gpu.memory_mb} MiB -> {slices[gpu.uuid]} slices{tag}"
+
+
+def find_gpus(args, say: Callable[[str], None] = print) -> list[gpus.GPUInfo]:
+    """This machine's GPUs, or simulated ones as the options say; ``say`` tells where they came
+    from. Raises PlanError when there is no usable GPU and the options want one."""
     machine = args.machine_id or gpus.machine_id()
     memory = slicing.parse_size_mb(args.simulated_memory)
     if args.simulate_gpus:
         return gpus.simulated(args.simulate_gpus, machine, memory)
     try:
         if args.nvml_fixture:
-            print(f"FAKE NVML: GPUs from the fixture {args.nvml_fixture}, not from a driver")
+            say(f"FAKE NVML: GPUs from the fixture {args.nvml_fixture}, not from a driver")
             nvml = FakeNVML.from_file(args.nvml_fixture)
         else:
             nvml = gpus.load_nvml()
@@ -52,22 +107,22 @@ def choose_gpus(args) -> list[gpus.GPUInfo]:
     # server here, so it is done before participants arrive, not under them.
     if args.simulate_if_no_gpu:
         if reason:
-            print(f"no NVIDIA GPU usable here ({reason}); advertising SIMULATED GPUs")
+            say(f"no NVIDIA GPU usable here ({reason}); advertising SIMULATED GPUs")
         return gpus.simulated(args.simulate_if_no_gpu, machine, memory)
     if args.none_if_no_gpu:
         why = f"no NVIDIA GPU usable here ({reason})" if reason else "NVML reports no GPU here"
-        print(f"{why}; this machine advertises no GPU slices")
+        say(f"{why}; this machine advertises no GPU slices")
         return []
     test_machine = "For a test machine without a working GPU, pass --simulate-gpus N instead."
     if isinstance(failed, gpus.GPUFailed):
-        raise SystemExit(
+        raise PlanError(
             f"{reason}. Until then this machine advertises none of its GPUs, not even the "
             "working ones: the fix stops every server here, so it belongs before participants "
             f"start, not under them. {test_machine}"
         )
     if reason:
-        raise SystemExit(f"{reason}. {test_machine}")
-    raise SystemExit("NVML reports no GPU on this machine; pass --simulate-gpus N to test.")
+        raise PlanError(f"{reason}. {test_machine}")
+    raise PlanError("NVML reports no GPU on this machine; pass --simulate-gpus N to test.")
 
 
 def nvidia_runtime(setting: str) -> str:
@@ -77,29 +132,71 @@ def nvidia_runtime(setting: str) -> str:
     if setting == "auto":
         return shutil.which(NVIDIA_RUNTIME) or ""
     if not Path(setting).exists():
-        raise SystemExit(f"--nvidia-runtime {setting}: no such file; give its path, auto or off")
+        raise PlanError(f"--nvidia-runtime {setting}: no such file; give its path, auto or off")
     return setting
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def read_config(path: Path) -> tuple[dict, bool]:
+    """daemon.json as it is (``{}`` when missing), and whether it exists."""
+    exists = path.exists()
+    try:
+        return daemon_config.parse(path.read_text() if exists else "", str(path)), exists
+    except daemon_config.InvalidDaemonConfig as e:
+        raise PlanError(str(e)) from None
+    except OSError as e:
+        raise PlanError(f"cannot read {path}: {e.strerror}; run as root") from None
+
+
+def plan(args, path: Path | str, remove: bool = False, say=print) -> Plan:
+    """What daemon.json at ``path`` should hold for this machine's GPUs (``args``: the options
+    of ``add_gpu_arguments``), or without any GPU settings (``remove``). Writes nothing."""
+    path = Path(path)
+    current, exists = read_config(path)
+    found = [] if remove else find_gpus(args, say)
+    if not found:
+        wanted = daemon_config.merge(current, [], named_kind=NAMED_KIND, labels=[])
+        return Plan(path, current, exists, wanted)
+    slices = slicing.slices_per_gpu(found, args.slices_per_gpu, args.slice_memory_mb)
+    entries = daemon_config.slice_resources(slices, args.named_kind)
+    labels = daemon_config.engine_labels(found, slices)
+    wanted = daemon_config.merge(current, entries, named_kind=NAMED_KIND, labels=labels)
+    if args.registry:
+        wanted = daemon_config.with_insecure_registry(wanted, args.registry)
+    runtime = nvidia_runtime(args.nvidia_runtime)
+    if runtime:
+        wanted = daemon_config.with_nvidia_runtime(wanted, runtime)
+    return Plan(path, current, exists, wanted, found, slices, runtime)
+
+
+def write(path: Path, config: dict) -> Path | None:
+    """Write atomically, keeping the previous version next to it; returns that backup."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    backup = None
+    if path.exists():
+        backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d%H%M%S')}")
+        shutil.copy2(path, backup)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(daemon_config.render(config))
+    tmp.replace(path)
+    return backup
+
+
+def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that say which GPUs this machine advertises and how (shared with
+    ``python -m worker_setup``); ``check_gpu_arguments`` completes them after parsing."""
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--slices-per-gpu", type=int, metavar="N", help="slices per GPU (3)")
     size.add_argument("--slice-memory", metavar="SIZE", help="or: GPU memory per slice, e.g. 4GiB")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--simulate-gpus", type=int, default=0, metavar="N")
+    source.add_argument(
+        "--simulate-gpus", type=int, default=0, metavar="N", help="advertise N simulated GPUs"
+    )
     source.add_argument(
         "--nvml-fixture", metavar="FILE", help="read GPUs from a fake NVML fixture (tests)"
     )
-    parser.add_argument("--simulate-if-no-gpu", type=int, default=0, metavar="N")
     parser.add_argument(
-        "--none-if-no-gpu",
-        action="store_true",
-        help="a machine without a usable GPU advertises no slices instead of stopping "
-        "(a manager that only runs the hub)",
+        "--simulated-memory", default="16GiB", metavar="SIZE", help="of each simulated GPU"
     )
-    parser.add_argument("--simulated-memory", default="16GiB", metavar="SIZE")
-    parser.add_argument("--daemon-json", default="/etc/docker/daemon.json")
     parser.add_argument(
         "--machine-id",
         default="",
@@ -124,9 +221,9 @@ def parse_args(argv):
         metavar="HOST:PORT",
         help="the manager's image registry (plain HTTP): added to insecure-registries",
     )
-    parser.add_argument("--remove", action="store_true", help="take the GPU settings out again")
-    parser.add_argument("--dry-run", action="store_true", help="print the change, write nothing")
-    args = parser.parse_args(argv)
+
+
+def check_gpu_arguments(parser: argparse.ArgumentParser, args) -> None:
     if args.slices_per_gpu is not None and args.slices_per_gpu < 1:
         parser.error(f"--slices-per-gpu must be 1 or more, got {args.slices_per_gpu}")
     try:
@@ -138,69 +235,45 @@ def parse_args(argv):
         parser.error(str(e))
     if args.slice_memory_mb is None and args.slices_per_gpu is None:
         args.slices_per_gpu = 3
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_gpu_arguments(parser)
+    parser.add_argument("--simulate-if-no-gpu", type=int, default=0, metavar="N")
+    parser.add_argument(
+        "--none-if-no-gpu",
+        action="store_true",
+        help="a machine without a usable GPU advertises no slices instead of stopping "
+        "(a manager that only runs the hub)",
+    )
+    parser.add_argument("--daemon-json", default="/etc/docker/daemon.json")
+    parser.add_argument("--remove", action="store_true", help="take the GPU settings out again")
+    parser.add_argument("--dry-run", action="store_true", help="print the change, write nothing")
+    args = parser.parse_args(argv)
+    check_gpu_arguments(parser, args)
     return args
-
-
-def wanted_config(args, current: dict) -> dict:
-    if args.remove:
-        return daemon_config.merge(current, [], named_kind=NAMED_KIND, labels=[])
-    found = choose_gpus(args)
-    if not found:
-        return daemon_config.merge(current, [], named_kind=NAMED_KIND, labels=[])
-    slices = slicing.slices_per_gpu(found, args.slices_per_gpu, args.slice_memory_mb)
-    for g in found:
-        tag = " (SIMULATED)" if g.simulated else ""
-        print(f"GPU {g.index}: {g.uuid} {g.name} {g.memory_mb} MiB -> {slices[g.uuid]} slices{tag}")
-    entries = daemon_config.slice_resources(slices, args.named_kind)
-    labels = daemon_config.engine_labels(found, slices)
-    wanted = daemon_config.merge(current, entries, named_kind=NAMED_KIND, labels=labels)
-    if args.registry:
-        wanted = daemon_config.with_insecure_registry(wanted, args.registry)
-    runtime = nvidia_runtime(args.nvidia_runtime)
-    if runtime:
-        print(f"NVIDIA container runtime: {runtime} (made Docker's default runtime)")
-        wanted = daemon_config.with_nvidia_runtime(wanted, runtime)
-    elif not any(g.simulated for g in found):
-        print(
-            f"warning: {NVIDIA_RUNTIME} not found; containers will not get the GPU "
-            "(install the NVIDIA Container Toolkit, then run this again)"
-        )
-    return wanted
-
-
-def write(path: Path, config: dict) -> None:
-    """Write atomically, keeping the previous version next to it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d%H%M%S')}")
-        shutil.copy2(path, backup)
-        print(f"{path}: previous version saved as {backup}")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(daemon_config.render(config))
-    tmp.replace(path)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    path = Path(args.daemon_json)
-    exists = path.exists()
     try:
-        current = daemon_config.parse(path.read_text() if exists else "", str(path))
-    except daemon_config.InvalidDaemonConfig as e:
+        planned = plan(args, args.daemon_json, remove=args.remove)
+    except PlanError as e:
         print(e, file=sys.stderr)
         return 1
-    except OSError as e:
-        print(f"cannot read {path}: {e.strerror}; run as root", file=sys.stderr)
-        return 1
-    wanted = wanted_config(args, current)
-    if wanted == current:
+    for line in planned.gpu_lines() + planned.runtime_lines():
+        print(line)
+    path = planned.path
+    if not planned.changes:
         print(f"{path}: already as wanted; nothing to change")
         return 0
     if args.dry_run:
-        change = daemon_config.diff(current if exists else None, wanted, str(path))
-        print(f"{path} would change:\n{change}")
+        print(f"{path} would change:\n{planned.diff()}")
         return CHANGED
-    write(path, wanted)
+    backup = write(path, planned.wanted)
+    if backup:
+        print(f"{path}: previous version saved as {backup}")
     print(f"{path}: updated; restart the Docker engine to apply")
     return CHANGED
 

@@ -58,7 +58,7 @@ def uses_systemd(env: Mapping[str, str] = os.environ) -> bool:
 
 def running(env: Mapping[str, str] | None = None) -> bool:
     """The engine answers (``docker info``)."""
-    if not shutil.which("docker"):
+    if not shutil.which("docker", path=(env or os.environ).get("PATH")):
         return False
     result = subprocess.run(
         ["docker", "info"], capture_output=True, env=None if env is None else dict(env)

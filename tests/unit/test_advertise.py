@@ -80,11 +80,40 @@ def test_h100_fixture_sliced_by_memory(tmp_path):
 @pytest.mark.parametrize(
     "fixture, advice", [("no-driver.json", "install the driver"), ("mismatch.json", "reboot")]
 )
-def test_nvml_failures_stop_with_advice_and_write_nothing(tmp_path, fixture, advice):
-    with pytest.raises(SystemExit, match=advice) as stopped:
-        run(tmp_path, "--nvml-fixture", str(FIXTURES / fixture))
-    assert "--simulate-gpus" in str(stopped.value)
+def test_nvml_failures_stop_with_advice_and_write_nothing(tmp_path, capsys, fixture, advice):
+    rc, config = run(tmp_path, "--nvml-fixture", str(FIXTURES / fixture))
+    assert rc == 1 and config is None
+    (line,) = capsys.readouterr().err.splitlines()
+    assert advice in line and "--simulate-gpus" in line
+
+
+def test_plan_says_why_there_is_no_gpu(tmp_path):
+    """The worker setup's way in: an exception with the one line, nothing written."""
+    args = advertise.parse_args(["--nvml-fixture", str(FIXTURES / "no-driver.json")])
+    with pytest.raises(advertise.PlanError, match="install the driver"):
+        advertise.plan(args, tmp_path / "daemon.json")
     assert not (tmp_path / "daemon.json").exists()
+
+
+def test_plan_gives_the_gpus_the_change_and_its_diff_without_writing(tmp_path):
+    path = tmp_path / "daemon.json"
+    path.write_text('{"debug": true}')
+    args = advertise.parse_args(["--nvml-fixture", str(K80X2), "--nvidia-runtime", "off"])
+    notes = []
+    planned = advertise.plan(args, path, say=notes.append)
+    assert [g.uuid for g in planned.gpus] == K80_UUIDS
+    assert planned.slices == dict.fromkeys(K80_UUIDS, 3)
+    assert planned.changes and planned.current == {"debug": True}
+    assert f'+    "{K80_UUIDS[0]}=3",' in planned.diff()
+    assert planned.gpu_lines()[0] == f"GPU 0: {K80_UUIDS[0]} Tesla K80 11441 MiB -> 3 slices"
+    assert planned.runtime_lines()[0].startswith("warning: nvidia-container-runtime not found")
+    assert notes == [f"FAKE NVML: GPUs from the fixture {K80X2}, not from a driver"]
+    assert path.read_text() == '{"debug": true}'
+    advertise.write(path, planned.wanted)
+    again = advertise.plan(args, path, say=notes.append)
+    assert not again.changes and again.diff() == ""
+    removed = advertise.plan(args, path, remove=True)
+    assert removed.changes and removed.wanted == {"debug": True} and removed.gpus == []
 
 
 def test_nvml_failure_falls_back_to_simulated_only_when_asked(tmp_path, capsys):
@@ -194,10 +223,10 @@ def test_a_failing_nvml_call_advertises_nothing_when_gpus_are_optional(tmp_path,
     assert "this machine advertises no GPU slices" in out
 
 
-def test_one_lost_gpu_of_four_stops_the_machine_naming_that_gpu(tmp_path):
-    with pytest.raises(SystemExit) as stopped:
-        run(tmp_path, "--nvml-fixture", str(FIXTURES / "h100x4-gpu1-lost.json"))
-    message = str(stopped.value)
+def test_one_lost_gpu_of_four_stops_the_machine_naming_that_gpu(tmp_path, capsys):
+    rc, _ = run(tmp_path, "--nvml-fixture", str(FIXTURES / "h100x4-gpu1-lost.json"))
+    assert rc == 1
+    (message,) = capsys.readouterr().err.splitlines()
     assert message.startswith(
         "GPU 1 (PCI 00000000:2A:00.0) failed: GPU is lost; reboot the machine or reset the GPU "
         "with nvidia-smi -r, then run this again. "

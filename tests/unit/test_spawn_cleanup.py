@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gpu_swarm_spawner import GPUSwarmSpawner, NoGPUSliceAvailable
+from gpu_swarm_spawner import NoGPUSliceAvailable
 
 from .clusters import node
 from .fake_docker import RUNNING, UNPLACEABLE, make_fake

@@ -1,10 +1,11 @@
 """A GPU machine runs the worker code with the standard library and nvidia-ml-py only.
 
 Without the repository's .venv, worker_setup/setup.sh makes a venv holding nothing but
-nvidia-ml-py and runs the worker code from the checkout. These tests do the same with venvs made
-here (no network: pynvml's single module file is copied in), so an import of jinja2,
-dockerspawner or any other package of the hub's makes them fail; and they read every module and
-every python snippet setup.sh runs for imports that only a fuller environment has.
+nvidia-ml-py and runs ``python -m worker_setup`` from the checkout. These tests do the same with
+venvs made here (no network: pynvml's single module file is copied in), so an import of jinja2,
+dockerspawner or any other package of the hub's makes them fail; and they read every module
+(and setup.sh, which runs no python of its own but the worker's) for imports that only a fuller
+environment has.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import re
 import shutil
 import socket
@@ -27,8 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "worker_setup"
 SETUP_SH = WORKER / "setup.sh"
 WORKER_MODULES = sorted(p.stem for p in WORKER.glob("*.py"))
-#: Beyond the standard library, what the worker code may import.
-ALLOWED = {"pynvml", "gpu_swarm_spawner.contract", "worker_setup"}
+#: Beyond the standard library, what the worker code may import (deploy.settings: the one
+#: reader of the settings, standard library only; checked below).
+ALLOWED = {"pynvml", "gpu_swarm_spawner.contract", "worker_setup", "deploy.settings"}
 #: Packages of the hub's environment that a GPU machine does not have.
 HUB_ONLY = ("jinja2", "traitlets", "jupyterhub", "dockerspawner", "docker")
 
@@ -104,6 +107,18 @@ def test_advertise_runs_with_nvidia_ml_py_alone(venvs, tmp_path):
     assert result.stderr.startswith("GPU 1 (PCI 00000000:2A:00.0) failed: GPU is lost;")
 
 
+def test_the_settings_read_with_nvidia_ml_py_alone(venvs, tmp_path):
+    """The worker setup reads the settings (the single-user image's name, ...) with
+    deploy.settings.read(), on a machine with nothing but the standard library and pynvml."""
+    for python in venvs:
+        result = run_in(
+            python, "-c", "from deploy.settings import read; print(read().singleuser_image)",
+            cwd=tmp_path, GPUHUB_CONFIG="none", GPUHUB_SINGLEUSER_IMAGE="10.0.0.5:5000/x:1",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == "10.0.0.5:5000/x:1\n"
+
+
 def imports(source: str) -> list[tuple[int, str]]:
     """(line, module) of each absolute import in ``source``; ``from a import b`` gives a.b."""
     found = []
@@ -132,32 +147,37 @@ def test_worker_code_imports_only_the_standard_library_nvml_and_the_contract():
         for line, module in imports(path.read_text())
         if not allowed(module)
     ]
-    assert not wrong, "the worker may import only the standard library, pynvml and contract"
+    assert not wrong, "the worker may import the standard library, pynvml, contract and settings"
 
 
-def setup_sh_python() -> list[str]:
-    """The python setup.sh runs inline: ``python... -c '...'`` and ``python3 - <<'PY'``."""
-    text = SETUP_SH.read_text()
-    snippets = re.findall(r"(?:python\S*|worker_py)\s+-c(?:\s|\\\n)+'([^']*)'", text)
-    for match in re.finditer(r"^(.*)<<'(\w+)'.*\n", text, re.M):
-        if "python" in match.group(1):
-            snippets.append(text[match.end() : text.index(f"\n{match.group(2)}\n", match.end())])
-    return snippets
-
-
-def test_setup_sh_runs_only_standard_library_python_and_the_worker_modules():
-    snippets = setup_sh_python()
-    assert len(snippets) >= 5, snippets  # pynvml probes, daemon.json, image tar, registry, contract
+def test_the_settings_import_only_the_standard_library_and_two_pure_modules():
+    """deploy/settings.py runs with a bare python3 (before anything is installed) and on the
+    GPU machines: beyond the standard library only the roster and tutorial-repository readers,
+    themselves standard library only; and the deploy package's __init__ imports nothing."""
+    pure = {"gpu_swarm_spawner.roster", "tutorial_sync.repos"}
+    deploy = REPO / "deploy"
     wrong = [
-        f"{module} in: {snippet[:60]}"
-        for snippet in snippets
-        for _, module in imports(snippet)
-        if not allowed(module, {"pynvml", "gpu_swarm_spawner.contract"})
-    ]
+        f"{path.relative_to(REPO)}:{line}: {module}"
+        for path in (deploy / "settings.py", REPO / "gpu_swarm_spawner" / "roster.py",
+                     REPO / "tutorial_sync" / "repos.py")
+        for line, module in imports(path.read_text())
+        if not allowed(module, pure)
+    ]  # fmt: skip
     assert not wrong
-    modules = re.findall(r"\s-m\s+([\w.]+)", SETUP_SH.read_text())
-    assert "worker_setup.advertise" in modules
-    assert all(m.startswith("worker_setup.") or allowed(m, set()) for m in modules), modules
+    assert imports((deploy / "__init__.py").read_text()) == []
+
+
+def test_setup_sh_only_finds_the_python_and_hands_over_to_the_worker_package():
+    """No shell library (deploy/lib.sh), no python of its own: the probe for pynvml, then
+    ``python -m worker_setup``."""
+    text = SETUP_SH.read_text()
+    code = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in code if re.match(r"\s*(\.|source)\s", line)], "sources a file"
+    assert "lib.sh" not in "\n".join(code)
+    snippets = re.findall(r"\s-c\s+'([^']*)'", text)
+    assert snippets == ["import pynvml"]
+    assert not re.search(r"<<'?\w+'?", text), "a here-document"
+    assert set(re.findall(r"\s-m\s+([\w.]+)", text)) == {"worker_setup", "venv"}
 
 
 # setup.sh itself on a machine without the repository's .venv: python3 has the standard library
@@ -166,15 +186,19 @@ def test_setup_sh_runs_only_standard_library_python_and_the_worker_modules():
 # tests never reach this machine's Docker engine or packages.
 DOCKER_STUB = """#!/bin/sh
 echo "$*" >>"$(dirname "$0")/docker.log"
-case "$STUB_ENGINE:$1" in
-  up:info) echo gpu-7 ;;
-  up:ps) printf 'jy-alice\\nother_service\\njy-bob--gpu\\n' ;;
+case "$STUB_ENGINE:$1:$2" in
+  up:info:--format) echo '{"Name": "gpu-7", "Swarm": {"LocalNodeState": "inactive"}}' ;;
+  up:info:*) echo 'Server: ...' ;;
+  up:version:*) echo '"20.10.24"' ;;
+  up:ps:*) printf '"jy-alice"\\n"other_service"\\n"jy-bob--gpu"\\n' ;;
   *) exit 1 ;;
 esac
 """
 
 
-def run_setup_sh(venvs, tmp_path, *args, engine="down"):
+def run_setup_sh(venvs, tmp_path, *args, engine="down", python3=True, **environ):
+    """setup.sh ARGS with the stand-ins; ``environ`` changes its environment (None: unset);
+    ``python3=False``: a python3 that fails."""
     assert "--dry-run" in args, "only ever a dry run here"
     stubs = tmp_path / "bin"
     stubs.mkdir()
@@ -184,7 +208,11 @@ def run_setup_sh(venvs, tmp_path, *args, engine="down"):
         (stubs / name).write_text(f"#!/bin/sh\necho '{name} must not run here' >&2\nexit 1\n")
     for stub in stubs.iterdir():
         stub.chmod(0o755)
-    (stubs / "python3").symlink_to(venvs[0])
+    if python3:
+        (stubs / "python3").symlink_to(venvs[0])
+    else:
+        (stubs / "python3").write_text("#!/bin/sh\necho 'python3 must not run here' >&2\nexit 1\n")
+        (stubs / "python3").chmod(0o755)
     env = {
         "PATH": f"{stubs}:/usr/bin:/bin",
         "HOME": str(tmp_path),
@@ -202,6 +230,8 @@ def run_setup_sh(venvs, tmp_path, *args, engine="down"):
         # come from setup.sh's PYTHONPATH
         "PYTHONSAFEPATH": "1",
     }
+    env.update(environ)
+    env = {k: v for k, v in env.items() if v is not None}
     with socket.socket() as manager:  # the manager's swarm port answers
         manager.bind(("127.0.0.1", 0))
         manager.listen()
@@ -217,10 +247,52 @@ def run_setup_sh(venvs, tmp_path, *args, engine="down"):
 def test_setup_sh_plans_a_join_with_nvidia_ml_py_alone(venvs, tmp_path):
     result, docker = run_setup_sh(venvs, tmp_path, "--nvml-fixture", str(K80X2), "--dry-run")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 GPU(s): 2 Tesla K80 11441 MiB -> 3 slices" in result.stdout
-    assert "dry run: nothing was changed" in result.stdout
+    out = result.stdout
+    assert "2 GPU(s): 2 Tesla K80 11441 MiB -> 3 slices" in out
+    assert f'+    "{K80_UUIDS[0]}=3",' in out  # the daemon.json diff
+    # the image's name from deploy.settings' defaults (GPUHUB_CONFIG=none)
+    assert "would pull gpu-jupyterhub/singleuser:latest" in out
+    for step in ("checks", "engine", "gpus", "swarm", "image", "daemon.json"):
+        assert f"\n  {step} " in out, f"no summary row {step}:\n{out}"
+    assert out.endswith("\ndry run: nothing was changed\n")
     assert not (tmp_path / "daemon.json").exists()
-    assert not re.search(r"^(swarm join|pull|load)", docker, re.M)
+    assert docker and not re.search(r"^(swarm|pull|load)", docker, re.M), docker
+
+
+@pytest.mark.parametrize("which", ["stdlib", "nvml"])
+def test_the_worker_setup_explains_itself_without_nvidia_ml_py(venvs, tmp_path, which):
+    python = venvs[0] if which == "stdlib" else venvs[1]
+    result = run_in(python, "-m", "worker_setup", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "sudo ./worker_setup/setup.sh --leave" in result.stdout
+    options = "--manager --token --image-tar --registry --slices-per-gpu --slice-memory "
+    options += "--simulate-gpus --nvml-fixture --nvidia-runtime --wait --force --dry-run"
+    for option in options.split():
+        assert option in result.stdout
+
+
+def test_setup_sh_help_needs_no_root_and_no_worker_python(tmp_path):
+    """--help before the root check: nothing is installed for it."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GPUHUB_WORKER_PYTHON": "/nonexistent"}
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(SETUP_SH), "--help"]
+        if shutil.which("setpriv") and os.geteuid() == 0 else [str(SETUP_SH), "--help"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "--manager ADDR[:PORT]" in result.stdout
+
+
+def test_setup_sh_takes_the_repositorys_venv_when_it_has_nvidia_ml_py(venvs, tmp_path):
+    """No GPUHUB_WORKER_PYTHON: the venv of GPUHUB_VENV, and no venv of its own is made (the
+    python3 here fails, and so would apt-get)."""
+    venv = str(venvs[1].parent.parent)
+    result, _ = run_setup_sh(
+        venvs, tmp_path, "--simulate-gpus", "1", "--dry-run",
+        python3=False, GPUHUB_WORKER_PYTHON=None, GPUHUB_VENV=venv,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "dry run: nothing was changed" in result.stdout
 
 
 def test_setup_sh_stops_before_joining_when_a_gpu_is_lost(venvs, tmp_path):

@@ -1,0 +1,615 @@
+"""``python -m worker_setup`` (what worker_setup/setup.sh runs): the join checklist and --leave,
+with the Docker engine faked at its one edge (``DockerCLI``'s methods) and everything else
+real: daemon.json in tmp_path, the manager's swarm port a listening socket here, the manager's
+registry a local HTTP server, GPUs from fake-NVML fixtures or simulated."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import tarfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from worker_setup import join
+from worker_setup.__main__ import main, parse_args
+from worker_setup.docker_cli import DockerCLI
+
+from .nvml_failures import FIXTURES
+
+TOKEN = "SWMTKN-1-3pu6hszjas19xyp7ghgosyx9k8atbfcr8p2is99znpy26u2lkl-1awxwuwd3z9j1z3puu7rcgdbx"
+IMAGE = "gpu-jupyterhub/singleuser:latest"
+OWN = {"log-driver": "json-file", "log-opts": {"max-size": "10m"}}  # the administrator's
+
+
+class FakeEngine:
+    """The Docker engine as DockerCLI shows it, in memory. ``changes`` records every call that
+    would change the machine, in order."""
+
+    def __init__(self, up=True, swarm="inactive", managers=(), images=None, servers=()):
+        self.up, self.swarm, self.managers = up, swarm, list(managers)
+        self.images = dict(images or {})  # name -> id
+        self.servers = list(servers)  # Swarm service names of the running containers
+        self.pullable: dict[str, str] = {}  # what a pull gets: name -> id
+        self.tar: tuple[str, str] = (IMAGE, "sha256:" + "b" * 64)  # what a load gets
+        self.join_error = ""
+        self.changes: list[tuple] = []
+
+    def running(self):
+        return self.up
+
+    def ensure_running(self, log):
+        self.changes.append(("start",))
+        self.up = True
+        return True
+
+    def restart(self):
+        self.changes.append(("restart",))
+
+    def info(self):
+        if not self.up:
+            return {}
+        managers = [{"NodeID": "m1", "Addr": a} for a in self.managers] or None
+        swarm = {"LocalNodeState": self.swarm, "RemoteManagers": managers}
+        return {"Name": "gpu-7", "Swarm": swarm}
+
+    def server_version(self):
+        return "20.10.24"
+
+    def image_id(self, image):
+        return self.images.get(image, "")
+
+    def service_containers(self):
+        return [*self.servers, "gpuhub_net-anchor"]
+
+    def swarm_join(self, token, manager, advertise_addr=""):
+        self.changes.append(("join", manager, advertise_addr))
+        if self.join_error:
+            return self.join_error
+        self.swarm, self.managers = "active", [manager]
+        return ""
+
+    def swarm_leave(self):
+        self.changes.append(("leave",))
+        self.swarm, self.servers = "inactive", []
+        return ""
+
+    def load(self, tar):
+        self.changes.append(("load", tar))
+        self.images[self.tar[0]] = self.tar[1]
+        return ""
+
+    def pull(self, image):
+        self.changes.append(("pull", image))
+        if image not in self.pullable:
+            return f"Error response from daemon: pull access denied for {image}"
+        self.images[image] = self.pullable[image]
+        return ""
+
+
+@pytest.fixture
+def manager():
+    """The manager's swarm port: something listens on it."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        yield f"127.0.0.1:{listening.getsockname()[1]}"
+
+
+@pytest.fixture
+def nobody():
+    """An address where nothing listens."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"127.0.0.1:{port}"
+
+
+@pytest.fixture(autouse=True)
+def settings(monkeypatch):
+    """The single-user image's name from the settings reader, without this machine's own."""
+    monkeypatch.setattr(join, "singleuser_image", lambda: IMAGE)
+
+
+@pytest.fixture
+def daemon_json(tmp_path):
+    path = tmp_path / "etc" / "daemon.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(OWN, indent=2) + "\n")
+    return path
+
+
+def setup(engine, daemon_json, manager, *args, simulate=True):
+    """``python -m worker_setup --manager ... --token ... ARGS``; its exit status."""
+    line = ["--manager", manager, "--token", TOKEN, "--nvidia-runtime", "off", "--machine-id", "t"]
+    if simulate:
+        line += ["--simulate-gpus", "2"]
+    return main([*line, *args], docker=engine, environ={"GPUHUB_DAEMON_JSON": str(daemon_json)})
+
+
+def leave(engine, daemon_json, *args, **machine):
+    parsed = parse_args(["--leave", *args])
+    m = join.Machine(parsed, engine, daemon_json, **machine)
+    return join.run(m)
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def summary(out: str) -> dict[str, str]:
+    """The summary table's rows: {step: result}."""
+    table = out.split("\n  step         result\n", 1)[1].split("\n\n", 1)[0]
+    return {line[2:14].strip(): line[15:] for line in table.splitlines()}
+
+
+# ---- joining --------------------------------------------------------------------------------
+
+
+def test_a_fresh_machine_joins_and_a_second_run_changes_nothing(daemon_json, manager, capsys):
+    engine = FakeEngine(up=False)
+    engine.pullable[IMAGE] = "sha256:" + "a" * 64
+    assert setup(engine, daemon_json, manager) == 0
+    out = capsys.readouterr().out
+    assert engine.changes == [("start",), ("join", manager, ""), ("pull", IMAGE), ("restart",)]
+    assert summary(out) == {
+        "checks": f"root, python3, {daemon_json}, manager {manager} answers",
+        "engine": "started (20.10.24)",
+        "gpus": "2 GPU(s): 2 Simulated GPU 16384 MiB -> 3 slices (SIMULATED)",
+        "swarm": f"joined the swarm of {manager}",
+        "image": f"pulled {IMAGE}",
+        "daemon.json": "slices and labels written (backup kept)",
+        "restart": "engine restarted",
+    }
+    assert out.endswith(
+        "\n\ndone: this machine's GPU slices are available to the hub in a few seconds\n"
+    )
+    assert "[  0s] swarm: joined the swarm of" in out  # each step's timed log line
+    config = json.loads(daemon_json.read_text())
+    assert {k: config[k] for k in OWN} == OWN
+    assert len(config["node-generic-resources"]) == 2
+    assert len(list(daemon_json.parent.glob("daemon.json.bak-*"))) == 1
+
+    written, engine.changes = daemon_json.stat().st_mtime_ns, []
+    assert setup(engine, daemon_json, manager) == 0
+    out = capsys.readouterr().out
+    assert engine.changes == []
+    assert daemon_json.stat().st_mtime_ns == written
+    rows = summary(out)
+    assert rows["engine"] == "running (20.10.24)" and "restart" not in rows
+    assert rows["swarm"] == f"already joined ({manager})"
+    assert rows["image"] == f"{IMAGE} present" and rows["daemon.json"] == "already as wanted"
+    assert out.endswith("\n\nnothing to change: this machine is already set up\n")
+    assert f"      {daemon_json}: already as wanted; nothing to change\n" in out
+
+
+def test_dry_run_prints_the_plan_and_the_diff_and_changes_nothing(daemon_json, manager, capsys):
+    before = daemon_json.read_text()
+    engine = FakeEngine(up=False)
+    assert setup(engine, daemon_json, manager, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert engine.changes == []
+    assert daemon_json.read_text() == before
+    assert not list(daemon_json.parent.glob("daemon.json.bak-*"))
+    assert summary(out) == {
+        "checks": f"root, python3, {daemon_json}, manager {manager} answers",
+        "engine": "would install docker.io if missing and start it",
+        "gpus": "2 GPU(s): 2 Simulated GPU 16384 MiB -> 3 slices (SIMULATED)",
+        "swarm": f"would join the swarm of {manager}",
+        "image": f"would pull {IMAGE}",
+        "daemon.json": "would change (diff above)",
+    }
+    assert f"      {daemon_json} would change:\n" in out
+    assert '      +    "GPU-simulated-' in out and "gpu-jupyterhub.gpu-count=2" in out
+    assert out.endswith("\n\ndry run: nothing was changed\n")
+
+
+@pytest.mark.parametrize(
+    "token, says",
+    [
+        ("not-a-token", "--token does not look like a swarm join token (SWMTKN-1-...)"),
+        ("", "--token is missing; run 'make join-command' on the manager for the full line"),
+    ],
+)
+def test_a_malformed_token_stops_before_any_change(daemon_json, manager, capsys, token, says):
+    before = daemon_json.read_text()
+    engine = FakeEngine(up=False)
+    args = ["--manager", manager, "--token", token, "--simulate-gpus", "1"]
+    assert main(args, docker=engine, environ={"GPUHUB_DAEMON_JSON": str(daemon_json)}) == 1
+    assert says in one_error_line(capsys)
+    assert engine.changes == [] and daemon_json.read_text() == before
+
+
+def test_an_unreachable_manager_stops_before_any_change(daemon_json, nobody, capsys):
+    engine = FakeEngine(up=False)
+    assert setup(engine, daemon_json, nobody) == 1
+    line = one_error_line(capsys)
+    assert f"cannot reach the manager at {nobody}; check the address" in line
+    assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
+
+
+def test_the_default_swarm_port_is_added():
+    assert join.with_port("10.0.0.5") == "10.0.0.5:2377"
+    assert join.with_port("10.0.0.5:2400") == "10.0.0.5:2400"
+    assert join.with_port("[fd00::5]") == "[fd00::5]:2377"
+    assert join.with_port("[fd00::5]:2400") == "[fd00::5]:2400"
+
+
+def test_a_token_the_swarm_refuses_stops_before_daemon_json_changes(daemon_json, manager, capsys):
+    engine = FakeEngine()
+    engine.join_error = (
+        "Error response from daemon: rpc error: code = InvalidArgument desc = A valid join\n"
+        "token is necessary to join this cluster"
+    )
+    assert setup(engine, daemon_json, manager) == 1
+    line = one_error_line(capsys)
+    assert line == (
+        f"error: joining the swarm at {manager} failed: A valid join token is necessary to join "
+        "this cluster; run 'make join-command' on the manager for a fresh token. Nothing else was "
+        "changed."
+    )
+    assert engine.changes == [("join", manager, "")]
+    assert json.loads(daemon_json.read_text()) == OWN
+
+
+def test_a_machine_in_another_swarm_is_left_alone(daemon_json, manager, capsys):
+    engine = FakeEngine(swarm="active", managers=["10.9.9.9:2377"])
+    assert setup(engine, daemon_json, manager) == 1
+    line = one_error_line(capsys)
+    assert "already in another swarm (managers: 10.9.9.9:2377)" in line
+    assert "--leave' first" in line
+    assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
+
+
+@pytest.mark.parametrize("fixture", ["h100x4-gpu1-lost.json", "no-driver.json"])
+def test_an_nvml_failure_stops_outside_the_swarm(daemon_json, manager, capsys, fixture):
+    engine = FakeEngine()
+    nvml = ["--nvml-fixture", str(FIXTURES / fixture)]
+    assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 1
+    out, err = capsys.readouterr()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "--simulate-gpus N instead" in err
+    assert "      FAKE NVML: GPUs from the fixture" in out  # what it read, before the reason
+    assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
+
+
+def test_real_gpus_are_summed_up_by_model(daemon_json, manager, capsys):
+    engine = FakeEngine(images={IMAGE: "sha256:1"})
+    nvml = ["--nvml-fixture", str(FIXTURES / "k80x2.json"), "--dry-run"]
+    assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 0
+    out = capsys.readouterr().out
+    assert summary(out)["gpus"] == "2 GPU(s): 2 Tesla K80 11441 MiB -> 3 slices"
+    assert "\n      warning: nvidia-container-runtime not found; containers will not" in out
+
+
+def test_a_corrupt_daemon_json_is_refused_and_left_alone(daemon_json, manager, capsys):
+    daemon_json.write_text('{"log-driver": "json-file",')
+    engine = FakeEngine(up=False)
+    assert setup(engine, daemon_json, manager) == 1
+    line = one_error_line(capsys)
+    assert "is not valid JSON" in line and "Nothing was changed" in line
+    assert daemon_json.read_text() == '{"log-driver": "json-file",' and engine.changes == []
+
+
+def test_settings_that_cannot_be_read_stop_before_any_change(
+    daemon_json, manager, capsys, monkeypatch
+):
+    def refused():
+        raise join.Stop("config.env line 3: GPUHUB_SINGLEUSER_IMAGE is 'Bad Name'; write ...")
+
+    monkeypatch.setattr(join, "singleuser_image", refused)
+    engine = FakeEngine(up=False)
+    assert setup(engine, daemon_json, manager) == 1
+    assert "GPUHUB_SINGLEUSER_IMAGE" in one_error_line(capsys)
+    assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
+
+
+def test_the_image_name_comes_from_the_settings_reader(monkeypatch, tmp_path):
+    """The real reader (deploy.settings): the environment over the checkout's defaults."""
+    monkeypatch.undo()  # this test's reader is the real one
+    monkeypatch.setenv("GPUHUB_CONFIG", "none")
+    monkeypatch.setenv("GPUHUB_SINGLEUSER_IMAGE", "example.org/course/singleuser:7")
+    assert join.singleuser_image() == "example.org/course/singleuser:7"
+    monkeypatch.setenv("GPUHUB_SLICES_PER_GPU", "three")
+    with pytest.raises(join.Stop, match="GPUHUB_SLICES_PER_GPU"):
+        join.singleuser_image()
+
+
+def test_servers_running_here_keep_the_engine_from_restarting(daemon_json, manager, capsys):
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    engine.servers = ["jy-alice", "jy-alice", "jy-bob--gpu"]
+    assert setup(engine, daemon_json, manager) == 1
+    line = one_error_line(capsys)
+    assert "would stop the servers running here: jy-alice jy-bob--gpu; run this again" in line
+    assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
+    assert setup(engine, daemon_json, manager, "--force") == 0
+    assert engine.changes == [("restart",)]
+
+
+# ---- the single-user image: --image-tar, or every image of the manager's registry ------------
+
+
+def image_tar(path: Path, image_id: str, layout: str = "oci") -> str:
+    """A ``docker save`` file's manifest (the layers left out: only the manifest is read)."""
+    digest = image_id.split(":", 1)[1]
+    config = f"blobs/sha256/{digest}" if layout == "oci" else f"{digest}.json"
+    manifest = json.dumps([{"Config": config, "RepoTags": [IMAGE], "Layers": []}]).encode()
+    with tarfile.open(path, "w") as tar:
+        for name, data in (("oci-layout", b"{}"), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("layout", ["oci", "legacy"])
+def test_the_image_id_is_read_from_a_saved_image(tmp_path, layout):
+    image_id = "sha256:" + "c" * 64
+    assert join.tar_image_id(image_tar(tmp_path / "image.tar", image_id, layout)) == image_id
+    (tmp_path / "other.tar").write_bytes(b"not a tar")
+    assert join.tar_image_id(str(tmp_path / "other.tar")) == ""
+
+
+def test_an_image_tar_is_loaded_only_when_it_holds_another_build(
+    daemon_json, manager, tmp_path, capsys
+):
+    old, new = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: old})
+    tar = image_tar(tmp_path / "singleuser-image.tar", new)
+    engine.tar = (IMAGE, new)
+
+    assert setup(engine, daemon_json, manager, "--image-tar", tar, "--dry-run") == 0
+    assert summary(capsys.readouterr().out)["image"] == f"would load {tar}"
+    assert engine.changes == []
+
+    assert setup(engine, daemon_json, manager, "--image-tar", tar) == 0
+    assert summary(capsys.readouterr().out)["image"] == f"loaded {IMAGE} from {tar}"
+    assert engine.changes[0] == ("load", tar)
+
+    engine.changes = []
+    assert setup(engine, daemon_json, manager, "--image-tar", tar) == 0
+    out = capsys.readouterr().out
+    assert summary(out)["image"] == f"{IMAGE} present (same as {tar})"
+    assert engine.changes == [] and "nothing to change" in out
+
+
+def test_an_image_tar_that_is_missing_or_holds_another_image_stops(
+    daemon_json, manager, tmp_path, capsys
+):
+    engine = FakeEngine(swarm="active", managers=[manager])
+    assert setup(engine, daemon_json, manager, "--image-tar", str(tmp_path / "no.tar")) == 1
+    assert one_error_line(capsys) == f"error: --image-tar {tmp_path / 'no.tar'}: no such file"
+    tar = image_tar(tmp_path / "other.tar", "sha256:" + "d" * 64)
+    engine.tar = ("someone/else:1", "sha256:" + "d" * 64)
+    assert setup(engine, daemon_json, manager, "--image-tar", tar) == 1
+    assert f"{tar} does not hold {IMAGE}; make it on the manager" in one_error_line(capsys)
+    assert json.loads(daemon_json.read_text()) == OWN
+
+
+def test_an_image_that_cannot_be_pulled_asks_for_the_tar(daemon_json, manager, capsys):
+    engine = FakeEngine(swarm="active", managers=[manager])
+    assert setup(engine, daemon_json, manager) == 1
+    line = one_error_line(capsys)
+    assert f"the single-user image {IMAGE} is not here and cannot be pulled" in line
+    assert "'make image-tar'" in line and "--image-tar FILE" in line
+    assert json.loads(daemon_json.read_text()) == OWN
+
+
+@pytest.fixture
+def registry():
+    """The manager's registry: its catalog and tag lists (the Registry HTTP API v2)."""
+    answers = {
+        "/v2/_catalog": {"repositories": ["gpu-jupyterhub/pytorch", "gpu-jupyterhub/singleuser"]},
+        "/v2/gpu-jupyterhub/pytorch/tags/list": {"tags": ["latest", "2.3"]},
+        "/v2/gpu-jupyterhub/singleuser/tags/list": {"tags": ["latest"]},
+    }
+
+    class Registry(BaseHTTPRequestHandler):
+        def do_GET(self):
+            answer = answers.get(self.path.split("?")[0])
+            body = json.dumps(answer or {"errors": [{"code": "NAME_UNKNOWN"}]}).encode()
+            self.send_response(200 if answer else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_with_a_registry_every_image_of_it_is_pulled_after_the_engine_trusts_it(
+    daemon_json, manager, registry, capsys
+):
+    names = [f"{registry}/gpu-jupyterhub/{n}" for n in ("pytorch:latest", "pytorch:2.3")]
+    names.append(f"{registry}/{IMAGE}")
+    assert join.registry_images(registry) == names
+    engine = FakeEngine(swarm="active", managers=[manager])
+    engine.pullable = {name: f"sha256:{i}" for i, name in enumerate(names)}
+
+    assert setup(engine, daemon_json, manager, "--registry", registry) == 0
+    out = capsys.readouterr().out
+    assert engine.changes == [("restart",), *(("pull", name) for name in names)]
+    assert summary(out)["image"] == f"pulled from the manager's registry: {' '.join(names)}"
+    assert json.loads(daemon_json.read_text())["insecure-registries"] == [registry]
+
+    engine.changes = []
+    assert setup(engine, daemon_json, manager, "--registry", registry) == 0
+    out = capsys.readouterr().out
+    assert engine.changes == [("pull", name) for name in names]  # pulled again: a no-op
+    assert summary(out)["image"] == f"up to date: {' '.join(names)}"
+    assert out.endswith("nothing to change: this machine is already set up\n")
+
+    engine.pullable[names[0]] = "sha256:rebuilt"
+    assert setup(engine, daemon_json, manager, "--registry", registry) == 0
+    assert summary(capsys.readouterr().out)["image"] == (
+        f"pulled from the manager's registry: {names[0]}"
+    )
+
+
+def test_a_registry_without_the_image_stops_with_what_to_check(
+    daemon_json, manager, nobody, capsys
+):
+    engine = FakeEngine(swarm="active", managers=[manager])
+    assert join.registry_images(nobody, timeout=5) == []
+    assert setup(engine, daemon_json, manager, "--registry", nobody) == 1
+    line = one_error_line(capsys)
+    assert f"cannot find {nobody}/{IMAGE} in the manager's registry {nobody}" in line
+    assert f"TCP {nobody.split(':')[1]} to it is open" in line
+
+
+def test_an_image_tar_beats_the_registry_and_keeps_its_own_name(
+    daemon_json, manager, registry, tmp_path, capsys
+):
+    engine = FakeEngine(swarm="active", managers=[manager])
+    tar = image_tar(tmp_path / "image.tar", engine.tar[1])
+    assert setup(engine, daemon_json, manager, "--registry", registry, "--image-tar", tar) == 0
+    assert summary(capsys.readouterr().out)["image"] == f"loaded {IMAGE} from {tar}"
+    assert engine.changes == [("restart",), ("load", tar)]
+
+
+# ---- leaving ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def joined(daemon_json, manager, capsys):
+    """A machine that joined (the fake engine) with its slices in daemon.json."""
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    assert setup(engine, daemon_json, manager) == 0
+    capsys.readouterr()
+    engine.changes = []
+    return engine
+
+
+def test_leave_with_servers_running_refuses_and_names_pause_node(joined, daemon_json, capsys):
+    joined.servers = ["jy-alice", "jy-bob--gpu"]
+    written = daemon_json.read_text()
+    assert leave(joined, daemon_json) == 1
+    line = one_error_line(capsys)
+    assert line.startswith("error: participants' servers still run here: jy-alice jy-bob--gpu;")
+    assert "'make pause-node NODE=gpu-7'" in line and "--wait SECONDS" in line
+    assert "--force" in line
+    assert joined.changes == [] and daemon_json.read_text() == written
+
+
+def test_leave_waits_for_the_servers_to_stop(joined, daemon_json, capsys):
+    joined.servers = ["jy-alice"]
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+        if now[0] >= 10:
+            joined.servers = []  # alice stopped her server
+
+    assert leave(joined, daemon_json, "--wait", "60", sleep=sleep, clock=lambda: now[0]) == 0
+    out = capsys.readouterr().out
+    assert out.count("waiting for 1 server(s) to stop: jy-alice") == 2
+    assert joined.changes == [("leave",), ("restart",)]
+    rows = summary(out)
+    assert rows["swarm"] == "left the swarm"
+    assert rows["daemon.json"] == "GPU slices and labels taken out (backup kept)"
+    assert json.loads(daemon_json.read_text()) == OWN
+    assert out.endswith(
+        "The Docker engine and the single-user image stay. On the manager, "
+        "'docker node rm gpu-7' removes it from the node list.\n"
+    )
+
+    assert leave(joined, daemon_json) == 0
+    rows = summary(capsys.readouterr().out)
+    assert rows == {"swarm": "not in a swarm", "daemon.json": "no GPU settings left"}
+    assert joined.changes == [("leave",), ("restart",)]
+
+
+def test_leave_gives_up_waiting_after_wait_seconds(joined, daemon_json, capsys):
+    joined.servers = ["jy-alice"]
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    assert leave(joined, daemon_json, "--wait", "12", sleep=sleep, clock=lambda: now[0]) == 1
+    assert now[0] == 15  # three waits of 5 s
+    assert "still run here: jy-alice;" in capsys.readouterr().err
+    assert joined.changes == []
+
+
+def test_leave_with_force_stops_them(joined, daemon_json, capsys):
+    joined.servers = ["jy-alice"]
+    assert leave(joined, daemon_json, "--force") == 0
+    assert summary(capsys.readouterr().out)["swarm"] == "left the swarm (stopped jy-alice)"
+    assert joined.changes == [("leave",), ("restart",)]
+
+
+def test_leave_dry_run_changes_nothing(joined, daemon_json, capsys):
+    written = daemon_json.read_text()
+    assert leave(joined, daemon_json, "--dry-run", "--force") == 0
+    out = capsys.readouterr().out
+    assert summary(out) == {
+        "swarm": "would leave the swarm",
+        "daemon.json": "would take the GPU settings out",
+    }
+    assert f"      {daemon_json} would change:\n" in out and '      -    "GPU-simulated-' in out
+    assert joined.changes == [] and daemon_json.read_text() == written
+
+
+def test_leave_needs_the_engine_running(daemon_json, capsys):
+    assert leave(FakeEngine(up=False), daemon_json) == 1
+    assert one_error_line(capsys) == "error: the Docker engine is not running here; start it first"
+
+
+# ---- the engine's edge: the docker CLI's JSON ----------------------------------------------
+
+DOCKER = """#!/bin/sh
+echo "$*" >>"$(dirname "$0")/calls"
+case "$*" in
+  "info --format {{json .}}") echo '{"Name": "w1", "Swarm": {"LocalNodeState": "active"}}' ;;
+  "image inspect --format {{json .Id}} here:1") echo '"sha256:abc"' ;;
+  "ps --filter label=com.docker.swarm.service.name --format"*)
+    printf '"jy-alice"\\n"gpuhub_net-anchor"\\n' ;;
+  "swarm join"*) echo "Error response from daemon: rpc error: code = Unavailable" >&2
+    echo "desc = connection error" >&2; exit 1 ;;
+  *) echo "Error: No such object" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_the_docker_cli_is_read_as_json(tmp_path):
+    stub = tmp_path / "docker"
+    stub.write_text(DOCKER)
+    stub.chmod(0o755)
+    docker = DockerCLI({"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert docker.info() == {"Name": "w1", "Swarm": {"LocalNodeState": "active"}}
+    assert docker.image_id("here:1") == "sha256:abc"
+    assert docker.image_id("gone:1") == ""
+    assert docker.server_version() == "unknown"
+    assert docker.service_containers() == ["jy-alice", "gpuhub_net-anchor"]
+    assert docker.swarm_join("SWMTKN-1-a-b", "10.0.0.5:2377", "10.0.0.7") == (
+        "Error response from daemon: rpc error: code = Unavailable desc = connection error"
+    )
+    assert docker.pull("x:1") == "Error: No such object"
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert "swarm join --token SWMTKN-1-a-b --advertise-addr 10.0.0.7 10.0.0.5:2377" in calls
+    assert "pull -q x:1" in calls
+
+
+def test_a_machine_without_docker_yet_reads_as_an_engine_without_anything(tmp_path):
+    """Before the engine step installs it (and in a dry run, which never does)."""
+    docker = DockerCLI({"PATH": str(tmp_path)})
+    assert docker.info() == {} and docker.image_id(IMAGE) == ""
+    assert docker.service_containers() == []
+    assert docker.pull(IMAGE) == "docker: command not found"

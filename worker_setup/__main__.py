@@ -1,0 +1,73 @@
+"""``python -m worker_setup``: join this GPU machine to the hub's swarm, or leave it.
+
+worker_setup/setup.sh runs it with a python that has nvidia-ml-py; the steps are in join.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from . import advertise, join
+from .docker_cli import DockerCLI
+
+DAEMON_JSON = "/etc/docker/daemon.json"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="worker_setup/setup.sh",
+        usage="sudo ./worker_setup/setup.sh --manager ADDR[:2377] --token SWMTKN-... "
+        "[options]\n       sudo ./worker_setup/setup.sh --leave [--wait SECONDS] [--force] "
+        "[--dry-run]",
+        description=join.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    joining = parser.add_argument_group("joining (the line 'make join-command' prints)")
+    joining.add_argument("--manager", metavar="ADDR[:PORT]", help="the swarm's manager (:2377)")
+    joining.add_argument("--token", metavar="SWMTKN-...", help="the swarm's worker join token")
+    joining.add_argument(
+        "--advertise-addr", default="", metavar="ADDR", help="this machine's swarm address"
+    )
+    joining.add_argument(
+        "--image-tar",
+        default="",
+        metavar="FILE",
+        help="the single-user image, from 'make image-tar'",
+    )
+    advertise.add_gpu_arguments(parser.add_argument_group("GPUs and daemon.json"))
+    leaving = parser.add_argument_group("leaving")
+    leaving.add_argument("--leave", action="store_true", help="take this machine out again")
+    leaving.add_argument(
+        "--wait", type=float, default=0, metavar="SECONDS",
+        help="wait this long for participants' servers here to stop",
+    )  # fmt: skip
+    parser.add_argument(
+        "--force", action="store_true",
+        help="stop participants' servers here (engine restart, --leave) instead of refusing",
+    )  # fmt: skip
+    parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    # what only the manager's own advertising uses (python -m worker_setup.advertise)
+    parser.set_defaults(simulate_if_no_gpu=0, none_if_no_gpu=False)
+    args = parser.parse_args(argv)
+    advertise.check_gpu_arguments(parser, args)
+    return args
+
+
+def main(
+    argv: list[str] | None = None, docker=None, environ: Mapping[str, str] = os.environ
+) -> int:
+    args = parse_args(argv)
+    machine = join.Machine(
+        args=args,
+        docker=docker or DockerCLI(environ),
+        daemon_json=Path(environ.get("GPUHUB_DAEMON_JSON") or DAEMON_JSON),
+    )
+    return join.run(machine)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
