@@ -11,37 +11,34 @@ help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 demo:  ## single-machine demo hub (simulated GPU slices when there is no GPU)
-	GPUHUB_CONFIG=none bash deploy/demo.sh
+	GPUHUB_CONFIG=none bash deploy/bootstrap.sh demo
 
 up:  ## the production hub from config.env (CONFIG=FILE for another; see deploy/config.example.env)
-	bash deploy/up.sh
+	bash deploy/bootstrap.sh up
 
 roster:  ## check the roster file (GPUHUB_ROSTER) and hand it to the running hub
-	bash -c '. deploy/lib.sh && load_settings && ensure_root roster && ensure_venv \
-	  && { [ -n "$$GPUHUB_ROSTER" ] || die "GPUHUB_ROSTER is empty in $$GPUHUB_CONFIG_FILE"; } \
-	  && ensure_roster && log "the hub uses it from the next login on"'
+	bash deploy/bootstrap.sh roster
 
 down:  ## remove the stack and user servers (PURGE=1: also volumes and secrets)
-	bash deploy/down.sh
+	bash deploy/bootstrap.sh down $(if $(filter 1,$(PURGE)),--purge)
 
 images:  ## build the base, single-user and hub images (BASE_IMAGE=... for a public base)
-	$(if $(BASE_IMAGE),GPUHUB_BASE_IMAGE=$(BASE_IMAGE)) bash -c \
-	  '. deploy/lib.sh && load_settings && ensure_root images && ensure_engine && ensure_images'
+	$(if $(BASE_IMAGE),GPUHUB_BASE_IMAGE=$(BASE_IMAGE)) bash deploy/bootstrap.sh images
 
 status:  ## GPU machines, free and used slices, and running servers, as tables
-	@bash -c '. deploy/lib.sh && ensure_venv test >/dev/null && $$VENV/bin/python -m gpu_swarm_spawner.status'
+	@bash deploy/bootstrap.sh status
 
 join-command:  ## print the one line that adds a GPU machine to this swarm (run it there)
-	@bash -c '. deploy/lib.sh && load_settings && ensure_root join-command && print_join_command'
+	@bash deploy/bootstrap.sh join-command
 
 pause-node:  ## NODE=host: no new servers there, running ones stay (before it leaves)
-	bash -c '. deploy/lib.sh && load_settings && ensure_root pause-node && set_node_availability "$(NODE)" pause'
+	bash deploy/bootstrap.sh pause-node "$(NODE)"
 
-resume-node:  ## NODE=host: take new servers there again
-	bash -c '. deploy/lib.sh && load_settings && ensure_root resume-node && set_node_availability "$(NODE)" active'
+resume-node:  ## NODE=host: take new servers again
+	bash deploy/bootstrap.sh resume-node "$(NODE)"
 
 image-tar:  ## save the single-user image to a file, for GPU machines that cannot pull it
-	bash -c '. deploy/lib.sh && load_settings && ensure_root image-tar && save_image_tar'
+	bash deploy/bootstrap.sh image-tar
 
 bench-join:  ## time the join line on a fresh test-bed machine (own root fs, clean repo) until its slices are usable
 	bash tests/bench/run.sh --only join
@@ -56,6 +53,6 @@ unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 	bash tests/run.sh unit
 
 lint:  ## ruff lint + format check
-	bash -c '. deploy/lib.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
+	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
 .PHONY: help demo up roster down images status join-command pause-node resume-node image-tar bench-join test bench unit lint

@@ -11,7 +11,7 @@
 #   tests/run.sh [unit|all] [pytest args for the integration tests...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. deploy/lib.sh
+. deploy/bootstrap.sh
 
 what=all
 case ${1:-} in unit|all) what=$1; shift ;; esac
@@ -61,8 +61,8 @@ finish() {
   exit "$rc"
 }
 
-# Docker (CLI, SDK, deploy/lib.sh) goes to the bed's manager from here on, in the bed and in
-# pytest alike.
+# Docker (CLI, SDK, python -m deploy) goes to the bed's manager from here on, in the bed and
+# in pytest alike.
 eval "$(bash tests/bed/bed.sh env | sed 's/^/export /')"
 # the bed goes when the tests end, pass or fail
 trap finish EXIT

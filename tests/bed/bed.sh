@@ -14,8 +14,8 @@
 #             the manager only over the bridge. It runs on the manager's engine, with no
 #             network of Docker's: a veth pair puts it on the bridge.
 #
-#   tests/bed/bed.sh env             the environment that points Docker and deploy/lib.sh at
-#                                    the manager (shell-quoted NAME=value lines, for eval)
+#   tests/bed/bed.sh env             the environment that points Docker and python -m deploy
+#                                    at the manager (shell-quoted NAME=value lines, for eval)
 #   tests/bed/bed.sh up [N]          bridge, manager, swarm, images, N workers (default 2)
 #   tests/bed/bed.sh workers [N]     only the N workers (the rest must be up); idempotent
 #   tests/bed/bed.sh down            remove every machine, the manager's daemon, namespaces,
@@ -41,7 +41,7 @@ HOST=$BED_HOST_ADDR
 MGR_JSON=$BED_DATA/manager/daemon.json
 GPUS=${GPUHUB_BED_GPUS:-2}
 
-# The environment under which Docker's CLI and SDK, deploy/lib.sh and the tests use the
+# The environment under which Docker's CLI and SDK, python -m deploy and the tests use the
 # manager's engine (never the system's).
 manager_env() {
   printf '%s=%q\n' \
@@ -58,8 +58,16 @@ manager_env() {
 if [ "${1:-}" = env ]; then manager_env; exit 0; fi
 
 set -a; eval "$(manager_env)"; set +a
-. "$BED_DIR/../../deploy/lib.sh"
-load_settings
+. "$BED_DIR/../../deploy/bootstrap.sh"  # log, die, ensure_root, ensure_packages, ensure_venv
+# the deploy's steps, on the engine DOCKER_HOST names (the manager's)
+deploy() { PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m deploy "$@"; }
+# an engine started, stopped or restarted as GPUHUB_DOCKERD_* say (standard library only)
+engine() { PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" python3 -m worker_setup.engine "$@"; }
+engine_up() { docker info >/dev/null 2>&1; }
+# the checked settings (GPUHUB_SINGLEUSER_IMAGE, GPUHUB_SLICES_PER_GPU, ...) as the deploy reads them
+command -v python3 >/dev/null 2>&1 || ensure_packages python3:python3
+SETTINGS=$(PYTHONPATH="$REPO" python3 -m deploy settings) || die "fix the settings above, then run this again"
+eval "$SETTINGS"
 mkdir -p "$BED_RUN" "$BED_DATA" "$BED_LOGS"
 
 sock() { echo "unix://$BED_RUN/$1.sock"; }
@@ -132,7 +140,7 @@ JSON
   fi
   engine_up && return 0
   log "starting the bed's manager engine (namespace gjbed-m, $MGR)"
-  start_engine
+  engine start
 }
 
 stop_daemon() {  # stop_daemon PIDFILE
@@ -182,7 +190,7 @@ ensure_worker_engine() {
 JSON
   fi
   wdocker "$w" info >/dev/null 2>&1 && return 0
-  ( set -a; eval "$(worker_env "$w")"; start_engine )
+  ( set -a; eval "$(worker_env "$w")"; engine start )
 }
 
 # setup.sh on worker wN with the bed's own arguments (its address, simulated GPUs), plus ARGS.
@@ -260,11 +268,8 @@ ensure_machine_image() {
   fi
   cp "$BED_DIR/machine/Dockerfile" "$BED_DIR/machine/pip.conf" "$ctx/"
   log "image $BED_MACHINE_IMAGE"
-  local out; out=$(mktemp)
-  DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE_IMAGE=$GPUHUB_BASE_IMAGE" \
-      -t "$BED_MACHINE_IMAGE" "$ctx" >"$out" 2>&1 \
-    || { tail -30 "$out" >&2; die "building $BED_MACHINE_IMAGE failed (output above)"; }
-  rm -f "$out"
+  DOCKER_BUILDKIT=0 quietly "building $BED_MACHINE_IMAGE" \
+    docker build -q --build-arg "BASE_IMAGE=$GPUHUB_BASE_IMAGE" -t "$BED_MACHINE_IMAGE" "$ctx"
 }
 
 # Machine NAME, new: its container (its own root filesystem and /var/lib/docker volume), on the
@@ -341,9 +346,9 @@ up() {
     iptables:iptables nsenter:util-linux chromium:chromium docker:docker.io dockerd:docker.io
   ensure_venv test
   ensure_manager
-  ensure_gpu_slices
-  ensure_swarm
-  ensure_images
+  deploy gpu-slices
+  deploy swarm
+  deploy images
   ensure_machine_image
   workers_up "${1:-2}"
 }

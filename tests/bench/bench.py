@@ -15,6 +15,7 @@ import argparse
 import os
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,7 @@ VARIANTS = {
     },
 }
 COMMON = {"START_TIMEOUT": "60", "POLL_INTERVAL": "30", "NAMED_SLOTS": "NVIDIA-GPU"}
+COMMON["CONFIG"] = "none"  # an organizer's ./config.env is not the bench's
 
 
 # the bed's engine settings (tests/bed/bed.sh env), which every variant keeps
@@ -68,19 +70,29 @@ def env_of(variant: str) -> dict[str, str]:
     return {**clean, **{f"GPUHUB_{k}": v for k, v in settings.items()}}
 
 
-def lib(variant: str, *steps: str) -> str:
-    script = f". {REPO}/deploy/lib.sh && load_settings && " + " && ".join(steps)
+def deploy_cli(variant: str, *args: str) -> str:
+    """``python -m deploy ARGS`` with the variant's settings; its output."""
     result = subprocess.run(
-        ["bash", "-c", script], env=env_of(variant), capture_output=True, text=True
+        [sys.executable, "-m", "deploy", *args],
+        cwd=REPO,
+        env=env_of(variant),
+        capture_output=True,
+        text=True,
     )
     if result.returncode:
-        raise RuntimeError(f"{variant}: {' && '.join(steps)}:\n{result.stdout}{result.stderr}")
+        raise RuntimeError(
+            f"{variant}: python -m deploy {' '.join(args)}:\n{result.stdout}{result.stderr}"
+        )
     return result.stdout
 
 
+def setting(variant: str, key: str) -> str:
+    return deploy_cli(variant, "settings", key).strip()
+
+
 def deploy(variant: str) -> Hub:
-    lib(variant, "ensure_secrets", "check_port", "deploy_stack", "wait_hub")
-    state = {"GPUHUB_STATE_DIR": lib(variant, 'echo "$GPUHUB_STATE_DIR"').strip()}
+    deploy_cli(variant, "stack")
+    state = {"GPUHUB_STATE_DIR": setting(variant, "GPUHUB_STATE_DIR")}
     settings = VARIANTS[variant]
     return Hub(
         hub_url(settings["HTTP_PORT"]),
@@ -91,7 +103,7 @@ def deploy(variant: str) -> Hub:
 
 
 def remove(variant: str) -> None:
-    lib(variant, "remove_stack", "purge_stack_data")
+    deploy_cli(variant, "down", "--purge")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -335,8 +347,8 @@ def bench_tutorials(samples: int) -> dict[str, list[float]]:
     stop = threading.Event()
     try:
         hub = deploy("tutorials")
-        share = Path(lib("tutorials", 'echo "$GPUHUB_TUTORIALS_DIR"').strip())
-        state = {"GPUHUB_STATE_DIR": lib("tutorials", 'echo "$GPUHUB_STATE_DIR"').strip()}
+        share = Path(setting("tutorials", "GPUHUB_TUTORIALS_DIR"))
+        state = {"GPUHUB_STATE_DIR": setting("tutorials", "GPUHUB_STATE_DIR")}
         secret = state_file(state, "webhook_secret")
         poller = threading.Thread(
             target=original_poller,

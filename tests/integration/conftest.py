@@ -1,8 +1,9 @@
 import os
+import subprocess
 
 import pytest
 
-from .hub import BED, BED_HOST, REPO, Hub, dump_logs, hub_url, lib, settings, state_file
+from .hub import BED, BED_HOST, REPO, Hub, deploy, dump_logs, hub_url, settings, state_file
 
 # The stack under test never touches the demo's: its own name, port and network, whatever the
 # caller's environment says (GPUHUB_TEST_STACK / _HTTP_PORT / _NETWORK choose others).
@@ -70,7 +71,7 @@ def hub_settings():
 @pytest.fixture(scope="session")
 def hub(hub_settings):
     """The stack under test, deployed once for the session and removed afterwards."""
-    lib("ensure_secrets", "check_port", "deploy_stack", "wait_hub")
+    deploy("stack")
     port = hub_settings["GPUHUB_HTTP_PORT"]
     yield Hub(
         hub_url(port),
@@ -80,7 +81,7 @@ def hub(hub_settings):
         stack=hub_settings["GPUHUB_STACK"],
     )
     if os.environ.get("GPUHUB_TEST_KEEP_STACK") != "1":  # kept for a quicker next run
-        lib("remove_stack", "purge_stack_data")
+        deploy("down", "--purge")
 
 
 @pytest.fixture(autouse=True)
@@ -98,6 +99,10 @@ def bed():
     """Drive tests/bed/bed.sh: bed("stop", "w1"), bed("up", "2")."""
 
     def run(*args):
-        lib(f"bash {REPO}/tests/bed/bed.sh {' '.join(args)}")
+        result = subprocess.run(
+            ["bash", str(REPO / "tests/bed/bed.sh"), *args], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"bed.sh {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
 
     return run

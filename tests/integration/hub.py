@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -31,7 +33,7 @@ BED_RUN = Path(BED["BED_RUN"])
 
 
 #: where this machine (and its browser) reaches the ports the stack under test publishes: the
-#: bed's manager (tests/bed/bed.sh env sets it, for deploy/lib.sh's hub_curl too)
+#: bed's manager (tests/bed/bed.sh env sets it, for the deploy's check that the hub answers too)
 ENGINE_ADDR = os.environ.get("GPUHUB_ENGINE_ADDR", "127.0.0.1")
 
 
@@ -40,29 +42,23 @@ def hub_url(port: int | str, scheme: str = "http") -> str:
     return f"{scheme}://{ENGINE_ADDR}:{port}"
 
 
-def lib(*steps: str) -> None:
-    """Run deploy/lib.sh steps in bash with the test settings; output shown on failure."""
-    script = f". {REPO}/deploy/lib.sh && load_settings && " + " && ".join(steps)
-    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+def deploy(*args: str) -> str:
+    """``python -m deploy ARGS`` with the test settings (this process's environment, which the
+    integration conftest points at the stack under test); its output, shown on failure."""
+    result = subprocess.run(
+        [sys.executable, "-m", "deploy", *args], cwd=REPO, capture_output=True, text=True
+    )
     if result.returncode != 0:
-        raise RuntimeError(f"{' && '.join(steps)} failed:\n{result.stdout}\n{result.stderr}")
+        raise RuntimeError(
+            f"python -m deploy {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+        )
+    return result.stdout
 
 
 def settings() -> dict[str, str]:
-    """deploy/settings.env with the environment's overrides, as the scripts see them."""
-    keys = [
-        line.split("=", 1)[0]
-        for line in (REPO / "deploy/settings.env").read_text().splitlines()
-        if line and not line.startswith("#")
-    ]
-    out = subprocess.run(
-        ["bash", "-c", f". {REPO}/deploy/lib.sh && load_settings && env"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return {k: env[k] for k in keys}
+    """The checked settings (deploy/settings.env with the environment's overrides), as the
+    deploy sees them."""
+    return json.loads(deploy("settings", "--json"))
 
 
 class Hub:

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from .hub import lib
+from .hub import deploy
 from .spawners import inventory
 
 pytestmark = pytest.mark.integration
@@ -16,7 +16,7 @@ def test_an_idle_server_is_culled_and_its_slice_freed(hub, monkeypatch):
     # the stack with a 20 s idle timeout for this test; the normal settings again afterwards
     monkeypatch.setenv("GPUHUB_IDLE_TIMEOUT", "20")
     monkeypatch.setenv("GPUHUB_CULL_EVERY", "5")
-    lib("deploy_stack", "wait_hub")
+    deploy("stack")
     try:
         hub.api("POST", f"/users/{USER}")
         r = hub.api("POST", f"/users/{USER}/server")
@@ -35,4 +35,4 @@ def test_an_idle_server_is_culled_and_its_slice_freed(hub, monkeypatch):
         assert hub.api("GET", f"/users/{USER}").json()["servers"] == {}
     finally:
         monkeypatch.undo()
-        lib("deploy_stack", "wait_hub")
+        deploy("stack")

@@ -28,7 +28,7 @@ from .hub import (
     Hub,
     container_env,
     container_of,
-    lib,
+    deploy,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -157,7 +157,7 @@ def production(hub, hub_settings, tmp_path_factory):
     finally:
         server.shutdown()
         # the demo stack again, for the other tests (--prune removes the gateway and registry)
-        lib("deploy_stack", "wait_hub")
+        deploy("stack")
 
 
 def github_login(page, url: str, login: str) -> None:

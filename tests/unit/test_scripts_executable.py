@@ -9,7 +9,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 #: Where people read the commands they run.
-DOCS = ["README.md", "deploy/lib.sh", "worker_setup/setup.sh"]
+DOCS = ["README.md", "deploy/steps.py", "worker_setup/setup.sh"]
 
 
 def git_modes() -> dict[str, str]:

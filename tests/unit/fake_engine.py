@@ -1,0 +1,356 @@
+"""A Docker SDK client for the deploy steps (deploy/), answered by a small in-memory swarm
+manager (no daemon here), and a stand-in for `docker stack deploy`.
+
+It answers the calls the steps make, with the shapes the Docker API gives (``client.info()``,
+``client.api.services/tasks/secrets/networks/volumes``, ``client.images``, ``client.swarm``,
+``client.nodes``), keeps what they change, and records every call that changes something in
+``changes``, so a test asserts what a step did and that a second run did nothing. Everything
+lives on the instance.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+from types import SimpleNamespace
+
+from docker.errors import APIError, BuildError, ImageNotFound, NotFound
+
+STACK_LABEL = "com.docker.stack.namespace"
+
+
+def _not_found(what: str) -> NotFound:
+    return NotFound(f"{what} not found", response=SimpleNamespace(status_code=404))
+
+
+def _refused(what: str) -> APIError:
+    return APIError(what, response=SimpleNamespace(status_code=400), explanation=what)
+
+
+def _labelled(objects: list[dict], filters: dict | None) -> list[dict]:
+    label = (filters or {}).get("label")
+    if not label:
+        return list(objects)
+    key, _, value = label.partition("=")
+    return [o for o in objects if (o.get("Spec", o).get("Labels") or {}).get(key) == value]
+
+
+class FakeImage:
+    def __init__(self, engine: FakeDocker, image_id: str):
+        self.engine = engine
+        self.id = image_id
+        self.attrs = {"Id": image_id, "RepoDigests": []}
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:19]
+
+    def tag(self, repository: str, tag: str | None = None) -> bool:
+        self.engine.changes.append(("tag", self.id, f"{repository}:{tag}"))
+        self.engine.tags[f"{repository}:{tag}"] = self
+        return True
+
+    def save(self, named: bool = False):
+        self.engine.changes.append(("save", self.id, named))
+        yield b"tar of " + self.id.encode()
+
+
+class FakeImages:
+    def __init__(self, engine: FakeDocker):
+        self.engine = engine
+
+    def get(self, name: str) -> FakeImage:
+        name = name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+        if name not in self.engine.tags:
+            raise ImageNotFound(f"No such image: {name}")
+        return self.engine.tags[name]
+
+    def build(self, path, dockerfile, tag, buildargs=None, rm=False, **kwargs):
+        """The image's id follows the Dockerfile and the build arguments: the same build twice
+        gives the same image (Docker's cache). ``build_fails`` holds tags whose build fails."""
+        self.engine.builds.append({"dockerfile": dockerfile, "tag": tag, "buildargs": buildargs})
+        if tag in self.engine.build_fails:
+            log = [{"stream": f"Step {n}/40 : RUN something\n"} for n in range(1, 41)]
+            log.append({"error": "The command '/bin/sh -c pip install' returned 1"})
+            raise BuildError("The command '/bin/sh -c pip install' returned 1", log)
+        recipe = f"{dockerfile} {sorted((buildargs or {}).items())} {self.engine.context_version}"
+        image_id = "sha256:" + hashlib.sha256(recipe.encode()).hexdigest()
+        image = next((i for i in self.engine.tags.values() if i.id == image_id), None)
+        if image is None or self.engine.tags.get(tag) is not image:
+            self.engine.changes.append(("build", tag))
+        image = image or FakeImage(self.engine, image_id)
+        self.engine.tags[tag] = image
+        return image, iter([])
+
+    def pull(self, name: str, tag: str | None = None, **kwargs):
+        if name not in self.engine.pullable:
+            raise _not_found(f"manifest for {name}")
+        self.engine.changes.append(("pull", name))
+        image = FakeImage(self.engine, "sha256:" + hashlib.sha256(name.encode()).hexdigest())
+        self.engine.tags[name] = image
+        return image
+
+    def push(self, repository: str, tag: str | None = None, stream=False, decode=False):
+        name = f"{repository}:{tag}"
+        self.engine.changes.append(("push", name))
+        if name in self.engine.push_fails:
+            yield {"status": "Preparing"}
+            yield {"error": "denied", "errorDetail": {"message": "denied: not allowed"}}
+            return
+        image = self.engine.tags[name]
+        digest = "sha256:" + hashlib.sha256(image.id.encode()).hexdigest()
+        self.engine.registry[name] = digest
+        image.attrs["RepoDigests"].append(f"{repository}@{digest}")
+        yield {"status": "Pushed"}
+        yield {"aux": {"Tag": tag, "Digest": digest}}
+
+
+class FakeNode:
+    def __init__(self, engine: FakeDocker, attrs: dict):
+        self.engine = engine
+        self.attrs = attrs
+
+    def update(self, spec: dict) -> bool:
+        self.engine.changes.append(("node update", self.attrs["Description"]["Hostname"], spec))
+        self.attrs["Spec"] = spec
+        return True
+
+
+class FakeNodes:
+    def __init__(self, engine: FakeDocker):
+        self.engine = engine
+
+    def get(self, name: str) -> FakeNode:
+        for node in self.engine.node_list:
+            if name in (node["ID"], node["Description"]["Hostname"]):
+                return FakeNode(self.engine, node)
+        raise _not_found(f"node {name}")
+
+
+class FakeSwarm:
+    def __init__(self, engine: FakeDocker):
+        self.engine = engine
+        self.attrs: dict = {}
+
+    def init(self, advertise_addr=None, **kwargs):
+        self.engine.changes.append(("swarm init", advertise_addr))
+        if self.engine.swarm_init_fails:
+            raise _refused(self.engine.swarm_init_fails)
+        self.engine.swarm_state = {
+            "LocalNodeState": "active",
+            "ControlAvailable": True,
+            "NodeAddr": advertise_addr,
+        }
+        return "node-id"
+
+    def reload(self):
+        self.attrs = {"JoinTokens": {"Worker": "SWMTKN-1-worker", "Manager": "SWMTKN-1-mgr"}}
+
+
+class FakeAPI:
+    """``client.api``: the low-level calls, returning the API's dicts."""
+
+    def __init__(self, engine: FakeDocker):
+        self.engine = engine
+
+    def nodes(self, filters=None):
+        return copy.deepcopy(self.engine.node_list)
+
+    def services(self, filters=None):
+        services = list(self.engine.services.values()) + self.engine.user_services
+        return copy.deepcopy(_labelled(services, filters))
+
+    def inspect_service(self, name: str):
+        for service in list(self.engine.services.values()) + self.engine.user_services:
+            if name in (service["ID"], service["Spec"]["Name"]):
+                return copy.deepcopy(service)
+        raise _not_found(f"service {name}")
+
+    def tasks(self, filters=None):
+        """The service's tasks: the next of its ``task_script`` (the last one repeats), else
+        one running task of its current spec."""
+        name = (filters or {}).get("service")
+        self.engine.task_reads[name] = self.engine.task_reads.get(name, 0) + 1
+        script = self.engine.task_script.get(name)
+        if script:
+            return copy.deepcopy(script.pop(0) if len(script) > 1 else script[0])
+        service = self.engine.services.get(name)
+        if service is None:
+            return []
+        return [running_task(service)]
+
+    def service_logs(self, name, **kwargs):
+        return iter([f"log of {name}\n".encode()])
+
+    def remove_service(self, ident: str):
+        for name, service in list(self.engine.services.items()):
+            if service["ID"] == ident:
+                del self.engine.services[name]
+                self.engine.changes.append(("service rm", name))
+                return
+        for service in list(self.engine.user_services):
+            if service["ID"] == ident:
+                self.engine.user_services.remove(service)
+                self.engine.changes.append(("service rm", service["Spec"]["Name"]))
+                return
+        raise _not_found(f"service {ident}")
+
+    def secrets(self, filters=None):
+        found = _labelled(self.engine.secrets, filters)
+        prefix = (filters or {}).get("name")
+        if prefix:
+            found = [s for s in found if s["Spec"]["Name"].startswith(prefix)]
+        return copy.deepcopy(found)
+
+    def remove_secret(self, ident: str):
+        secret = next((s for s in self.engine.secrets if s["ID"] == ident), None)
+        if secret is None:
+            raise _not_found(f"secret {ident}")
+        name = secret["Spec"]["Name"]
+        if name in self.engine.secrets_in_use:
+            raise _refused(f"secret '{name}' is in use by the following service: hub")
+        self.engine.secrets.remove(secret)
+        self.engine.changes.append(("secret rm", name))
+
+    def networks(self, names=None, filters=None):
+        return copy.deepcopy(self.engine.networks)
+
+    def remove_network(self, ident: str):
+        network = next((n for n in self.engine.networks if n["Id"] == ident), None)
+        if network is None:
+            raise _not_found(f"network {ident}")
+        self.engine.changes.append(("network rm", network["Name"]))
+        # a network goes once the stack's tasks have left it: some removals are accepted
+        # while it is still listed
+        if self.engine.network_lingers:
+            self.engine.network_lingers -= 1
+            return
+        self.engine.networks.remove(network)
+
+    def volumes(self, filters=None):
+        return {"Volumes": copy.deepcopy(_labelled(self.engine.volumes, filters)), "Warnings": []}
+
+    def remove_volume(self, name: str, force=False):
+        volume = next((v for v in self.engine.volumes if v["Name"] == name), None)
+        if volume is None:
+            raise _not_found(f"volume {name}")
+        if self.engine.volume_busy:
+            self.engine.volume_busy -= 1
+            raise _refused(f"remove {name}: volume is in use")
+        self.engine.volumes.remove(volume)
+        self.engine.changes.append(("volume rm", name))
+
+
+def running_task(service: dict, state: str = "running", desired: str = "running", spec=None):
+    """A task of ``service`` (of its current spec unless ``spec`` says otherwise)."""
+    return {
+        "ID": f"task-{service['Spec']['Name']}-{state}",
+        "ServiceID": service["ID"],
+        "DesiredState": desired,
+        "Status": {"State": state},
+        "Spec": copy.deepcopy(spec if spec is not None else service["Spec"]["TaskTemplate"]),
+        "UpdatedAt": "2025-01-01T00:00:00Z",
+    }
+
+
+class FakeDocker:
+    """The client. ``swarm_state``: what ``info()["Swarm"]`` says; ``tags``: name -> image;
+    ``pullable``: names a pull finds; ``build_fails``/``push_fails``: tags that fail;
+    ``task_script``: service name -> successive task lists; ``changes``: what was changed."""
+
+    def __init__(self, stack: str = "gpuhub", network: str = "jhub"):
+        self.stack = stack
+        self.network = network
+        self.swarm_state = {"LocalNodeState": "inactive", "ControlAvailable": False}
+        self.swarm_init_fails = ""
+        self.tags: dict[str, FakeImage] = {}  # image name -> image
+        self.pullable: set[str] = set()
+        self.build_fails: set[str] = set()
+        self.push_fails: set[str] = set()
+        self.context_version = 1  # change it: the next build gives a new image
+        self.builds: list[dict] = []
+        self.registry: dict[str, str] = {}  # pushed name -> digest
+        self.node_list: list[dict] = [node("vm", ["GPU-simulated-0035969e-0=3"])]
+        self.services: dict[str, dict] = {}  # the stack's, by name
+        self.user_services: list[dict] = []
+        self.task_script: dict[str, list[list[dict]]] = {}
+        self.task_reads: dict[str, int] = {}
+        self.secrets: list[dict] = []
+        self.secrets_in_use: set[str] = set()
+        self.networks: list[dict] = []
+        self.network_lingers = 0
+        self.volumes: list[dict] = []
+        self.volume_busy = 0
+        self.changes: list[tuple] = []
+        self.deploys: list[dict] = []  # each `docker stack deploy`: command and environment
+        self.api = FakeAPI(self)
+        self.swarm = FakeSwarm(self)
+        self.images = FakeImages(self)
+        self.nodes = FakeNodes(self)
+
+    # the high-level client
+    def ping(self):
+        return True
+
+    def info(self):
+        return {"Swarm": dict(self.swarm_state), "Name": "vm"}
+
+    # `docker stack deploy`, replacing deploy.stack.run
+    def stack_deploy(self, command, failed, fix, lines=None, env=None, show=None):
+        """Deploys the services the stack files name, each with a spec made of the values the
+        files interpolate (image, image id, ...), so an unchanged environment leaves them as
+        they are; --prune removes the others. Every stack gets the network and its secrets."""
+        files = [Path(command[i + 1]).name for i, a in enumerate(command) if a == "-c"]
+        stack = command[-1]
+        self.deploys.append({"command": list(command), "env": dict(env), "files": files})
+        wanted = ["proxy", "hub", "tutorial-sync", "net-anchor"]
+        wanted += ["gateway"] if "stack.tls.yml" in files else []
+        wanted += ["registry"] if "stack.registry.yml" in files else []
+        labels = {STACK_LABEL: stack}
+        for name in wanted:
+            full = f"{stack}_{name}"
+            image = env["GPUHUB_SINGLEUSER_IMAGE" if name == "net-anchor" else "GPUHUB_HUB_IMAGE"]
+            template = {
+                "ContainerSpec": {
+                    "Image": image,
+                    "Env": sorted(f"{k}={v}" for k, v in env.items() if k.startswith("GPUHUB_")),
+                },
+                "ForceUpdate": 0,
+            }
+            spec = {"Name": full, "Labels": labels, "TaskTemplate": template}
+            old = self.services.get(full)
+            if old is None or old["Spec"] != spec:
+                self.changes.append(("service " + ("create" if old is None else "update"), full))
+                version = (old["Version"]["Index"] if old else 0) + 10
+                self.services[full] = {
+                    "ID": f"id-{full}",
+                    "Spec": spec,
+                    "Version": {"Index": version},
+                }
+        for full in [n for n in self.services if n not in {f"{stack}_{w}" for w in wanted}]:
+            self.changes.append(("service rm", full))
+            del self.services[full]
+        if not any(n["Name"] == self.network for n in self.networks):
+            self.networks.append(
+                {"Id": f"net-{self.network}", "Name": self.network, "Labels": labels}
+            )
+        for name in ("proxy_token", "ops_token", "demo_password", "admin_password"):
+            full = f"{stack}_{name}"
+            if not any(s["Spec"]["Name"] == full for s in self.secrets):
+                self.secrets.append(
+                    {"ID": f"secret-{full}", "Spec": {"Name": full, "Labels": labels}}
+                )
+        return ""
+
+
+def node(hostname: str, kinds: list[str], availability: str = "active") -> dict:
+    resources = []
+    for entry in kinds:
+        kind, _, value = entry.partition("=")
+        resources.append({"DiscreteResourceSpec": {"Kind": kind, "Value": int(value)}})
+    return {
+        "ID": f"node-{hostname}",
+        "Spec": {"Availability": availability, "Role": "manager", "Labels": {}},
+        "Description": {"Hostname": hostname, "Resources": {"GenericResources": resources}},
+    }
