@@ -404,6 +404,11 @@ def print_join_command(client, config: Config) -> None:
     print(join_command(addr, token, config.slices_per_gpu, config.singleuser_image, registry))
 
 
+def _tag_of(image, name: str) -> str:
+    """``name`` as it is among the image's tags (``:latest`` added when it names no tag)."""
+    return name if name in image.tags else f"{name}:latest"
+
+
 def save_image_tar(client, config: Config, log: Log, environ: Mapping[str, str] = os.environ):
     """The single-user image as a file to copy to GPU machines that cannot pull it."""
     tar = Path(environ.get("GPUHUB_IMAGE_TAR") or IMAGE_TAR)
@@ -418,7 +423,9 @@ def save_image_tar(client, config: Config, log: Log, environ: Mapping[str, str] 
     log(f"saving {config.singleuser_image} to {tar}")
     tmp = tar.with_name(tar.name + ".tmp")
     with open(tmp, "wb") as f:
-        for chunk in image.save(named=True):
+        # by the configured name: the image may have others (make up tags it for the registry),
+        # and the GPU machines look for this one
+        for chunk in image.save(named=_tag_of(image, config.singleuser_image)):
             f.write(chunk)
     tmp.replace(tar)
     log(f"copy {tar} to each GPU machine and add --image-tar {tar.name} to the join command")

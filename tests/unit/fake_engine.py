@@ -51,9 +51,17 @@ class FakeImage:
         self.engine.tags[f"{repository}:{tag}"] = self
         return True
 
-    def save(self, named: bool = False):
-        self.engine.changes.append(("save", self.id, named))
-        yield b"tar of " + self.id.encode()
+    @property
+    def tags(self) -> list[str]:
+        return [name for name, image in self.engine.tags.items() if image is self]
+
+    def save(self, named: bool | str = False):
+        # docker-py: named=True saves the image under its *first* tag; a name must be a tag
+        if isinstance(named, str) and named not in self.tags:
+            raise ValueError(f"{named} is not a tag of {self.id} ({self.tags})")
+        name = self.tags[0] if named is True else named
+        self.engine.changes.append(("save", self.id, name))
+        yield f"tar of {self.id} as {name}".encode()
 
 
 class FakeImages:
