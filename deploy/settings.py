@@ -1,19 +1,14 @@
 """The organizer's settings: the one reader of the config file, and every check before `make up`.
 
-    python3 -m deploy.settings load [--defaults deploy/settings.env] [--config FILE]
-                                    [--mode up|demo]
-    python3 -m deploy.settings roster FILE
-
-In Python, ``read(mode)`` returns the settings as one typed, frozen ``Config`` (or raises
+``read(mode)`` returns the settings as one typed, frozen ``Config`` (or raises
 ``SettingsError`` with every problem), which the deploy steps and the GPU machines' setup share;
 ``from_environment()`` is the same object for jupyterhub_config.py, from the hub's environment.
 
-``load`` is what deploy/lib.sh's ``load_settings`` runs and evals. It merges the environment,
-the config file and deploy/settings.env (in that order of precedence), refuses any config line
-it cannot take for certain (with its line number), resolves ``auto`` limits from this machine,
-checks every setting the mode needs (``--mode``), and prints ``export GPUHUB_X='...'`` lines
-for bash, or one line per problem on stderr and exit status 1. Nothing else reads the file, so
-what is checked is what is deployed.
+It merges the environment, the config file and deploy/settings.env (in that order of
+precedence), refuses any config line it cannot take for certain (with its line number),
+resolves ``auto`` limits from this machine and checks every setting the mode needs. Nothing
+else reads the file, so what is checked is what is deployed. ``python -m deploy settings``
+prints them, ``python3 -m deploy check VERB`` checks them before anything is installed.
 
 Standard library only: it runs with the system python3 before anything is installed, and on GPU
 machines that have nothing else. ``parse_env``, ``merge``, ``auto_limits``, ``unknown_keys``,
@@ -22,13 +17,11 @@ machines that have nothing else. ``parse_env``, ``merge``, ``auto_limits``, ``un
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import difflib
 import ipaddress
 import os
 import re
-import shlex
 import stat
 import sys
 import unicodedata
@@ -1031,61 +1024,3 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Config:
     )
     settings = merge(defaults, {}, passed, defaults_source=str(DEFAULTS))
     return Config(settings.values, settings.origin, "")
-
-
-def shell_exports(settings: Settings, config: str = "") -> str:
-    """``export GPUHUB_X='...'`` lines for bash's eval, every value quoted."""
-    lines = [f"export {k}={shlex.quote(v)}" for k, v in settings.values.items()]
-    if config:
-        lines.append(f"export GPUHUB_CONFIG_FILE={shlex.quote(config)}")
-    return "\n".join(lines) + "\n"
-
-
-def _load(args) -> int:
-    settings, errors = load(args)
-    for line in errors:
-        print(f"error: {line}", file=sys.stderr)
-    if errors:
-        return 1
-    sys.stdout.write(shell_exports(settings, args.config))
-    return 0
-
-
-def main(argv=None) -> int:
-    # values are bytes to bash: write them back as they came (LANG=C included)
-    sys.stdout.reconfigure(encoding="utf-8", errors="surrogateescape")
-    sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
-    parser = argparse.ArgumentParser(prog="python3 -m deploy.settings")
-    commands = parser.add_subparsers(dest="command", required=True)
-    loader = commands.add_parser(
-        "load", help="read and check the settings; print them as export lines for bash"
-    )
-    loader.add_argument(
-        "--defaults", default=str(DEFAULTS), help="every setting's default (deploy/settings.env)"
-    )
-    loader.add_argument("--config", default="", help="the organizer's config file")
-    loader.add_argument(
-        "--mode",
-        choices=("up", "demo"),
-        default="",
-        help="also check everything `make up` or `make demo` needs",
-    )
-    loader.set_defaults(run=_load)
-    rost = commands.add_parser("roster", help="check a roster file; print how many names")
-    rost.add_argument("file")
-    rost.set_defaults(run=lambda a: _print_roster(a.file))
-    args = parser.parse_args(argv)
-    return args.run(args)
-
-
-def _print_roster(path: str) -> int:
-    names, errors = _read_roster(path)
-    for line in errors:
-        print(f"error: {line}", file=sys.stderr)
-    if not errors:
-        print(f"{path}: {len(names)} GitHub usernames")
-    return 1 if errors else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,9 @@
 """A JupyterHub spawner that gives each user's Swarm service a slice of one GPU.
 
 The spawner is imported on first use: the package's pure modules (``contract``, ``inventory``,
-``settings``, ...) then import without JupyterHub, dockerspawner or jinja2, so GPU machines and
-the config-file reader need nothing but the standard library (and nvidia-ml-py for NVML).
+``tasks``, ``roster``, ...) then import without JupyterHub, dockerspawner or jinja2, so GPU
+machines and the config-file reader (``deploy.settings``) need nothing but the standard library
+(and nvidia-ml-py for NVML).
 """
 
 import os

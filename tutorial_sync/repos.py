@@ -1,6 +1,6 @@
 """The tutorial repositories an organizer lists (GPUHUB_TUTORIAL_REPOS), read by one rule.
 
-Standard library only: the settings check (gpu_swarm_spawner.settings, run with a bare python3
+Standard library only: the settings check (deploy.settings, run with a bare python3
 before anything is installed) and the sync service read the setting with the same ``parse``.
 """
 

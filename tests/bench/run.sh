@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # the stock baseline reserves named slots (the original workshop's form): advertise them too
 export GPUHUB_NAMED_SLOTS=NVIDIA-GPU
-# Docker (CLI, SDK, deploy/lib.sh) goes to the bed's manager, in the bed and the bench alike
+# Docker (CLI, SDK, python -m deploy) goes to the bed's manager, in the bed and the bench alike
 eval "$(bash tests/bed/bed.sh env | sed 's/^/export /')"
 trap 'bash tests/bed/bed.sh down >/dev/null 2>&1 || true' EXIT
 bash tests/bed/bed.sh up 2

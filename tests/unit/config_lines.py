@@ -2,8 +2,8 @@
 
 Each entry: (id, line, value) where value is what GPUHUB_X must be after reading the line, or
 Refused(text): the line is refused with its line number and a message holding that text.
-tests/unit/test_settings.py reads them with the parser; tests/unit/test_deploy_scripts.py
-through bash's load_settings, so both are held to the same meaning.
+tests/unit/test_settings.py reads them with the parser; tests/unit/test_deploy.py checks that
+each reaches the stack's environment as meant, or stops the deploy before it.
 """
 
 from dataclasses import dataclass

@@ -346,17 +346,17 @@ def test_pids_limit_accepts_none_or_enough(base, value):
     assert problems(github(base, GPUHUB_PIDS_LIMIT=value)) == []
 
 
-# ---- the command that load_settings runs -------------------------------------------------
+# ---- the command that prints the checked settings: python -m deploy settings -------------
 
 
 def run_load(tmp_path, config_text, mode="up", file_mode=0o600, **env):
     config = tmp_path / "config.env"
     config.write_text(config_text)
     config.chmod(file_mode)
-    command = [sys.executable, "-m", "deploy.settings", "load", "--mode", mode]
-    command += ["--defaults", str(DEFAULTS), "--config", str(config)]
+    command = [sys.executable, "-m", "deploy", "settings", "--mode", mode]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUHUB_")}
-    return subprocess.run(command, capture_output=True, text=True, env={**clean, **env}, cwd=REPO)
+    env = {**clean, "GPUHUB_CONFIG": str(config), **env}
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
 
 
 def test_load_reports_every_problem_and_a_readable_secret(tmp_path):
@@ -377,7 +377,8 @@ def test_load_stops_at_a_refused_line_before_any_other_check(tmp_path):
     assert result.stderr.splitlines() == [
         f"error: {tmp_path}/config.env line 2: GPUHUB_TLS: a '#' starting a word of the value "
         "is neither a comment nor cut off here; put a comment on a line of its own, or, if '#' "
-        "belongs to the value, quote it: GPUHUB_TLS='...'"
+        "belongs to the value, quote it: GPUHUB_TLS='...'",
+        f"error: fix the settings above in {tmp_path}/config.env and run this again",
     ]
 
 
@@ -398,7 +399,6 @@ def test_load_prints_what_it_checked_as_shell_exports(tmp_path):
     assert "export GPUHUB_AUTH=github" in exports
     assert "export GPUHUB_TLS=self-signed" in exports
     assert "export GPUHUB_GITHUB_CLIENT_SECRET='it'\"'\"'s a secret'" in exports
-    assert f"export GPUHUB_CONFIG_FILE={tmp_path}/config.env" in exports
 
 
 @pytest.mark.parametrize(
@@ -426,9 +426,10 @@ def test_load_refuses_the_unedited_example_with_one_line_per_placeholder(tmp_pat
     roster.write_text("ada\n")
     result = run_load(tmp_path, EXAMPLE.read_text(), GPUHUB_ROSTER=str(roster))
     assert result.returncode == 1
-    lines = result.stderr.splitlines()
+    *lines, last = result.stderr.splitlines()
     assert len(lines) == len(PLACEHOLDERS), lines
     assert all(" is still the example's " in line for line in lines)
+    assert last.startswith("error: fix the settings above in ")
 
 
 def test_load_says_how_to_make_a_missing_config_file(tmp_path):
