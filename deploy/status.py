@@ -15,11 +15,11 @@ from gpu_swarm_spawner.contract import SERVICE_PREFIX, USER_LABEL, is_simulated
 from gpu_swarm_spawner.inventory import (
     build_inventory,
     gpu_kinds,
-    task_is_live,
     task_reservations,
     totals,
     used_slices,
 )
+from gpu_swarm_spawner.tasks import is_live
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -57,7 +57,7 @@ def render(
     for task in tasks:
         spec = specs.get(task.get("ServiceID"), {})
         name = spec.get("Name", "")
-        if not name.startswith(prefix + "-") or not task_is_live(task):
+        if not name.startswith(prefix + "-") or not is_live(task):
             continue
         held = task_reservations(task)
         labels = spec.get("Labels", {})

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .contract import KIND_PREFIX, MEMORY_LABEL, is_simulated
-from .tasks import is_live as task_is_live
+from .tasks import is_live
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def used_slices(
     used: dict[str, int] = {}
     counted_services = set()
     for task in tasks:
-        if not task_is_live(task):
+        if not is_live(task):
             continue
         counted_services.add(task.get("ServiceID"))
         for uuid, count in task_reservations(task, kind_prefix).items():

@@ -25,7 +25,7 @@ import docker
 import requests
 
 from gpu_swarm_spawner import GPUSwarmSpawner
-from gpu_swarm_spawner.inventory import task_is_live
+from gpu_swarm_spawner.tasks import is_live
 from tests.integration.hub import BED, BED_HOST, REPO, Hub, container_of, hub_url, state_file
 from tests.integration.spawners import inventory
 from tests.sync.gitrepos import ServedRemote, signed_push
@@ -129,7 +129,7 @@ def wait_quiet(timeout: float = 180) -> None:
         busy = [
             t
             for t in client.api.tasks()
-            if task_is_live(t)
+            if is_live(t)
             and ((t["Spec"].get("Resources") or {}).get("Reservations") or {}).get(
                 "GenericResources"
             )
