@@ -50,13 +50,19 @@ ensure_packages() {
 
 # The project installed into $VENV (with pip extras, e.g. test); again when pyproject.toml is
 # newer than the stamp. A venv installed with extras serves a call without.
-ensure_venv() {  # ensure_venv [extras]
+venv_ready() {  # venv_ready [extras]
   local extras=${1:-} stamp stamps
   stamps=("$VENV/.installed${extras:+-$extras}")
   [ -n "$extras" ] || stamps=("$VENV"/.installed*)  # any: the project is in it
   for stamp in "${stamps[@]}"; do
     [ -f "$stamp" ] && [ "$stamp" -nt "$REPO/pyproject.toml" ] && return 0
   done
+  return 1
+}
+
+ensure_venv() {  # ensure_venv [extras]
+  local extras=${1:-}
+  venv_ready "$extras" && return 0
   command -v python3 >/dev/null 2>&1 || ensure_packages python3:python3
   if [ ! -x "$VENV/bin/pip" ]; then
     python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv
@@ -81,9 +87,13 @@ command -v python3 >/dev/null 2>&1 || ensure_packages python3:python3
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' \
   || die "python3 is $(python3 -V 2>&1 | cut -d' ' -f2); this needs 3.9 or newer: install a newer python3"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-case $verb in
-  status|settings|check|-h|--help) ;;
-  *) python3 -m deploy check "$verb" ;;  # before anything on this machine changes
-esac
-ensure_venv
+# The settings are checked before anything on this machine changes: here, with the system
+# python3, when the venv is still to be made (python -m deploy checks them again, first thing)
+if ! venv_ready; then
+  case $verb in
+    status|settings|check|-h|--help) ;;
+    *) python3 -m deploy check "$verb" ;;
+  esac
+  ensure_venv
+fi
 exec "$VENV/bin/python" -m deploy "$@"
