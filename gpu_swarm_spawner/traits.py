@@ -117,6 +117,7 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         Generic-resource kinds that start with this are GPUs; the rest of the kind is ignored
         for matching and the whole kind is the GPU UUID handed to the container.
         The worker setup advertises kinds like ``GPU-8d2c6f1e-...=3``. Default: ``GPU-``.
+        Read once, when the hub's GPU broker is made (its first spawn).
         """,
     )
 
@@ -160,7 +161,8 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         (a busy manager, a large listing) from holding up every other participant's spawn;
         many threads mostly add load on the manager. On the 3-node test bed 1, 2, 4 and 16
         threads gave the same figures for 50 simultaneous spawns (see ``make bench``).
-        Takes effect at hub start.
+        Read once, when the hub's GPU broker is made (its first spawn): takes effect at hub
+        start.
         """,
     )
 
@@ -173,7 +175,7 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         Seconds a read of the swarm's nodes and tasks is reused by other spawns (reads in
         flight are always shared). Under a burst this keeps refusals instant and the manager
         unloaded; a slice freed within that time is seen by the next read. 0: a read per spawn
-        unless one is in flight. Default 1.
+        unless one is in flight. Default 1. Read once, when the hub's GPU broker is made.
         """,
     )
 
