@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpu_swarm_spawner.contract import SERVICE_PREFIX, USER_LABEL, is_simulated
+from gpu_swarm_spawner.contract import SERVICE_PREFIX, USER_LABEL, is_mig, is_simulated
 from gpu_swarm_spawner.inventory import (
     build_inventory,
     gpu_kinds,
@@ -30,19 +30,21 @@ def _table(rows: list[list[str]]) -> list[str]:
 def render(
     nodes: list[dict], tasks: list[dict], services: list[dict], prefix: str = SERVICE_PREFIX
 ) -> str:
-    """Machines with their GPUs and slices, then one line per participant's server."""
+    """Machines with their GPUs and slices, then one line per participant's server. MIG
+    instances count among a machine's GPUs, marked ``MIG`` (as is a server holding one)."""
     used_on = used_slices(tasks)  # on every machine, paused or drained ones too
     rows = [["machine", "state", "availability", "GPUs", "slices used/total", "note"]]
     for node in sorted(nodes, key=lambda n: n["Description"].get("Hostname", "")):
         kinds = gpu_kinds(node)
         used = sum(min(used_on.get(uuid, 0), n) for uuid, n in kinds.items())
         simulated = any(is_simulated(uuid) for uuid in kinds)
+        migs = sum(is_mig(uuid) for uuid in kinds)
         rows.append(
             [
                 node["Description"].get("Hostname", node["ID"][:12]),
                 node.get("Status", {}).get("State", "?"),
                 node.get("Spec", {}).get("Availability", "?"),
-                str(len(kinds)),
+                f"{len(kinds)} ({migs} MIG)" if migs else str(len(kinds)),
                 f"{used}/{sum(kinds.values())}" if kinds else "-",
                 "simulated GPUs" if simulated else "",
             ]
@@ -66,7 +68,7 @@ def render(
                 name,
                 labels.get(USER_LABEL, "?"),
                 hosts.get(task.get("NodeID"), "-"),
-                ", ".join(held) or "-",
+                ", ".join(f"{u} (MIG)" if is_mig(u) else u for u in held) or "-",
                 str(sum(held.values())),
                 task["Status"]["State"],
             ]

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from . import inventory, placement
-from .contract import KIND_PREFIX
+from .contract import KIND_PREFIXES
 from .inventory import GPU, Claim
 
 #: Reads the swarm: ``(nodes, tasks)`` as ``docker.APIClient.nodes()`` / ``.tasks()`` return them.
@@ -60,7 +60,7 @@ class NoRoom(Exception):
 
 
 class GPUBroker:
-    def __init__(self, threads: int = 4, kind_prefix: str = KIND_PREFIX, max_age: float = 1.0):
+    def __init__(self, threads: int = 4, kind_prefix=KIND_PREFIXES, max_age: float = 1.0):
         self.kind_prefix = kind_prefix
         self.max_age = max_age
         #: the thread pool for every blocking Docker call of the hub's spawners
@@ -164,7 +164,7 @@ _BROKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _NO_LOOP = asyncio.AbstractEventLoop  # the key used outside a running loop
 
 
-def of_hub(threads: int, kind_prefix: str, max_age: float) -> GPUBroker:
+def of_hub(threads: int, kind_prefix, max_age: float) -> GPUBroker:
     """The broker of the hub running in this event loop, created by its first spawner."""
     try:
         key = asyncio.get_running_loop()

@@ -13,6 +13,12 @@ import hashlib
 #: Generic-resource kinds that start with this are GPUs. NVIDIA GPU UUIDs look like
 #: ``GPU-<hex groups>``.
 KIND_PREFIX = "GPU-"
+#: MIG instances (a hardware partition of a GPU in MIG mode) have UUIDs ``MIG-<hex groups>``
+#: and are advertised as kinds of their own, in place of their GPU.
+MIG_PREFIX = "MIG-"
+#: Every kind prefix that names a GPU (or a MIG instance): what the spawner places on.
+#: ``str.startswith`` takes the tuple as it is.
+KIND_PREFIXES = (KIND_PREFIX, MIG_PREFIX)
 
 #: Simulated GPUs (machines without an NVIDIA GPU: demo, tests) carry this after the prefix.
 SIMULATED_MARKER = "simulated-"
@@ -23,6 +29,8 @@ SIMULATED_MARKER = "simulated-"
 LABEL_PREFIX = "gpu-jupyterhub."
 #: Total memory of one GPU, in MiB: ``gpu-jupyterhub.memory-mb.<uuid>=16384``.
 MEMORY_LABEL = LABEL_PREFIX + "memory-mb."
+#: The MIG profile of one MIG instance: ``gpu-jupyterhub.mig-profile.<MIG-uuid>=1g.10gb``.
+MIG_PROFILE_LABEL = LABEL_PREFIX + "mig-profile."
 
 #: Labels of a participant's service (and home volume): whose it is, which GPU, how many
 #: slices, which stack created it.
@@ -34,6 +42,11 @@ STACK_LABEL = LABEL_PREFIX + "stack"
 #: Participants' services are ``jy-<escaped user>[--<server>]``; homes ``jy-home-<user>``.
 SERVICE_PREFIX = "jy"
 HOME_VOLUME = SERVICE_PREFIX + "-home-{username}"
+
+
+def is_mig(uuid: str) -> bool:
+    """True when a kind (UUID) names a MIG instance: memory and compute isolated in hardware."""
+    return uuid.startswith(MIG_PREFIX)
 
 
 def is_simulated(uuid: str, kind_prefix: str = KIND_PREFIX) -> bool:

@@ -6,9 +6,10 @@ Pure functions over the plain dicts that ``docker.APIClient.nodes()`` and
 How GPUs appear in Swarm (see worker_setup/ for the advertising side): every physical GPU of a
 node is advertised as one *discrete* generic resource whose kind is the GPU's UUID and whose value
 is the number of slices that GPU is split into, e.g. ``GPU-8d2c...=3`` in the node's
-``node-generic-resources``. Swarm itself refuses to place more reservations of a kind on a node
-than the node advertises, so the slice accounting lives in Swarm; this module only reads it back
-to choose a GPU and to explain a refusal.
+``node-generic-resources``; a GPU in MIG mode is advertised as its MIG instances instead, each
+a kind of its own (``MIG-4b1e...=1``), and is placed on like any GPU. Swarm itself refuses to
+place more reservations of a kind on a node than the node advertises, so the slice accounting
+lives in Swarm; this module only reads it back to choose a GPU and to explain a refusal.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .contract import KIND_PREFIX, MEMORY_LABEL, is_simulated
+from .contract import KIND_PREFIXES, MEMORY_LABEL, is_mig, is_simulated
 from .tasks import is_live
 
 
 @dataclass(frozen=True)
 class GPU:
-    """One physical (or simulated) GPU and how many of its slices are taken."""
+    """One physical (or simulated) GPU, or one MIG instance, and how many of its slices are
+    taken."""
 
     uuid: str
     node_id: str
@@ -39,13 +41,22 @@ class GPU:
     def simulated(self) -> bool:
         return is_simulated(self.uuid)
 
+    @property
+    def mig(self) -> bool:
+        """A MIG instance: its memory and compute are isolated in hardware."""
+        return is_mig(self.uuid)
+
     def memory_budget_mb(self, slices: int) -> int:
         """The share of the GPU's memory that ``slices`` of its slices stand for (0: unknown)."""
         return self.memory_mb * slices // self.slices if self.slices else 0
 
 
-def gpu_kinds(node: dict, kind_prefix: str = KIND_PREFIX) -> dict[str, int]:
-    """The GPU kinds a node advertises, as ``{uuid: slices}``."""
+#: One kind prefix (``"GPU-"``) or a tuple of them (``KIND_PREFIXES``: GPUs and MIG instances).
+Prefixes = str | tuple[str, ...]
+
+
+def gpu_kinds(node: dict, kind_prefix: Prefixes = KIND_PREFIXES) -> dict[str, int]:
+    """The GPU (and MIG instance) kinds a node advertises, as ``{uuid: slices}``."""
     resources = node.get("Description", {}).get("Resources", {}) or {}
     kinds = {}
     for res in resources.get("GenericResources") or []:
@@ -72,7 +83,7 @@ def node_is_schedulable(node: dict) -> bool:
     )
 
 
-def task_reservations(task: dict, kind_prefix: str = KIND_PREFIX) -> dict[str, int]:
+def task_reservations(task: dict, kind_prefix: Prefixes = KIND_PREFIXES) -> dict[str, int]:
     """The GPU slices a task reserves, as ``{uuid: slices}``."""
     resources = task.get("Spec", {}).get("Resources", {}) or {}
     reservations = resources.get("Reservations", {}) or {}
@@ -101,7 +112,7 @@ class Claim:
 
 
 def used_slices(
-    tasks: list[dict], kind_prefix: str = KIND_PREFIX, claims: Iterable[Claim] = ()
+    tasks: list[dict], kind_prefix: Prefixes = KIND_PREFIXES, claims: Iterable[Claim] = ()
 ) -> dict[str, int]:
     """``{uuid: slices}`` held by live tasks and by ``claims``, on any node.
 
@@ -125,7 +136,7 @@ def used_slices(
 def build_inventory(
     nodes: list[dict],
     tasks: list[dict],
-    kind_prefix: str = KIND_PREFIX,
+    kind_prefix: Prefixes = KIND_PREFIXES,
     claims: Iterable[Claim] = (),
 ) -> list[GPU]:
     """Every GPU on a schedulable node, with the slices live tasks (and ``claims``) hold on it.

@@ -98,13 +98,15 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     full_gpu_requested = Bool(False)  # this spawn's choice on the spawn page
     home_node = Unicode("")  # the machine of the user's last server (its home volume); kept
     gpu_memory_mb = Integer(0)  # the memory budget of the slices held (0: unknown)
+    gpu_total_slices = Integer(0)  # the slices of the GPU held (this spawn's; not persisted)
     task_ip = Unicode("")  # the server's address on the network, once its task has one
 
     @property
     def broker(self) -> broker.GPUBroker:
         """What all servers of this hub share: the Docker thread pool, the read of the swarm
         and the slices claimed but not yet placed (``broker.py``)."""
-        return broker.of_hub(self.docker_api_threads, self.gpu_kind_prefix, self.inventory_max_age)
+        prefixes = tuple(self.gpu_kind_prefixes)
+        return broker.of_hub(self.docker_api_threads, prefixes, self.inventory_max_age)
 
     @property
     def executor(self):
@@ -156,7 +158,9 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.gpu_uuid, self.gpu_node = gpu.uuid, gpu.node_name
         self.slices_held = reservation.slices
         self.gpu_memory_mb = gpu.memory_budget_mb(reservation.slices)
-        kind = "SIMULATED GPU" if gpu.simulated else "GPU"
+        self.gpu_total_slices = gpu.slices
+        kind = "SIMULATED GPU" if gpu.simulated else "MIG instance" if gpu.mig else "GPU"
+        isolated = " (hardware-isolated)" if gpu.mig else ""
         self.log.info(
             "Reserving %d slice(s) of %s %s on %s for %s (%d/%d free, attempt %d)",
             reservation.slices,
@@ -169,7 +173,9 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             attempt,
         )
         self._report(
-            20, f"Reserving {reservation.slices} slice(s) of {kind} {gpu.uuid} on {gpu.node_name}"
+            20,
+            f"Reserving {reservation.slices} slice(s) of {kind} {gpu.uuid} on {gpu.node_name}"
+            + isolated,
         )
 
     async def create_object(self):
@@ -552,6 +558,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                     "GPU_SLICES": str(self.slices_held),
                     "GPU_NODE": self.gpu_node,
                     "GPU_SIMULATED": "1" if contract.is_simulated(self.gpu_uuid) else "0",
+                    # a MIG instance's memory and compute are its own; a GPU's slices share both
+                    "GPU_ISOLATION": "mig" if contract.is_mig(self.gpu_uuid) else "shared",
                     # TensorFlow otherwise grabs all memory of the GPU it shares with others
                     "TF_FORCE_GPU_ALLOW_GROWTH": "true",
                 }
@@ -559,6 +567,11 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             if self.gpu_memory_mb:
                 # not enforced (yet): a budget for notebooks, gpu-info and frameworks to respect
                 env["GPU_MEMORY_LIMIT_MB"] = str(self.gpu_memory_mb)
+            if self.gpu_total_slices:
+                # the share of the GPU's (or MIG instance's) memory the slices held stand for,
+                # for frameworks that take a fraction (JAX, PyTorch)
+                fraction = min(self.slices_held / self.gpu_total_slices, 1)
+                env["GPU_MEMORY_FRACTION"] = f"{fraction:.3f}"
         return env
 
     @property

@@ -14,6 +14,7 @@ from traitlets import (
     Enum,
     Float,
     Integer,
+    List,
     TraitError,
     Unicode,
     default,
@@ -110,14 +111,35 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         """,
     )
 
-    gpu_kind_prefix = Unicode(
-        contract.KIND_PREFIX,
+    gpu_kind_prefixes = List(
+        Unicode(),
+        default_value=list(contract.KIND_PREFIXES),
+        minlen=1,
         config=True,
         help="""
-        Generic-resource kinds that start with this are GPUs; the rest of the kind is ignored
-        for matching and the whole kind is the GPU UUID handed to the container.
-        The worker setup advertises kinds like ``GPU-8d2c6f1e-...=3``. Default: ``GPU-``.
-        Read once, when the hub's GPU broker is made (its first spawn).
+        Generic-resource kinds that start with one of these are GPUs (or MIG instances); the
+        whole kind is the UUID handed to the container. The worker setup advertises kinds like
+        ``GPU-8d2c6f1e-...=3`` for a GPU and ``MIG-4b1e0c9a-...=1`` for each MIG instance of a
+        GPU in MIG mode. Default: ``["GPU-", "MIG-"]``; ``["GPU-"]`` leaves MIG instances
+        unused. Read once, when the hub's GPU broker is made (its first spawn).
+        """,
+    )
+
+    @validate("gpu_kind_prefixes")
+    def _validate_gpu_kind_prefixes(self, proposal):
+        if not proposal.value or not all(p.strip() for p in proposal.value):
+            raise TraitError(
+                f"GPUSwarmSpawner.gpu_kind_prefixes is {proposal.value!r}: each prefix selects "
+                "generic resources that are GPUs and none may be empty; leave it at the "
+                "default ['GPU-', 'MIG-']"
+            )
+        return list(proposal.value)
+
+    gpu_kind_prefix = Unicode(
+        config=True,
+        help="""
+        Deprecated: use ``gpu_kind_prefixes`` (a list). Setting it makes that one prefix the
+        only one, e.g. ``"GPU-"`` leaves MIG instances unused.
         """,
     )
 
@@ -126,9 +148,23 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         if not proposal.value.strip():
             raise TraitError(
                 "GPUSwarmSpawner.gpu_kind_prefix must not be empty: it selects which "
-                "generic resources are GPUs; leave it at the default 'GPU-'"
+                "generic resources are GPUs; leave it out (gpu_kind_prefixes defaults to "
+                "['GPU-', 'MIG-'])"
             )
         return proposal.value
+
+    @observe("gpu_kind_prefix")
+    def _gpu_kind_prefix_renamed(self, change):
+        # a str became a list: the _renamed_traits table copies values as they are
+        if self.gpu_kind_prefixes != [change.new]:
+            self.log.warning(
+                "%s.gpu_kind_prefix is deprecated since gpu-jupyterhub 0.2; use "
+                "%s.gpu_kind_prefixes = [%r] instead",
+                type(self).__name__,
+                type(self).__name__,
+                change.new,
+            )
+            self.gpu_kind_prefixes = [change.new]
 
     placement_attempts = _AtLeast(
         5,

@@ -1,13 +1,15 @@
 """Advertise this machine's GPUs (or simulated ones) as Swarm slices in daemon.json.
 
-    python -m worker_setup.advertise [--slices-per-gpu 3 | --slice-memory 4GiB]
+    python -m worker_setup.advertise [--slices-per-gpu 3 | --slice-memory 4GiB] [--mig-slices 1]
         [--simulate-gpus N | --simulate-if-no-gpu N | --nvml-fixture FILE]
         [--nvidia-runtime auto|off|PATH] [--daemon-json /etc/docker/daemon.json]
         [--dry-run] [--remove]
 
 Writes the GPU slices (``node-generic-resources``), the ``gpu-jupyterhub.*`` engine labels and,
 when the NVIDIA container runtime is installed, that runtime as the default. Every other key of
-daemon.json is kept, and the previous file is backed up next to it.
+daemon.json is kept, and the previous file is backed up next to it. A GPU in MIG mode is
+advertised as its MIG instances (each its own kind, ``MIG-...``, of ``--mig-slices`` slices),
+never as itself; one in MIG mode without instances advertises nothing and says how to fix it.
 
 Exit status: 0 nothing changed, 3 daemon.json changed (or would, with --dry-run: restart the
 Docker engine to apply), 1 error (one line on stderr saying how to fix it).
@@ -25,6 +27,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpu_swarm_spawner.contract import KIND_PREFIXES, MIG_PROFILE_LABEL
 
 from . import daemon_config, gpus, slicing
 from .fake_nvml import FakeNVML
@@ -65,7 +69,10 @@ class Plan:
         return daemon_config.diff(old, self.wanted, str(self.path))
 
     def gpu_lines(self) -> list[str]:
-        return [f"GPU {g.index}: {g.uuid} {describe(g, self.slices)}" for g in self.gpus]
+        return [
+            f"GPU {g.index}{' MIG' if g.is_mig else ''}: {g.uuid} {describe(g, self.slices)}"
+            for g in self.gpus
+        ]
 
     def runtime_lines(self) -> list[str]:
         if self.runtime:
@@ -79,14 +86,17 @@ class Plan:
 
 
 def describe(gpu: gpus.GPUInfo, slices: dict[str, int]) -> str:
-    """``Tesla K80 11441 MiB -> 3 slices`` (and ``(SIMULATED)``)."""
-    tag = " (SIMULATED)" if gpu.simulated else ""
+    """``Tesla K80 11441 MiB -> 3 slices`` (and ``(SIMULATED)``, or for a MIG instance
+    ``(MIG, hardware-isolated)``)."""
+    tag = " (SIMULATED)" if gpu.simulated else " (MIG, hardware-isolated)" if gpu.is_mig else ""
     return f"{gpu.name} {gpu.memory_mb} MiB -> {slices[gpu.uuid]} slices{tag}"
 
 
 def find_gpus(args, say: Callable[[str], None] = print) -> list[gpus.GPUInfo]:
-    """This machine's GPUs, or simulated ones as the options say; ``say`` tells where they came
-    from. Raises PlanError when there is no usable GPU and the options want one."""
+    """This machine's GPUs (MIG instances in place of a GPU in MIG mode), or simulated ones as
+    the options say; ``say`` tells where they came from, and names each GPU in MIG mode that
+    has no instances (skipped; the others are advertised). Raises PlanError when there is no
+    usable GPU and the options want one."""
     machine = args.machine_id or gpus.machine_id()
     memory = slicing.parse_size_mb(args.simulated_memory)
     if args.simulate_gpus:
@@ -101,7 +111,12 @@ def find_gpus(args, say: Callable[[str], None] = print) -> list[gpus.GPUInfo]:
     except gpus.NVMLUnavailable as e:
         found, reason, failed = [], str(e), e
     if found:
-        return found
+        found, notes = gpus.advertised(found)
+        if found:
+            for note in notes:
+                say(note)
+            return found
+        reason = "; ".join(notes)  # every GPU is in MIG mode without instances
     # No usable GPU: simulated ones, none at all, or stop (in that order of the options). One
     # failed GPU makes the whole machine unusable: its fix (a reboot or GPU reset) stops every
     # server here, so it is done before participants arrive, not under them.
@@ -154,12 +169,15 @@ def plan(args, path: Path | str, remove: bool = False, say=print) -> Plan:
     current, exists = read_config(path)
     found = [] if remove else find_gpus(args, say)
     if not found:
-        wanted = daemon_config.merge(current, [], named_kind=NAMED_KIND, labels=[])
+        wanted = daemon_config.merge(current, [], KIND_PREFIXES, NAMED_KIND, labels=[])
         return Plan(path, current, exists, wanted)
-    slices = slicing.slices_per_gpu(found, args.slices_per_gpu, args.slice_memory_mb)
+    mig_slices = getattr(args, "mig_slices", 1)
+    slices = slicing.slices_per_gpu(found, args.slices_per_gpu, args.slice_memory_mb, mig_slices)
     entries = daemon_config.slice_resources(slices, args.named_kind)
-    labels = daemon_config.engine_labels(found, slices)
-    wanted = daemon_config.merge(current, entries, named_kind=NAMED_KIND, labels=labels)
+    labels = daemon_config.engine_labels(found, slices) + [
+        f"{MIG_PROFILE_LABEL}{g.uuid}={g.profile}" for g in found if g.is_mig and g.profile
+    ]
+    wanted = daemon_config.merge(current, entries, KIND_PREFIXES, NAMED_KIND, labels=labels)
     if args.registry:
         wanted = daemon_config.with_insecure_registry(wanted, args.registry)
     runtime = nvidia_runtime(args.nvidia_runtime)
@@ -187,6 +205,13 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--slices-per-gpu", type=int, metavar="N", help="slices per GPU (3)")
     size.add_argument("--slice-memory", metavar="SIZE", help="or: GPU memory per slice, e.g. 4GiB")
+    parser.add_argument(
+        "--mig-slices",
+        type=int,
+        default=1,
+        metavar="N",
+        help="slices per MIG instance of a GPU in MIG mode (1: the instance is the slice)",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--simulate-gpus", type=int, default=0, metavar="N", help="advertise N simulated GPUs"
@@ -226,6 +251,8 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
 def check_gpu_arguments(parser: argparse.ArgumentParser, args) -> None:
     if args.slices_per_gpu is not None and args.slices_per_gpu < 1:
         parser.error(f"--slices-per-gpu must be 1 or more, got {args.slices_per_gpu}")
+    if args.mig_slices < 1:
+        parser.error(f"--mig-slices must be 1 or more, got {args.mig_slices}")
     try:
         args.slice_memory_mb = (
             slicing.parse_size_mb(args.slice_memory) if args.slice_memory else None

@@ -4,6 +4,10 @@
 ``pynvml`` (package nvidia-ml-py) is only imported by ``load_nvml``. Every NVML failure, at
 start-up or on one GPU, comes out as ``NVMLUnavailable`` with one line naming what failed and
 the fix.
+
+A GPU in MIG mode is read with its MIG instances (``GPUInfo.mig_instances``); ``advertised``
+turns the GPUs into what Swarm is told about: each MIG instance in place of its GPU, and a
+line for each GPU in MIG mode that has no instance to offer.
 """
 
 from __future__ import annotations
@@ -35,11 +39,23 @@ class GPUFailed(NVMLUnavailable):
 
 @dataclass(frozen=True)
 class GPUInfo:
+    """A GPU, or one MIG instance of a GPU (``parent_uuid`` set; ``index`` is its GPU's)."""
+
     index: int
     uuid: str
     name: str
     memory_mb: int
     simulated: bool = False
+    #: The GPU is in MIG mode (only its instances can be used), and its instances.
+    mig_mode: bool = False
+    mig_instances: tuple[GPUInfo, ...] = ()
+    #: For a MIG instance: the GPU it is part of, and its profile as NVML names it (1g.10gb).
+    parent_uuid: str = ""
+    profile: str = ""
+
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.parent_uuid)
 
 
 def load_nvml():
@@ -112,10 +128,81 @@ def _read_gpu(nvml, index: int) -> GPUInfo:
             raise
         ident = uuid
         name = _text(nvml.nvmlDeviceGetName(handle))
-        memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
+        memory_mb = _memory_mb(nvml, handle)
+        mig_mode = _in_mig_mode(nvml, handle)
+        instances = _read_mig_instances(nvml, index, uuid, handle) if mig_mode else ()
     except nvml.NVMLError as e:
         raise GPUFailed(index, ident, _reason(e)) from e
-    return GPUInfo(index=index, uuid=uuid, name=name, memory_mb=memory_mb)
+    return GPUInfo(index, uuid, name, memory_mb, mig_mode=mig_mode, mig_instances=instances)
+
+
+def _memory_mb(nvml, handle) -> int:
+    return int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
+
+
+def _in_mig_mode(nvml, handle) -> bool:
+    """Whether MIG mode is on now (a mode pending until the next GPU reset does not count).
+
+    GPUs without MIG (before Ampere) answer "Not Supported", drivers before MIG have no such
+    call: both are GPUs used whole."""
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+        return False
+    return current == nvml.NVML_DEVICE_MIG_ENABLE
+
+
+def _read_mig_instances(nvml, index: int, parent_uuid: str, handle) -> tuple[GPUInfo, ...]:
+    """The MIG instances of a GPU in MIG mode; an empty slot answers "Not Found"."""
+    instances = []
+    for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except nvml.NVMLError_NotFound:
+            continue
+        ident = f"{parent_uuid}, MIG instance {slot}"
+        try:
+            uuid = _text(nvml.nvmlDeviceGetUUID(mig))
+            ident += f" {uuid}"
+            name = _text(nvml.nvmlDeviceGetName(mig))
+            memory_mb = _memory_mb(nvml, mig)
+        except nvml.NVMLError as e:
+            raise GPUFailed(index, ident, _reason(e)) from e
+        # NVML names an instance after its GPU and profile: "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+        profile = name.rpartition(" MIG ")[2] if " MIG " in name else ""
+        instances.append(
+            GPUInfo(index, uuid, name, memory_mb, parent_uuid=parent_uuid, profile=profile)
+        )
+    return tuple(instances)
+
+
+def advertised(found: list[GPUInfo]) -> tuple[list[GPUInfo], list[str]]:
+    """What of ``found`` is advertised: each GPU, or for a GPU in MIG mode its MIG instances
+    (never the GPU itself: its memory and compute belong to the instances). Also one line
+    for each GPU in MIG mode without instances, which advertises nothing: that is how an
+    admin left it, not a fault, so the other GPUs are still advertised."""
+    units: list[GPUInfo] = []
+    notes: list[str] = []
+    for gpu in found:
+        if not gpu.mig_mode:
+            units.append(gpu)
+        elif gpu.mig_instances:
+            units.extend(gpu.mig_instances)
+        else:
+            notes.append(no_mig_instances(gpu))
+    return units, notes
+
+
+def no_mig_instances(gpu: GPUInfo) -> str:
+    """The one line for a GPU in MIG mode without MIG instances, naming the fix."""
+    i = gpu.index
+    return (
+        f"GPU {i} ({gpu.uuid}) is in MIG mode but has no MIG instances, so it advertises "
+        f"nothing; as an admin, create them (profiles: nvidia-smi mig -i {i} -lgip; e.g. "
+        f"nvidia-smi mig -i {i} -cgi 1g.10gb,1g.10gb -C) or turn MIG mode off "
+        f"(nvidia-smi -i {i} -mig 0, then reset the GPU), then run this again; this setup "
+        "never changes MIG mode"
+    )
 
 
 def _pci_bus_id(nvml, handle) -> str:

@@ -55,6 +55,28 @@ FAILURES = {
     ),
 }
 
+#: A machine of three A100s: GPU 0 whole, GPU 1 in MIG mode with instances in slots 0 and 2,
+#: GPU 2 in MIG mode without instances.
+MIXED_MIG = FIXTURES / "mixed-mig.json"
+MIXED_GPU_UUIDS = [f"GPU-4d8e2b6a-9c1f-4a3e-b7d5-00000000000{i}" for i in range(3)]
+MIXED_MIG_UUIDS = [f"MIG-8b2c5e1f-6a4d-4b9c-a3e7-00000000000{i}" for i in (0, 2)]
+
+#: The calls only a GPU with MIG meets, failed on GPU 1 of MIXED_MIG: {call: (fail, line)}
+MIG_FAILURES = {
+    "nvmlDeviceGetMigMode": (
+        {"nvmlDeviceGetMigMode": {"gpu": 1, "error": "GpuIsLost"}},
+        f"GPU 1 ({MIXED_GPU_UUIDS[1]}) failed: GPU is lost; {RESET}",
+    ),
+    "nvmlDeviceGetMaxMigDeviceCount": (
+        {"nvmlDeviceGetMaxMigDeviceCount": {"gpu": 1, "error": "ResetRequired"}},
+        f"GPU 1 ({MIXED_GPU_UUIDS[1]}) failed: GPU requires restart; {RESET}",
+    ),
+    "nvmlDeviceGetMigDeviceHandleByIndex": (
+        {"nvmlDeviceGetMigDeviceHandleByIndex": {"gpu": 1, "mig": 2, "error": "GpuIsLost"}},
+        f"GPU 1 ({MIXED_GPU_UUIDS[1]}) failed: GPU is lost; {RESET}",
+    ),
+}
+
 
 def fixture_failing(tmp_path: Path, fail: dict, base: Path = K80X2) -> Path:
     """A copy of the fixture ``base`` whose NVML fails as ``fail`` says."""
