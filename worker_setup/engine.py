@@ -19,6 +19,7 @@ namespace of its own), the environment says how to reach and run it:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -140,14 +141,19 @@ def stop(env: Mapping[str, str] = os.environ) -> None:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + 60
+    wait = float(_setting(env, "GPUHUB_ENGINE_WAIT", "60"))
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
+        # an engine this process started is its child: reaped here, or it would linger as a
+        # zombie that kill(pid, 0) still finds (worker setup starts, then restarts, the engine)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return
-        time.sleep(0.5)
-    raise EngineError(f"dockerd (pid {pid}) did not stop within 60 s")
+        time.sleep(0.2)
+    raise EngineError(f"dockerd (pid {pid}) did not stop within {wait:g} s")
 
 
 def restart(env: Mapping[str, str] = os.environ) -> None:
