@@ -726,15 +726,15 @@ def placeholders(settings: Settings) -> list[str]:
     return out
 
 
-def _read_roster(path: str) -> tuple[set[str], list[str]]:
+def read_roster(path: str) -> tuple[set[str], list[str]]:
     """The roster's usernames, and its problems (none when the names are usable)."""
     try:
         names = roster.parse(Path(path).read_text(encoding="utf-8"), path)
     except OSError as e:
-        return set(), [f"GPUHUB_ROSTER: cannot read {path} ({e.strerror})"]
+        return set(), [f"GPUHUB_ROSTER: cannot read {path} ({e.strerror}); check the path"]
     except (UnicodeDecodeError, roster.RosterError) as e:
         return set(), [f"GPUHUB_ROSTER: {e}"]
-    return names, [] if names else [f"GPUHUB_ROSTER: {path} lists no GitHub username"]
+    return names, [] if names else [f"GPUHUB_ROSTER: {path} lists no GitHub username; add them"]
 
 
 # ---- the command --------------------------------------------------------------------------
@@ -793,7 +793,7 @@ def _gather(
     errors += [f"{prefix}: {e}" for e in problems(settings.values, mode=mode)]
     roster_file = settings.values.get("GPUHUB_ROSTER", "")
     if settings.values.get("GPUHUB_AUTH") == "github" and roster_file:
-        errors += _read_roster(roster_file)[1]
+        errors += read_roster(roster_file)[1]
     return settings, errors
 
 

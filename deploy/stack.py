@@ -17,9 +17,10 @@ import ssl
 from collections.abc import Mapping
 from pathlib import Path
 
-from docker.errors import APIError, ImageNotFound, NotFound
+from docker.errors import APIError, NotFound
 
 from gpu_swarm_spawner import contract
+from gpu_swarm_spawner.inventory import gpu_kinds
 from worker_setup import engine
 
 from . import steps, tls
@@ -30,8 +31,6 @@ from .settings import REPO, Config
 DEPLOY_DIR = REPO / "deploy"
 #: Docker secrets named with a hash of their contents (deploy/tls.py): old versions go.
 VERSIONED_SECRETS = ("tls_cert", "tls_key", "github_client_secret")
-#: The task states after which a task never runs again.
-FINISHED = {"complete", "failed", "shutdown", "rejected", "orphaned", "remove"}
 
 
 def tls_on(config: Config) -> bool:
@@ -76,20 +75,15 @@ def stack_environment(deployed: Config, environ: Mapping[str, str]) -> dict[str,
 
 def simulated_gpus(client) -> bool:
     """Any machine of the swarm advertises simulated GPUs (the hub then says so on every page)."""
-    for node in client.api.nodes():
-        resources = node.get("Description", {}).get("Resources", {})
-        for resource in resources.get("GenericResources") or []:
-            spec = resource.get("DiscreteResourceSpec") or resource.get("NamedResourceSpec") or {}
-            if contract.is_simulated(spec.get("Kind", "")):
-                return True
-    return False
+    nodes = client.api.nodes()
+    return any(contract.is_simulated(kind) for node in nodes for kind in gpu_kinds(node))
 
 
 def image_id(client, image: str) -> str:
-    try:
-        return client.images.get(image).id
-    except ImageNotFound:
-        raise DeployError(f"image {image} is not here; build it with: make images") from None
+    found = steps.image_id(client, image)
+    if not found:
+        raise DeployError(f"image {image} is not here; build it with: make images")
+    return found
 
 
 def stack_values(

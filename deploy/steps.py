@@ -14,6 +14,7 @@ import errno
 import io
 import os
 import secrets
+import shutil
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,11 +23,10 @@ from typing import Callable
 import docker
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound, NotFound
 
-from gpu_swarm_spawner import roster as roster_names
 from worker_setup import advertise, engine
 
 from .console import DeployError, Log, run
-from .settings import REPO, Config
+from .settings import REPO, Config, read_roster
 
 #: The base image built here from Debian (images/base/build.sh) instead of pulled.
 LOCAL_BASE = "gpu-jupyterhub/base:bookworm"
@@ -296,19 +296,11 @@ def ensure_roster(config: Config, log: Log) -> str:
     path = config.roster
     if not path:
         return ""
-    try:
-        data = Path(path).read_text(encoding="utf-8")
-        names = roster_names.parse(data, path)
-    except OSError as e:
-        raise DeployError(
-            f"GPUHUB_ROSTER: cannot read {path} ({e.strerror}); check the path"
-        ) from None
-    except (UnicodeDecodeError, roster_names.RosterError) as e:
-        raise DeployError(f"GPUHUB_ROSTER: {e}") from None
-    if not names:
-        raise DeployError(f"GPUHUB_ROSTER: {path} lists no GitHub username; add them")
+    names, problems = read_roster(path)
+    if problems:
+        raise DeployError("; ".join(problems))
     tmp = roster_dir / ".roster.txt.tmp"
-    tmp.write_text(data, encoding="utf-8")
+    shutil.copyfile(path, tmp)
     os.chmod(tmp, 0o644)
     tmp.replace(roster_dir / "roster.txt")
     log(f"roster: {len(names)} GitHub usernames")
