@@ -17,6 +17,7 @@ from docker.errors import APIError, ImageNotFound
 from docker.utils import parse_repository_tag
 
 from gpu_swarm_spawner.contract import image_in_registry
+from worker_setup import engine
 
 from .console import DeployError, Log, waits
 from .settings import Config
@@ -91,10 +92,9 @@ def publish_images(
     """Push each image of ``published`` to the stack's registry, by its local address
     (GPUHUB_ENGINE_ADDR, default 127.0.0.1), which Docker trusts without TLS; the GPU machines
     pull them by the manager's."""
-    addr = environ.get("GPUHUB_ENGINE_ADDR") or "127.0.0.1"
-    url = f"http://{addr}:{config.registry_port}/v2/"
+    base = f"http://{engine.published_addr(environ)}:{config.registry_port}"
     for _ in waits(timeout):
-        if registry_answers(url):
+        if registry_answers(f"{base}/v2/"):
             break
     else:
         raise DeployError(
@@ -106,7 +106,7 @@ def publish_images(
         repository, version = parse_repository_tag(push)
         version = version or "latest"
         path = repository.split("/", 1)[1]
-        held = registry_digest(f"http://{addr}:{config.registry_port}", path, version)
+        held = registry_digest(base, path, version)
         if held and f"{repository}@{held}" in local_digests(client, image):
             log(f"{image}: in the registry already")
             continue

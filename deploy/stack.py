@@ -256,7 +256,7 @@ def hub_answers(config: Config, environ: Mapping[str, str] = os.environ) -> bool
     here) at GPUHUB_ENGINE_ADDR (where this machine reaches the ports the engine publishes:
     127.0.0.1, or the test bed's manager), the certificate unchecked (a self-signed one, or one
     ACME is still fetching)."""
-    addr = environ.get("GPUHUB_ENGINE_ADDR") or "127.0.0.1"
+    addr = engine.published_addr(environ)
     host, port = public_host(config), public_port(config)
     if tls_on(config):
         context = ssl.create_default_context()

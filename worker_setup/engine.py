@@ -14,6 +14,8 @@ namespace of its own), the environment says how to reach and run it:
     its pid file and log (``/var/run/docker.pid``, ``/var/log/gpu-jupyterhub-dockerd.log``);
 ``GPUHUB_ENGINE_WAIT``
     seconds to wait for it to answer after a start (60).
+``GPUHUB_ENGINE_ADDR``
+    where this machine reaches the ports it publishes (127.0.0.1).
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def docker_socket(env: Mapping[str, str] = os.environ) -> str:
     """The engine's socket on this machine's filesystem (the hub bind-mounts it)."""
     host = env.get("DOCKER_HOST", "")
     return host[len("unix://") :] if host.startswith("unix://") else "/var/run/docker.sock"
+
+
+def published_addr(env: Mapping[str, str] = os.environ) -> str:
+    """Where this machine reaches the ports the engine publishes: GPUHUB_ENGINE_ADDR, else
+    127.0.0.1 (the test bed's manager engine is in a network namespace of its own)."""
+    return env.get("GPUHUB_ENGINE_ADDR") or "127.0.0.1"
 
 
 def uses_systemd(env: Mapping[str, str] = os.environ) -> bool:
