@@ -33,11 +33,16 @@ MEMORY_LABEL = LABEL_PREFIX + "memory-mb."
 MIG_PROFILE_LABEL = LABEL_PREFIX + "mig-profile."
 
 #: Labels of a participant's service (and home volume): whose it is, which GPU, how many
-#: slices, which stack created it.
+#: slices, which stack created it. The service's container carries the first three too, with
+#: the GPU memory budget: the GPU guard on the machine reads them there (a worker cannot read
+#: services).
 USER_LABEL = LABEL_PREFIX + "user"
 GPU_LABEL = LABEL_PREFIX + "gpu"
 SLICES_LABEL = LABEL_PREFIX + "slices"
 STACK_LABEL = LABEL_PREFIX + "stack"
+#: The GPU memory budget of the container's slices, in MiB (GPU_MEMORY_LIMIT_MB in its
+#: environment); absent when unknown.
+BUDGET_LABEL = LABEL_PREFIX + "gpu-memory-limit-mb"
 
 #: Participants' services are ``jy-<escaped user>[--<server>]``; homes ``jy-home-<user>``.
 SERVICE_PREFIX = "jy"

@@ -188,6 +188,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             **{
                 "image": self.image,
                 "env": self.get_env(),
+                "labels": self.container_labels(),
                 "args": await self.get_command(),
                 "mounts": self.mounts,
                 **self.extra_container_spec,
@@ -543,6 +544,20 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             contract.GPU_LABEL: self.gpu_uuid,
             contract.SLICES_LABEL: str(self.slices_held),
         }
+
+    def container_labels(self) -> dict:
+        """Labels of the server's container, for the GPU guard on its machine: whose it is,
+        which GPU, how many slices and the budget in MiB; none without a GPU."""
+        if not self.gpu_uuid:
+            return {}
+        labels = {
+            contract.USER_LABEL: self.user.name,
+            contract.GPU_LABEL: self.gpu_uuid,
+            contract.SLICES_LABEL: str(self.slices_held),
+        }
+        if self.gpu_memory_mb:
+            labels[contract.BUDGET_LABEL] = str(self.gpu_memory_mb)
+        return labels
 
     def get_env(self):
         env = super().get_env()

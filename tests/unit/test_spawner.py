@@ -135,6 +135,19 @@ async def test_each_spawn_reserves_only_its_own_gpu():
     assert created["endpoint_spec"]["Mode"] == "dnsrr"
     env = created["task_template"]["ContainerSpec"]["Env"]
     assert "NVIDIA_VISIBLE_DEVICES=GPU-b" in env
+    # the GPU guard on the machine reads the container's labels (a worker cannot read services)
+    assert created["task_template"]["ContainerSpec"]["Labels"] == {
+        "gpu-jupyterhub.user": "alice-smith",
+        "gpu-jupyterhub.gpu": "GPU-b",
+        "gpu-jupyterhub.slices": "1",
+    }
+
+
+def test_container_labels_carry_the_budget_and_nothing_without_a_gpu():
+    spawner = make_spawner()
+    assert spawner.container_labels() == {}
+    spawner.gpu_uuid, spawner.slices_held, spawner.gpu_memory_mb = "GPU-a", 2, 8192
+    assert spawner.container_labels()["gpu-jupyterhub.gpu-memory-limit-mb"] == "8192"
 
 
 def test_mounts_use_volumes_for_names_and_binds_for_paths():

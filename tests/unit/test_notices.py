@@ -1,0 +1,328 @@
+"""The GPU guard's notices in the single-user image (images/singleuser/gpuhub_notices and the lab
+extension under images/singleuser/sys-prefix).
+
+The reader is tested here on odd files; the server extension and the lab extension need Jupyter
+Server and JupyterLab, which this venv has not: of them, the static facts JupyterLab's loader
+relies on are tested here, and a real JupyterLab in a real browser runs them in
+images/singleuser/check_notices.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SINGLEUSER = REPO / "images" / "singleuser"
+PACKAGE = SINGLEUSER / "gpuhub_notices"
+PREFIX = SINGLEUSER / "sys-prefix"
+LABEXTENSION = PREFIX / "share" / "jupyter" / "labextensions" / "gpuhub-notices"
+
+spec = importlib.util.spec_from_file_location("gpuhub_notices_reader", PACKAGE / "notices.py")
+notices = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(notices)
+
+NOW = 1_732_350_000.0
+
+
+def entry(notice_id="warn-jy-alice-1", level="warning", **fields) -> dict:
+    return {
+        "id": notice_id,
+        "level": level,
+        "time": NOW,
+        "title": "GPU memory over your budget",
+        "message": "You use 9.2 GB of GPU memory; your budget is 4.0 GB.",
+        **fields,
+    }
+
+
+def parse(*entries) -> list[dict]:
+    return notices.parse_notices(json.dumps({"notices": list(entries)}))
+
+
+def ids(found: list[dict]) -> list[str]:
+    return [notice["id"] for notice in found]
+
+
+# --- the reader ---------------------------------------------------------------------------------
+
+
+def test_a_valid_file_gives_its_notices_with_the_fields_of_the_format_only():
+    text = json.dumps({"notices": [entry(extra="dropped", time=NOW)], "version": 2})
+    assert notices.parse_notices(text) == [
+        {
+            "id": "warn-jy-alice-1",
+            "level": "warning",
+            "time": NOW,
+            "title": "GPU memory over your budget",
+            "message": "You use 9.2 GB of GPU memory; your budget is 4.0 GB.",
+        }
+    ]
+
+
+def test_every_level_of_the_format_is_kept_and_the_title_may_be_left_out():
+    found = parse(entry("a", "info"), entry("b", "warning"), entry("c", "error"))
+    assert [notice["level"] for notice in found] == ["info", "warning", "error"]
+    untitled = {key: value for key, value in entry("d", "error").items() if key != "title"}
+    assert parse(untitled)[0]["title"] == ""
+    assert isinstance(parse(entry(time=1732350000))[0]["time"], float)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "   ", "not JSON {", "null", "42", '"notices"', "[]",
+     json.dumps([entry()]),  # a list of notices instead of the object
+     "{}", '{"notices": null}', '{"notices": {"id": "x"}}', '{"Notices": []}',
+     "[" * 100_000],  # nested too deep for the parser
+    ids=["empty", "blank", "invalid", "null", "number", "string", "empty-list", "list-of-notices",
+         "no-notices", "notices-null", "notices-object", "wrong-key", "deep"],
+)  # fmt: skip
+def test_a_file_of_another_shape_holds_no_notices(text):
+    assert notices.parse_notices(text) == []
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [{"id": None}, {"id": ""}, {"id": "  "}, {"id": 7}, {"message": None}, {"message": ""},
+     {"message": ["a"]}, {"level": "critical"}, {"level": None}, {"level": "WARNING"},
+     {"time": None}, {"time": "1732350000"}, {"time": True}, {"time": float("nan")},
+     {"time": float("inf")}, {"title": 3}],
+    ids=lambda broken: f"{next(iter(broken))}={next(iter(broken.values()))!r}",
+)  # fmt: skip
+def test_a_malformed_entry_is_left_out_and_the_others_kept(broken):
+    found = parse(entry("before"), entry("broken", **broken), entry("after"))
+    assert ids(found) == ["before", "after"]
+
+
+@pytest.mark.parametrize("missing", ["id", "message", "level", "time"])
+def test_an_entry_missing_a_field_of_the_format_is_left_out(missing):
+    incomplete = {key: value for key, value in entry("broken").items() if key != missing}
+    assert ids(parse(entry("kept"), incomplete)) == ["kept"]
+
+
+def test_entries_that_are_not_objects_are_left_out():
+    text = json.dumps({"notices": ["warning", None, 3, [entry("nested")], entry("kept")]})
+    assert ids(notices.parse_notices(text)) == ["kept"]
+
+
+def test_only_the_last_twenty_are_kept_oldest_first():
+    found = parse(*(entry(f"n{number}", time=NOW + number) for number in range(25)))
+    assert ids(found) == [f"n{number}" for number in range(5, 25)]
+
+
+def test_a_notice_listed_twice_keeps_its_last_version_in_its_last_place():
+    found = parse(entry("a", message="first"), entry("b"), entry("a", message="rewritten"))
+    assert ids(found) == ["b", "a"]
+    assert found[1]["message"] == "rewritten"
+
+
+def test_bytes_that_are_not_utf8_cost_a_character_not_the_notice():
+    text = json.dumps({"notices": [entry(message="budget 4.0 GB XX")]}).encode()
+    found = notices.parse_notices(text.replace(b"XX", b"\xff\xfe"))
+    assert found[0]["message"] == "budget 4.0 GB \ufffd\ufffd"
+    assert notices.parse_notices(b"\x00\xff\x81 garbage") == []
+    assert notices.parse_notices(json.dumps({"notices": [entry(message="GPU à 90 %")]}).encode())
+
+
+def test_reading_a_file(tmp_path):
+    path = tmp_path / "notices.json"
+    path.write_text(json.dumps({"notices": [entry()]}))
+    assert ids(notices.read_notices(str(path))) == ["warn-jy-alice-1"]
+
+
+@pytest.mark.parametrize("where", ["missing", "directory", "nul-in-path", "empty"])
+def test_a_file_that_cannot_be_read_holds_no_notices(tmp_path, where):
+    path = {"missing": tmp_path / "none.json", "directory": tmp_path,
+            "nul-in-path": f"{tmp_path}/a\0b", "empty": tmp_path / "empty.json"}[where]  # fmt: skip
+    (tmp_path / "empty.json").write_bytes(b"")
+    assert notices.read_notices(str(path)) == []
+
+
+def test_an_unreadable_file_holds_no_notices(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads a file of mode 000")
+    path = tmp_path / "notices.json"
+    path.write_text(json.dumps({"notices": [entry()]}))
+    path.chmod(0)
+    assert notices.read_notices(str(path)) == []
+
+
+def test_a_file_larger_than_the_guard_writes_holds_no_notices(tmp_path):
+    path = tmp_path / "notices.json"
+    text = json.dumps({"notices": [entry()]})
+    path.write_text(text + " " * (notices.MAX_BYTES - len(text)))
+    assert len(notices.read_notices(str(path))) == 1
+    path.write_text(text + " " * (notices.MAX_BYTES - len(text) + 1))
+    assert notices.read_notices(str(path)) == []
+
+
+def test_the_path_is_the_guards_unless_the_environment_names_another():
+    assert notices.notices_path({}) == "/tmp/gpuhub-guard/notices.json"
+    assert notices.notices_path({"GPUHUB_NOTICES_FILE": "/x/n.json"}) == "/x/n.json"
+
+
+def test_gpu_info_shows_the_last_three_of_the_last_hour_or_else_the_last_one():
+    found = parse(*(entry(f"n{age}", time=NOW - age * 600) for age in (9, 5, 4, 3, 1)))
+    assert ids(notices.recent(found, NOW)) == ["n4", "n3", "n1"]
+    old = parse(entry("older", time=NOW - 7200), entry("old", time=NOW - 3700))
+    assert ids(notices.recent(old, NOW)) == ["old"]
+    assert notices.recent([], NOW) == []
+
+
+# --- gpu-info and python3 -m gpuhub_notices ----------------------------------------------------
+
+
+def run_gpu_info(tmp_path, file_text: str | None) -> subprocess.CompletedProcess:
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "python3").symlink_to(sys.executable)
+    path = tmp_path / "notices.json"
+    if file_text is not None:
+        path.write_text(file_text)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "PYTHONPATH": str(SINGLEUSER), "GPU_UUID": "GPU-x",
+           "GPUHUB_NOTICES_FILE": str(path), "TZ": "UTC"}  # fmt: skip
+    return subprocess.run(
+        ["sh", str(SINGLEUSER / "gpu-info")], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_gpu_info_prints_the_latest_notices(tmp_path):
+    text = json.dumps({"notices": [entry("a", time=time.time() - 60, title="Over your budget"),
+                                   entry("b", "error", time=time.time(), title="Stopped pid 1234",
+                                         message="word " * 40)]})  # fmt: skip
+    result = run_gpu_info(tmp_path, text)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    out = result.stdout
+    assert "GPU guard notices (latest last):" in out
+    assert out.index("warning: Over your budget") < out.index("error: Stopped pid 1234")
+    assert "You use 9.2 GB of GPU memory" in out
+    assert all(len(line) <= 100 for line in out.splitlines())  # the long message is wrapped
+
+
+@pytest.mark.parametrize("file_text", [None, "not JSON", '{"notices": []}'])
+def test_gpu_info_says_nothing_of_notices_where_there_are_none(tmp_path, file_text):
+    result = run_gpu_info(tmp_path, file_text)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert "GPU:           GPU-x" in result.stdout
+    assert "notice" not in result.stdout
+
+
+# --- the server extension: its registration -----------------------------------------------------
+
+
+def test_importing_the_package_needs_no_jupyter_and_names_the_extension():
+    """gpu-info imports the package without Jupyter; Jupyter Server loads the module that
+    jupyter_server_config.d enables, whose extension points must name it."""
+    script = (
+        "import json, sys, gpuhub_notices; "
+        "assert not [name for name in sys.modules if name.startswith(('jupyter', 'tornado'))]; "
+        "print(json.dumps(gpuhub_notices._jupyter_server_extension_points()))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(SINGLEUSER)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    points = json.loads(result.stdout)
+    assert points == [{"module": "gpuhub_notices"}]
+    config = json.loads(
+        (PREFIX / "etc/jupyter/jupyter_server_config.d/gpuhub_notices.json").read_text()
+    )
+    assert config == {"ServerApp": {"jpserver_extensions": {points[0]["module"]: True}}}
+
+
+def test_the_handler_is_authenticated_authorized_and_not_activity():
+    """Its source, as this venv has no jupyter_server to import it: the decorators jupyter_server
+    2 asks of an API handler, and a poll every 5 s that keeps no server from the idle culler."""
+    source = (PACKAGE / "handlers.py").read_text()
+    get = re.search(r"((?:    @.*\n)+)    async def get\(self\)", source)
+    assert get, "NoticesHandler.get is gone"
+    assert get.group(1).split() == ["@web.authenticated", "@authorized"]
+    assert re.search(r"^    _track_activity = False$", source, re.M)
+    assert re.search(r'^    auth_resource = "\w+"$', source, re.M)
+    assert '"gpuhub", "notices"' in source
+
+
+# --- the lab extension: what JupyterLab's loader relies on -------------------------------------
+
+
+def package_json() -> dict:
+    return json.loads((LABEXTENSION / "package.json").read_text())
+
+
+def remote_entry() -> Path:
+    return LABEXTENSION / package_json()["jupyterlab"]["_build"]["load"]
+
+
+def test_the_folder_is_named_as_the_package_and_build_load_names_a_file_beside_it():
+    """jupyterlab_server finds labextensions/<folder>/package.json and the page loads
+    <labextensions URL>/<name>/<_build.load>: the folder is the name."""
+    data = package_json()
+    assert data["name"] == LABEXTENSION.name == "gpuhub-notices"
+    assert data["version"]
+    build = data["jupyterlab"]["_build"]
+    assert remote_entry().is_file(), f"_build.load names {build['load']}, which is not there"
+    assert build["extension"] == "./extension"
+    assert sorted(path.name for path in LABEXTENSION.rglob("*") if path.is_file()) == sorted(
+        ["package.json", remote_entry().name]
+    )
+
+
+def test_the_remote_entrys_name_carries_its_content_hash():
+    """So that a browser never runs an old copy: rename after a change."""
+    digest = hashlib.sha256(remote_entry().read_bytes()).hexdigest()[:20]
+    assert remote_entry().name == f"remoteEntry.{digest}.js", (
+        f"rename it to remoteEntry.{digest}.js, and set package.json's jupyterlab._build.load"
+    )
+
+
+def test_the_remote_entry_is_the_container_the_loader_expects():
+    """bootstrap.js: window._JUPYTERLAB[name].init(scope); index.out.js: get(extension) gives a
+    factory whose module has its plugins in `default`, with an own __esModule."""
+    source = remote_entry().read_text()
+    assert re.search(r"var NAME = '([^']+)';", source).group(1) == package_json()["name"]
+    assert "window._JUPYTERLAB[NAME] = {" in source
+    assert re.search(r"\binit: function \(", source)
+    assert re.search(r"\bget: function \(module\)", source)
+    assert "module !== '" + package_json()["jupyterlab"]["_build"]["extension"] + "'" in source
+    assert "{ __esModule: true, default: [plugin] }" in source
+    assert re.search(r"id: 'gpuhub-notices:plugin'", source)
+    assert "autoStart: true" in source
+
+
+def test_the_plugin_polls_the_server_extension_and_needs_no_imports():
+    source = remote_entry().read_text()
+    assert "settings.baseUrl + 'gpuhub/notices'" in source
+    assert "credentials: 'same-origin'" in source
+    assert re.search(r"var POLL_MS = 5000;", source)
+    assert "'apputils:notify'" in source
+    assert not re.search(r"^\s*import\b|\brequire\(|\bimport\(", source, re.M)
+
+
+def test_the_remote_entry_parses_as_javascript():
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node here to parse it (the browser check does)")
+    result = subprocess.run([node, "--check", str(remote_entry())], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_image_installs_the_package_and_the_sys_prefix_files():
+    dockerfile = (SINGLEUSER / "Dockerfile").read_text()
+    assert "COPY images/singleuser/gpuhub_notices /tmp/gpuhub-notices/gpuhub_notices" in dockerfile
+    assert "COPY images/singleuser/sys-prefix /tmp/gpuhub-notices/sys-prefix" in dockerfile
+    assert 'cp -r /tmp/gpuhub-notices/gpuhub_notices "$site"/' in dockerfile
+    assert 'cp -r /tmp/gpuhub-notices/sys-prefix/. "$prefix"/' in dockerfile
+    assert "import sys; print(sys.prefix)" in dockerfile
