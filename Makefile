@@ -40,6 +40,11 @@ resume-node:  ## NODE=host: take new servers again
 image-tar:  ## save the single-user image to a file, for GPU machines that cannot pull it
 	bash deploy/bootstrap.sh image-tar
 
+gpu-check:  ## on a GPU machine: what NVML finds, the slices it would advertise, the guard's reading
+	@py=python3; for p in "$${GPUHUB_VENV:-$(CURDIR)/.venv}/bin/python" /opt/gpu-jupyterhub/worker-venv/bin/python; do \
+	  if [ -x "$$p" ] && "$$p" -c 'import pynvml' 2>/dev/null; then py=$$p; break; fi; \
+	done; PYTHONPATH="$(CURDIR)" "$$py" -m worker_setup.gpu_check $(ARGS)
+
 bench-join:  ## time the join line on a fresh test-bed machine (own root fs, clean repo) until its slices are usable
 	bash tests/bench/run.sh --only join
 
@@ -55,4 +60,4 @@ unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 lint:  ## ruff lint + format check
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
-.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar bench-join test bench unit lint
+.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check bench-join test bench unit lint

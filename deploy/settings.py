@@ -32,6 +32,15 @@ from typing import Callable, NoReturn, TypeVar
 
 from gpu_swarm_spawner import roster
 from tutorial_sync.repos import Repo
+from worker_setup.guard_policy import GuardSettings
+
+#: The GPU guard's settings: checked here, passed on to the GPU machines by the join line.
+GUARD_KEYS = (
+    "GPUHUB_GUARD_MODE",
+    "GPUHUB_GUARD_WARN_PERCENT",
+    "GPUHUB_GUARD_STOP_PERCENT",
+    "GPUHUB_GUARD_GRACE_SECONDS",
+)
 
 #: deploy/settings.env: every setting and its default; beside this module in the checkout and
 #: in the installed package (package data).
@@ -493,6 +502,7 @@ def _numbers(settings) -> list[str]:
         ("GPUHUB_CULL_EVERY", 1, None),
         ("GPUHUB_MAX_AGE", 0, None),
         ("GPUHUB_TUTORIAL_POLL", 1, None),
+        ("GPUHUB_GUARD_METRICS_PORT", 0, 65535),
     ]:
         errors += _int(settings, key, low, high)
     if errors:
@@ -642,12 +652,28 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     errors += _choice(settings, "GPUHUB_FULL_GPU", ("admins", "all", "off"))
     errors += _environments(settings.get("GPUHUB_ENVIRONMENTS", ""))
     errors += _choice(settings, "GPUHUB_DATASETS_MODE", ("ro", "rw"))
+    errors += _guard(settings)
     for repo in settings.get("GPUHUB_TUTORIAL_REPOS", "").split():
         try:  # the sync service's own reader
             Repo.parse(repo)
         except ValueError as e:
             errors.append(f"GPUHUB_TUTORIAL_REPOS: {e}")
     return errors
+
+
+def _guard(settings) -> list[str]:
+    """The GPU guard's settings, checked by the guard's own reader (the GPU machines get them
+    from the join line)."""
+    try:
+        GuardSettings.parse({k: v for k, v in settings.items() if k in GUARD_KEYS})
+    except ValueError as e:
+        return re.split(r"; (?=GPUHUB_)", str(e))
+    return []
+
+
+def _number(value: str) -> float:
+    """A number as GuardSettings.parse reads it (a percentage may end in %)."""
+    return float(value.strip().rstrip("%"))
 
 
 def _environments(value: str) -> list[str]:
@@ -852,8 +878,13 @@ CONVERTERS: dict[str, Callable[[str], object]] = {
             "GPUHUB_CULL_EVERY",
             "GPUHUB_MAX_AGE",
             "GPUHUB_TUTORIAL_SYNC_REPLICAS",
+            "GPUHUB_GUARD_METRICS_PORT",
         ),
         _whole_number,
+    ),
+    **dict.fromkeys(
+        ("GPUHUB_GUARD_WARN_PERCENT", "GPUHUB_GUARD_STOP_PERCENT", "GPUHUB_GUARD_GRACE_SECONDS"),
+        _number,
     ),
     "GPUHUB_SIMULATED_GPUS": _flag,
     "GPUHUB_ADMIN_USERS": names,
@@ -921,6 +952,11 @@ class Config:
     idle_timeout: int = field(init=False)
     cull_every: int = field(init=False)
     max_age: int = field(init=False)
+    guard_mode: str = field(init=False)
+    guard_warn_percent: float = field(init=False)
+    guard_stop_percent: float = field(init=False)
+    guard_grace_seconds: float = field(init=False)
+    guard_metrics_port: int = field(init=False)
     # filled in while deploying (FILLED_BY_DEPLOY)
     public_url: str = field(init=False)
     simulated_gpus: bool = field(init=False)

@@ -24,6 +24,8 @@ import docker
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound, NotFound
 
 from worker_setup import advertise, engine
+from worker_setup.guard_policy import GuardSettings
+from worker_setup.guard_service import METRICS_PORT
 
 from .console import DeployError, Log, run
 from .settings import REPO, Config, read_roster
@@ -356,9 +358,30 @@ def ensure_ports_free(client, config: Config, keys: list[str], log: Log) -> None
 # ---- GPU machines ---------------------------------------------------------------------------
 
 
-def join_command(addr: str, token: str, slices_per_gpu: int, image: str, registry: str = "") -> str:
+def guard_options(config: Config) -> str:
+    """The join line's --guard-* options: the GPUHUB_GUARD_* settings that differ from the
+    guard's own defaults (" --guard-mode enforce ..."; "" when none do)."""
+    defaults = GuardSettings()
+    wanted = [
+        ("mode", config.guard_mode, defaults.mode),
+        ("warn-percent", config.guard_warn_percent, defaults.warn_percent),
+        ("stop-percent", config.guard_stop_percent, defaults.stop_percent),
+        ("grace-seconds", config.guard_grace_seconds, defaults.grace_seconds),
+        ("metrics-port", config.guard_metrics_port, METRICS_PORT),
+    ]
+    return "".join(
+        f" --guard-{name} {value:g}" if isinstance(value, float) else f" --guard-{name} {value}"
+        for name, value, default in wanted
+        if value != default
+    )
+
+
+def join_command(
+    addr: str, token: str, slices_per_gpu: int, image: str, registry: str = "", guard: str = ""
+) -> str:
     """The lines an organizer runs on each GPU machine: the swarm's address and worker token,
-    and with ``registry`` (`make up`) where the machine pulls the servers' images."""
+    with ``registry`` (`make up`) where the machine pulls the servers' images, and ``guard``
+    the GPU guard's options."""
     if registry:
         comment = (
             "# On each GPU machine, as root, in a checkout of this repository (it pulls the\n"
@@ -374,7 +397,7 @@ def join_command(addr: str, token: str, slices_per_gpu: int, image: str, registr
         extra = ""
     line = (
         f"sudo ./worker_setup/setup.sh --manager {addr}:2377 --token {token} "
-        f"--slices-per-gpu {slices_per_gpu}{extra}"
+        f"--slices-per-gpu {slices_per_gpu}{extra}{guard}"
     )
     return f"{comment}\n{line}"
 
@@ -393,7 +416,16 @@ def print_join_command(client, config: Config) -> None:
     client.swarm.reload()
     token = client.swarm.attrs["JoinTokens"]["Worker"]
     registry = f"{addr}:{config.registry_port}" if registry_running(client, config) else ""
-    print(join_command(addr, token, config.slices_per_gpu, config.singleuser_image, registry))
+    print(
+        join_command(
+            addr,
+            token,
+            config.slices_per_gpu,
+            config.singleuser_image,
+            registry,
+            guard_options(config),
+        )
+    )
 
 
 def _tag_of(image, name: str) -> str:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import advertise, join
+from . import advertise, guard_service, join
 from .docker_cli import DockerCLI
+from .guard_policy import MODES, GuardSettings
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 
@@ -39,22 +41,81 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the single-user image, from 'make image-tar'",
     )
     advertise.add_gpu_arguments(parser.add_argument_group("GPUs and daemon.json"))
+    add_guard_arguments(parser.add_argument_group("the GPU guard (worker_setup/guard.py)"))
     leaving = parser.add_argument_group("leaving")
     leaving.add_argument("--leave", action="store_true", help="take this machine out again")
     leaving.add_argument(
-        "--wait", type=float, default=0, metavar="SECONDS",
+        "--wait",
+        type=float,
+        default=0,
+        metavar="SECONDS",
         help="wait this long for participants' servers here to stop",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--force", action="store_true",
+        "--force",
+        action="store_true",
         help="stop participants' servers here (engine restart, --leave) instead of refusing",
-    )  # fmt: skip
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     # what only the manager's own advertising uses (python -m worker_setup.advertise)
     parser.set_defaults(simulate_if_no_gpu=0, none_if_no_gpu=False)
     args = parser.parse_args(argv)
     advertise.check_gpu_arguments(parser, args)
+    try:
+        GuardSettings(
+            args.guard_mode,
+            args.guard_warn_percent,
+            args.guard_stop_percent,
+            args.guard_grace_seconds,
+        )
+    except ValueError as e:
+        # the setting's name as this command line spells it
+        parser.error(
+            re.sub(
+                r"GPUHUB_GUARD_(\w+)", lambda k: "--guard-" + k[1].lower().replace("_", "-"), str(e)
+            )
+        )
     return args
+
+
+def add_guard_arguments(group) -> None:
+    """The guard's settings, as the manager's GPUHUB_GUARD_* settings are passed on by
+    'make join-command' (their defaults are the guard's own)."""
+    d = GuardSettings()
+    group.add_argument(
+        "--guard-mode",
+        default=d.mode,
+        choices=MODES,
+        help="off, warn (participants over budget) or enforce (then stop)",
+    )
+    group.add_argument(
+        "--guard-warn-percent",
+        type=float,
+        default=d.warn_percent,
+        metavar="P",
+        help="warn above P%% of a budget (%(default)g)",
+    )
+    group.add_argument(
+        "--guard-stop-percent",
+        type=float,
+        default=d.stop_percent,
+        metavar="P",
+        help="stop above P%% of a budget (%(default)g)",
+    )
+    group.add_argument(
+        "--guard-grace-seconds",
+        type=float,
+        default=d.grace_seconds,
+        metavar="S",
+        help="from the first warning to a stop (%(default)g)",
+    )
+    group.add_argument(
+        "--guard-metrics-port",
+        type=int,
+        default=guard_service.METRICS_PORT,
+        metavar="PORT",
+        help="its Prometheus metrics; 0: none (%(default)s)",
+    )
 
 
 def main(
@@ -65,6 +126,7 @@ def main(
         args=args,
         docker=docker or DockerCLI(environ),
         daemon_json=Path(environ.get("GPUHUB_DAEMON_JSON") or DAEMON_JSON),
+        guard=guard_service.Service(environ),
     )
     return join.run(machine)
 

@@ -156,9 +156,8 @@ def _read_mig_instances(nvml, index: int, parent_uuid: str, handle) -> tuple[GPU
     """The MIG instances of a GPU in MIG mode; an empty slot answers "Not Found"."""
     instances = []
     for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-        try:
-            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-        except nvml.NVMLError_NotFound:
+        mig = _mig_handle(nvml, handle, slot)
+        if mig is None:
             continue
         ident = f"{parent_uuid}, MIG instance {slot}"
         try:
@@ -174,6 +173,15 @@ def _read_mig_instances(nvml, index: int, parent_uuid: str, handle) -> tuple[GPU
             GPUInfo(index, uuid, name, memory_mb, parent_uuid=parent_uuid, profile=profile)
         )
     return tuple(instances)
+
+
+def _mig_handle(nvml, handle, slot: int):
+    """The handle of the MIG instance in ``slot`` of a GPU in MIG mode, or None for an empty
+    slot (NVML answers "Not Found"); other NVML errors are raised."""
+    try:
+        return nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+    except nvml.NVMLError_NotFound:
+        return None
 
 
 def advertised(found: list[GPUInfo]) -> tuple[list[GPUInfo], list[str]]:

@@ -11,10 +11,13 @@ Joining is a checklist of idempotent steps; a second run changes nothing and say
   daemon.json  slices, gpu-jupyterhub.* engine labels, NVIDIA runtime merged in (backup kept);
                with --registry, the manager's registry as a plain-HTTP one
   restart      the engine restarts only when daemon.json changed
+  guard        the GPU guard runs with the --guard-* settings (worker_setup/guard.py), as a
+               systemd unit or a process of its own; restarted only when they changed
 
 With --registry (`make up` runs one on the manager) the images are pulled after the restart that
 makes the engine trust it. --leave waits for (--wait) or stops (--force) the participants'
-servers here, leaves the swarm and takes the GPU settings out of daemon.json again.
+servers here, leaves the swarm, stops and removes the GPU guard and takes the GPU settings out
+of daemon.json again.
 
 For engines set up differently (the test bed's machines): DOCKER_HOST, GPUHUB_DAEMON_JSON,
 GPUHUB_DOCKERD_CMD (how to start dockerd), GPUHUB_DOCKERD_PIDFILE, GPUHUB_DOCKERD_LOG.
@@ -38,7 +41,7 @@ from pathlib import Path
 
 from gpu_swarm_spawner import contract
 
-from . import advertise
+from . import advertise, guard_service
 from .docker_cli import DockerCLI
 from .engine import EngineError
 
@@ -87,6 +90,7 @@ class Machine:
     docker: DockerCLI
     daemon_json: Path
     checklist: Checklist = field(default_factory=Checklist)
+    guard: guard_service.Service = field(default_factory=guard_service.Service)
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
     #: The manager's swarm address (ADDR:PORT) and the single-user image by the name this
@@ -356,6 +360,7 @@ def join(m: Machine) -> None:
     else:
         ensure_image(m)
         ensure_gpu_settings(m, plan)
+    ensure_guard(m, plan)
     for line in m.checklist.table():
         print(line)
     if m.args.dry_run:
@@ -364,6 +369,69 @@ def join(m: Machine) -> None:
         print("nothing to change: this machine is already set up")
     else:
         print("done: this machine's GPU slices are available to the hub in a few seconds")
+
+
+def guard_options(m: Machine) -> list[str]:
+    """The guard's command-line options from the join's --guard-* ones."""
+    a = m.args
+    options = [
+        "--mode",
+        a.guard_mode,
+        "--warn-percent",
+        f"{a.guard_warn_percent:g}",
+        "--stop-percent",
+        f"{a.guard_stop_percent:g}",
+        "--grace-seconds",
+        f"{a.guard_grace_seconds:g}",
+        "--metrics-port",
+        str(a.guard_metrics_port),
+    ]
+    node = (m.docker.info() or {}).get("Name")
+    if node:
+        options += ["--machine", node]
+    if a.nvml_fixture:
+        options += ["--nvml-fixture", str(Path(a.nvml_fixture).resolve())]
+    return options
+
+
+def ensure_guard(m: Machine, plan: advertise.Plan) -> None:
+    """The GPU guard runs here with the join's settings: started, restarted when they
+    changed, left alone when not; stopped when there is nothing to guard."""
+    reason = ""
+    if m.args.guard_mode == "off":
+        reason = "--guard-mode off"
+    elif not plan.gpus or m.args.simulate_gpus:
+        reason = "simulated GPUs: no NVML to read" if m.args.simulate_gpus else "no GPUs"
+    if reason:
+        ensure_guard_stopped(m, reason)
+        return
+    wanted = guard_service.wanted(guard_options(m), m.guard.environ)
+    what = f"{m.args.guard_mode} mode" + (
+        f", metrics on :{m.args.guard_metrics_port}" if m.args.guard_metrics_port else ""
+    )
+    now = m.guard.state(wanted)
+    if now.same:
+        m.checklist.row("guard", f"running ({what})")
+        return
+    verb = "restart" if now.pid is not None else "start"
+    if m.args.dry_run:
+        m.checklist.row("guard", f"would {verb} the GPU guard ({what}; {m.guard.where()})")
+        return
+    try:
+        m.guard.start(wanted)
+    except (OSError, RuntimeError) as e:
+        raise Stop(f"the GPU guard did not start: {e}") from None
+    m.checklist.changed("guard", f"{verb}ed ({what}; {m.guard.where()})")
+
+
+def ensure_guard_stopped(m: Machine, reason: str) -> None:
+    if m.guard.state(None).pid is None and not m.guard.installed():
+        m.checklist.row("guard", f"not running ({reason})")
+    elif m.args.dry_run:
+        m.checklist.row("guard", f"would stop and remove the GPU guard ({reason})")
+    else:
+        m.guard.stop()
+        m.checklist.changed("guard", f"stopped and removed ({reason})")
 
 
 # ---- leaving ------------------------------------------------------------------------------
@@ -429,6 +497,7 @@ def leave(m: Machine) -> None:
             "with --force"
         )
     ensure_left(m, users)
+    ensure_guard_stopped(m, "leaving")
     ensure_gpu_settings_removed(m)
     for line in m.checklist.table():
         print(line)

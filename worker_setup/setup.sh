@@ -6,10 +6,11 @@
 #        [--registry HOST:PORT | --image-tar FILE] [--simulate-gpus N] [--dry-run] ...
 #   sudo ./worker_setup/setup.sh --leave [--wait SECONDS] [--force] [--dry-run]
 #
-# This only finds a python that can import pynvml (nvidia-ml-py) and runs the checklist with it:
-# `python -m worker_setup` (worker_setup/join.py; --help lists every option and step). That
-# python: GPUHUB_WORKER_PYTHON, else the repository's venv (GPUHUB_VENV, default .venv) when it
-# has pynvml, else a venv of its own holding only nvidia-ml-py, made once in /opt/gpu-jupyterhub.
+# This only finds a python that can import pynvml (nvidia-ml-py) and prometheus_client (the GPU
+# guard's metrics) and runs the checklist with it: `python -m worker_setup` (worker_setup/join.py;
+# --help lists every option and step). That python: GPUHUB_WORKER_PYTHON, else the repository's
+# venv (GPUHUB_VENV, default .venv) when it has both, else a venv of its own holding only those
+# two, made once in /opt/gpu-jupyterhub. The GPU guard it starts runs with the same python.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,7 +19,7 @@ WORKER_VENV=/opt/gpu-jupyterhub/worker-venv
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 die() { echo "error: $*" >&2; exit 1; }
-has_pynvml() { [ -x "$1" ] && "$1" -c 'import pynvml' 2>/dev/null; }
+has_pynvml() { [ -x "$1" ] && "$1" -c 'import pynvml, prometheus_client' 2>/dev/null; }
 apt_install() {  # apt_install PACKAGE: Debian's, quietly
   command -v apt-get >/dev/null || die "$1 is missing; install it with your package manager"
   local -x DEBIAN_FRONTEND=noninteractive
@@ -39,8 +40,8 @@ if [ -z "$PY" ]; then
   if ! has_pynvml "$PY"; then
     python3 -m venv "$WORKER_VENV" >/dev/null 2>&1 \
       || { apt_install python3-venv; python3 -m venv --clear "$WORKER_VENV" >/dev/null; }
-    "$WORKER_VENV/bin/pip" install -q --disable-pip-version-check nvidia-ml-py >/dev/null 2>&1 \
-      || die "could not install nvidia-ml-py into $WORKER_VENV (pip); check the network or set GPUHUB_WORKER_PYTHON"
+    "$WORKER_VENV/bin/pip" install -q --disable-pip-version-check nvidia-ml-py prometheus-client >/dev/null 2>&1 \
+      || die "could not install nvidia-ml-py and prometheus-client into $WORKER_VENV (pip); check the network or set GPUHUB_WORKER_PYTHON"
   fi
 fi
 exec "$PY" -m worker_setup "$@"

@@ -256,16 +256,18 @@ remove_worker() {
 
 fresh_addr() { echo "$BED_NET.$((30 + ${1#fresh}))"; }
 
-# The fresh machine's image: the project's base image plus what a GPU machine has, and a local
-# wheel of nvidia-ml-py (downloaded here, as ensure_venv installs packages).
+# The fresh machine's image: the project's base image plus what a GPU machine has, and local
+# wheels of what the worker venv holds, nvidia-ml-py and prometheus-client (downloaded here, as
+# ensure_venv installs packages).
 ensure_machine_image() {
-  local ctx=$BED_DATA/machine-context
+  local ctx=$BED_DATA/machine-context wheel
   mkdir -p "$ctx/wheels"
-  if ! ls "$ctx"/wheels/nvidia_ml_py-*.whl >/dev/null 2>&1; then
-    log "downloading the nvidia-ml-py wheel for the fresh machines"
-    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps -d "$ctx/wheels" nvidia-ml-py \
-      || die "pip download nvidia-ml-py failed"
-  fi
+  for wheel in nvidia_ml_py prometheus_client; do
+    ls "$ctx"/wheels/"$wheel"-*.whl >/dev/null 2>&1 && continue
+    log "downloading the ${wheel//_/-} wheel for the fresh machines"
+    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps -d "$ctx/wheels" "${wheel//_/-}" \
+      || die "pip download ${wheel//_/-} failed"
+  done
   cp "$BED_DIR/machine/Dockerfile" "$BED_DIR/machine/pip.conf" "$ctx/"
   log "image $BED_MACHINE_IMAGE"
   DOCKER_BUILDKIT=0 quietly "building $BED_MACHINE_IMAGE" \
@@ -274,13 +276,14 @@ ensure_machine_image() {
 
 # Machine NAME, new: its container (its own root filesystem and /var/lib/docker volume), on the
 # bridge at its address, a clean copy of the repository in /root/gpu-jupyterhub.
-fresh_machine() {
+fresh_machine() {  # SYS_PTRACE: as root on a GPU machine, the GPU guard reads (/proc/PID/...) and
+  # signals its participants' processes
   local name=$1 pid
   remove_machine "$name"
   docker image inspect "$BED_MACHINE_IMAGE" >/dev/null 2>&1 || ensure_machine_image
   docker run -d --name "gjbed-$name" --hostname "$name" --network none \
     --label gpu-jupyterhub-bed.machine="$name" \
-    --cap-add SYS_ADMIN --cap-add NET_ADMIN \
+    --cap-add SYS_ADMIN --cap-add NET_ADMIN --cap-add SYS_PTRACE \
     --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
     -v /sys/fs/cgroup:/sys/fs/cgroup:rw -v "gjbed-$name-docker:/var/lib/docker" \
     "$BED_MACHINE_IMAGE" >/dev/null

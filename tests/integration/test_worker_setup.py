@@ -191,10 +191,11 @@ def test_join_with_the_printed_line_makes_the_slices_usable(machine, image_tar):
     assert all(labels[MEMORY_LABEL + g.uuid] == "16384" for g in gpus)
     for step in ("checks", "engine", "swarm", "image", "daemon.json", "restart"):
         assert f"\n  {step} " in result.stdout, f"summary row {step} missing:\n{result.stdout}"
-    # the GPU step ran in a venv of its own holding nvidia-ml-py only
+    # the GPU step ran in a venv of its own holding nvidia-ml-py (and the guard's
+    # prometheus-client) only
     packages = on_machine("/opt/gpu-jupyterhub/worker-venv/bin/pip list --format=freeze")
-    names = {p.split("==")[0].lower() for p in packages.stdout.split()}
-    assert names - {"pip", "setuptools"} == {"nvidia-ml-py"}, packages.stdout
+    names = {p.split("==")[0].lower().replace("_", "-") for p in packages.stdout.split()}
+    assert names - {"pip", "setuptools"} == {"nvidia-ml-py", "prometheus-client"}, packages.stdout
     print(f"setup.sh join -> slices usable: {elapsed:.1f} s")
 
 

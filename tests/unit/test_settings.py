@@ -554,7 +554,14 @@ def test_every_variable_the_stack_files_interpolate_is_a_setting():
     assert set(FILLED_BY_DEPLOY) <= keys
 
 
-TYPES = {"int": int, "str": str, "bool": bool, "list[str]": list, "dict[str, str]": dict}
+TYPES = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "list[str]": list,
+    "dict[str, str]": dict,
+}
 
 
 def test_read_gives_every_setting_its_declared_type():

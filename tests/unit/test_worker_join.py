@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 import tarfile
 import threading
@@ -115,6 +116,18 @@ def settings(monkeypatch):
     monkeypatch.setattr(join, "singleuser_image", lambda: IMAGE)
 
 
+@pytest.fixture(autouse=True)
+def guard_files(tmp_path, monkeypatch):
+    """The GPU guard's pid file and log in tmp_path (never this machine's /var/run)."""
+    files = {
+        "GPUHUB_GUARD_PIDFILE": str(tmp_path / "guard.pid"),
+        "GPUHUB_GUARD_LOG": str(tmp_path / "guard.log"),
+    }
+    for key, value in files.items():
+        monkeypatch.setenv(key, value)
+    return files
+
+
 @pytest.fixture
 def daemon_json(tmp_path):
     path = tmp_path / "etc" / "daemon.json"
@@ -128,7 +141,9 @@ def setup(engine, daemon_json, manager, *args, simulate=True):
     line = ["--manager", manager, "--token", TOKEN, "--nvidia-runtime", "off", "--machine-id", "t"]
     if simulate:
         line += ["--simulate-gpus", "2"]
-    return main([*line, *args], docker=engine, environ={"GPUHUB_DAEMON_JSON": str(daemon_json)})
+    environ = {"GPUHUB_DAEMON_JSON": str(daemon_json)}
+    environ.update((k, v) for k, v in os.environ.items() if k.startswith("GPUHUB_GUARD_"))
+    return main([*line, *args], docker=engine, environ=environ)
 
 
 def leave(engine, daemon_json, *args, **machine):
@@ -168,6 +183,7 @@ def test_a_fresh_machine_joins_and_a_second_run_changes_nothing(daemon_json, man
         "image": f"pulled {IMAGE}",
         "daemon.json": "slices and labels written (backup kept)",
         "restart": "engine restarted",
+        "guard": "not running (simulated GPUs: no NVML to read)",
     }
     assert out.endswith(
         "\n\ndone: this machine's GPU slices are available to the hub in a few seconds\n"
@@ -206,6 +222,7 @@ def test_dry_run_prints_the_plan_and_the_diff_and_changes_nothing(daemon_json, m
         "swarm": f"would join the swarm of {manager}",
         "image": f"would pull {IMAGE}",
         "daemon.json": "would change (diff above)",
+        "guard": "not running (simulated GPUs: no NVML to read)",
     }
     assert f"      {daemon_json} would change:\n" in out
     assert '      +    "GPU-simulated-' in out and "gpu-jupyterhub.gpu-count=2" in out
@@ -531,7 +548,11 @@ def test_leave_waits_for_the_servers_to_stop(joined, daemon_json, capsys):
 
     assert leave(joined, daemon_json) == 0
     rows = summary(capsys.readouterr().out)
-    assert rows == {"swarm": "not in a swarm", "daemon.json": "no GPU settings left"}
+    assert rows == {
+        "swarm": "not in a swarm",
+        "guard": "not running (leaving)",
+        "daemon.json": "no GPU settings left",
+    }
     assert joined.changes == [("leave",), ("restart",)]
 
 
@@ -561,6 +582,7 @@ def test_leave_dry_run_changes_nothing(joined, daemon_json, capsys):
     out = capsys.readouterr().out
     assert summary(out) == {
         "swarm": "would leave the swarm",
+        "guard": "not running (leaving)",
         "daemon.json": "would take the GPU settings out",
     }
     assert f"      {daemon_json} would change:\n" in out and '      -    "GPU-simulated-' in out
@@ -613,3 +635,88 @@ def test_a_machine_without_docker_yet_reads_as_an_engine_without_anything(tmp_pa
     assert docker.info() == {} and docker.image_id(IMAGE) == ""
     assert docker.service_containers() == []
     assert docker.pull(IMAGE) == "docker: command not found"
+
+
+# ---- the GPU guard --------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def guard_pid(guard_files) -> int | None:
+    try:
+        pid = int(Path(guard_files["GPUHUB_GUARD_PIDFILE"]).read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if Path(f"/proc/{pid}").is_dir() else None
+
+
+def test_the_join_starts_the_guard_restarts_it_for_new_settings_and_leave_removes_it(
+    daemon_json, manager, capsys, guard_files, monkeypatch
+):
+    """A real guard process (its engine unreachable here: it says so and keeps running)."""
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    engine = FakeEngine(up=False)
+    engine.pullable[IMAGE] = "sha256:" + "a" * 64
+    port = str(free_port())
+    nvml = ["--nvml-fixture", str(FIXTURES / "k80x2.json"), "--guard-metrics-port", port]
+    try:
+        assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 0
+        rows = summary(capsys.readouterr().out)
+        pidfile = guard_files["GPUHUB_GUARD_PIDFILE"]
+        assert rows["guard"] == f"started (warn mode, metrics on :{port}; pid file {pidfile})"
+        first = guard_pid(guard_files)
+        assert first and "worker_setup.guard" in Path(f"/proc/{first}/cmdline").read_text()
+        assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 0
+        assert (
+            summary(capsys.readouterr().out)["guard"] == f"running (warn mode, metrics on :{port})"
+        )
+        assert guard_pid(guard_files) == first
+        enforce = [*nvml, "--guard-mode", "enforce", "--guard-grace-seconds", "30"]
+        assert setup(engine, daemon_json, manager, *enforce, simulate=False) == 0
+        assert summary(capsys.readouterr().out)["guard"].startswith("restarted (enforce mode")
+        second = guard_pid(guard_files)
+        assert second and second != first and guard_pid(guard_files) == second
+        args = Path(f"/proc/{second}/cmdline").read_text().split("\0")
+        assert args[args.index("--mode") + 1] == "enforce"
+        assert args[args.index("--grace-seconds") + 1] == "30"
+        log = Path(guard_files["GPUHUB_GUARD_LOG"]).read_text()
+        assert "FAKE NVML" in log and "no decisions until it answers" in log
+        assert leave(engine, daemon_json) == 0
+        assert summary(capsys.readouterr().out)["guard"] == "stopped and removed (leaving)"
+        assert guard_pid(guard_files) is None and not Path(f"/proc/{second}").exists()
+    finally:
+        join_guard = join.guard_service.Service(os.environ)
+        join_guard.stop()
+
+
+def test_a_dry_run_says_it_would_start_the_guard_and_starts_nothing(
+    daemon_json, manager, capsys, guard_files
+):
+    engine = FakeEngine(up=False)
+    nvml = ["--nvml-fixture", str(FIXTURES / "k80x2.json"), "--dry-run"]
+    assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 0
+    row = summary(capsys.readouterr().out)["guard"]
+    assert row.startswith("would start the GPU guard (warn mode, metrics on :9445; pid file ")
+    assert guard_pid(guard_files) is None
+
+
+def test_guard_mode_off_runs_no_guard(daemon_json, manager, capsys, guard_files):
+    engine = FakeEngine(up=False)
+    engine.pullable[IMAGE] = "sha256:" + "a" * 64
+    nvml = ["--nvml-fixture", str(FIXTURES / "k80x2.json"), "--guard-mode", "off"]
+    assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 0
+    assert summary(capsys.readouterr().out)["guard"] == "not running (--guard-mode off)"
+    assert guard_pid(guard_files) is None
+
+
+def test_bad_guard_settings_stop_the_join_before_anything_changes(daemon_json, manager, capsys):
+    engine = FakeEngine(up=False)
+    with pytest.raises(SystemExit):
+        setup(engine, daemon_json, manager, "--guard-stop-percent", "90")
+    err = capsys.readouterr().err
+    assert "--guard-stop-percent is 90, below --guard-warn-percent (100); write at least 100" in err
+    assert engine.changes == []

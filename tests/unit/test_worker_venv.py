@@ -31,7 +31,15 @@ SETUP_SH = WORKER / "setup.sh"
 WORKER_MODULES = sorted(p.stem for p in WORKER.glob("*.py"))
 #: Beyond the standard library, what the worker code may import (deploy.settings: the one
 #: reader of the settings, standard library only; checked below).
-ALLOWED = {"pynvml", "gpu_swarm_spawner.contract", "worker_setup", "deploy.settings"}
+#: prometheus_client: the GPU guard serves its metrics with it (imported where it serves them;
+#: setup.sh puts it into the worker venv beside nvidia-ml-py).
+ALLOWED = {
+    "pynvml",
+    "prometheus_client",
+    "gpu_swarm_spawner.contract",
+    "worker_setup",
+    "deploy.settings",
+}
 #: Packages of the hub's environment that a GPU machine does not have.
 HUB_ONLY = ("jinja2", "traitlets", "jupyterhub", "dockerspawner", "docker")
 
@@ -48,6 +56,9 @@ def make_venv(path: Path, with_pynvml: bool) -> Path:
             capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
         shutil.copy(origin, purelib)
+        # the worker venv's other package (the GPU guard's metrics), pure python too
+        package = Path(importlib.util.find_spec("prometheus_client").origin).parent
+        shutil.copytree(package, Path(purelib) / package.name)
     return python
 
 
@@ -150,16 +161,17 @@ def test_worker_code_imports_only_the_standard_library_nvml_and_the_contract():
     assert not wrong, "the worker may import the standard library, pynvml, contract and settings"
 
 
-def test_the_settings_import_only_the_standard_library_and_two_pure_modules():
+def test_the_settings_import_only_the_standard_library_and_three_pure_modules():
     """deploy/settings.py runs with a bare python3 (before anything is installed) and on the
-    GPU machines: beyond the standard library only the roster and tutorial-repository readers,
-    themselves standard library only; and the deploy package's __init__ imports nothing."""
-    pure = {"gpu_swarm_spawner.roster", "tutorial_sync.repos"}
+    GPU machines: beyond the standard library only the roster and tutorial-repository readers
+    and the GPU guard's settings, themselves standard library only; and the deploy package's
+    __init__ imports nothing."""
+    pure = {"gpu_swarm_spawner.roster", "tutorial_sync.repos", "worker_setup.guard_policy"}
     deploy = REPO / "deploy"
     wrong = [
         f"{path.relative_to(REPO)}:{line}: {module}"
         for path in (deploy / "settings.py", REPO / "gpu_swarm_spawner" / "roster.py",
-                     REPO / "tutorial_sync" / "repos.py")
+                     REPO / "tutorial_sync" / "repos.py", WORKER / "guard_policy.py")
         for line, module in imports(path.read_text())
         if not allowed(module, pure)
     ]  # fmt: skip
@@ -175,7 +187,7 @@ def test_setup_sh_only_finds_the_python_and_hands_over_to_the_worker_package():
     assert not [line for line in code if re.match(r"\s*(\.|source)\s", line)], "sources a file"
     assert "lib.sh" not in "\n".join(code)
     snippets = re.findall(r"\s-c\s+'([^']*)'", text)
-    assert snippets == ["import pynvml"]
+    assert snippets == ["import pynvml, prometheus_client"]
     assert not re.search(r"<<'?\w+'?", text), "a here-document"
     assert set(re.findall(r"\s-m\s+([\w.]+)", text)) == {"worker_setup", "venv"}
 
