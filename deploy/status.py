@@ -1,15 +1,18 @@
-"""`make status`: the swarm's machines, GPUs, free and used slices, and running servers.
+"""`make status`: the swarm's machines, GPUs, free and used slices, and running servers with
+their GPU memory against their budget (from each GPU machine's guard).
 
-    python -m deploy.status [--prefix jy]
+    python -m deploy.status [--prefix jy] [--guard-port 9445]
 
-``render`` is pure (plain dicts from the Docker API in, text out); ``main`` reads the manager's
-Docker API.
+``render`` and ``guard_memory`` are pure (plain dicts from the Docker API and metrics text in,
+text out); ``main`` reads the manager's Docker API and each machine's guard metrics.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import urllib.request
+from collections.abc import Mapping
 
 from gpu_swarm_spawner.contract import SERVICE_PREFIX, USER_LABEL, is_mig, is_simulated
 from gpu_swarm_spawner.inventory import (
@@ -27,11 +30,51 @@ def _table(rows: list[list[str]]) -> list[str]:
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
+#: (user, GPU UUID) -> (bytes used, bytes of the budget or None), as the guards report them
+Memory = Mapping[tuple[str, str], tuple[float, float | None]]
+
+
+def guard_memory(texts: list[str]) -> dict[tuple[str, str], tuple[float, float | None]]:
+    """Each participant's GPU memory and budget from the guards' metrics (Prometheus text)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    used: dict[tuple[str, str], float] = {}
+    budget: dict[tuple[str, str], float] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = (sample.labels.get("user", ""), sample.labels.get("gpu", ""))
+                if sample.name == "gpuhub_participant_gpu_memory_used_bytes":
+                    used[key] = sample.value
+                elif sample.name == "gpuhub_participant_gpu_memory_budget_bytes":
+                    budget[key] = sample.value
+    return {key: (value, budget.get(key)) for key, value in used.items()}
+
+
+def _memory(memory: Memory | None, user: str, gpus) -> str:
+    if memory is None:
+        return "-"
+    found = [memory[(user, gpu)] for gpu in gpus if (user, gpu) in memory]
+    if not found:
+        return "?"
+    used, budget = found[0]
+    gb = 1024**3
+    shown = f"{used / gb:.1f}" + (f" / {budget / gb:.1f} GB" if budget else " GB")
+    return shown + (" OVER" if budget and used > budget else "")
+
+
 def render(
-    nodes: list[dict], tasks: list[dict], services: list[dict], prefix: str = SERVICE_PREFIX
+    nodes: list[dict],
+    tasks: list[dict],
+    services: list[dict],
+    prefix: str = SERVICE_PREFIX,
+    memory: Memory | None = None,
+    silent: tuple[str, ...] = (),
 ) -> str:
     """Machines with their GPUs and slices, then one line per participant's server. MIG
-    instances count among a machine's GPUs, marked ``MIG`` (as is a server holding one)."""
+    instances count among a machine's GPUs, marked ``MIG`` (as is a server holding one).
+    ``memory``: the guards' figures (None: not read); ``silent``: machines whose guard did not
+    answer."""
     used_on = used_slices(tasks)  # on every machine, paused or drained ones too
     rows = [["machine", "state", "availability", "GPUs", "slices used/total", "note"]]
     for node in sorted(nodes, key=lambda n: n["Description"].get("Hostname", "")):
@@ -46,7 +89,14 @@ def render(
                 node.get("Spec", {}).get("Availability", "?"),
                 f"{len(kinds)} ({migs} MIG)" if migs else str(len(kinds)),
                 f"{used}/{sum(kinds.values())}" if kinds else "-",
-                "simulated GPUs" if simulated else "",
+                "; ".join(
+                    note
+                    for note, shown in (
+                        ("simulated GPUs", simulated),
+                        ("guard: no answer", node["ID"] in silent),
+                    )
+                    if shown
+                ),
             ]
         )
     used, total = totals(build_inventory(nodes, tasks))
@@ -55,7 +105,7 @@ def render(
 
     specs = {s["ID"]: s["Spec"] for s in services}
     hosts = {n["ID"]: n["Description"].get("Hostname", n["ID"][:12]) for n in nodes}
-    servers = [["server", "user", "machine", "GPU", "slices", "state"]]
+    servers = [["server", "user", "machine", "GPU", "slices", "GPU memory", "state"]]
     for task in tasks:
         spec = specs.get(task.get("ServiceID"), {})
         name = spec.get("Name", "")
@@ -70,6 +120,7 @@ def render(
                 hosts.get(task.get("NodeID"), "-"),
                 ", ".join(f"{u} (MIG)" if is_mig(u) else u for u in held) or "-",
                 str(sum(held.values())),
+                _memory(memory, labels.get(USER_LABEL, "?"), held),
                 task["Status"]["State"],
             ]
         )
@@ -79,12 +130,39 @@ def render(
     return "\n".join(lines)
 
 
+def scrape_guards(nodes: list[dict], port: int) -> tuple[list[str], tuple[str, ...]]:
+    """The metrics text of the guard of each GPU machine, straight (no proxy), 2 s each; and
+    the ids of the machines whose guard did not answer."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    texts, silent = [], []
+    for node in nodes:
+        addr = node.get("Status", {}).get("Addr", "")
+        if not gpu_kinds(node) or not addr or is_simulated(next(iter(gpu_kinds(node)))):
+            continue  # no guard runs where the GPUs are simulated
+        try:
+            with opener.open(f"http://{addr}:{port}/metrics", timeout=2) as response:
+                texts.append(response.read().decode())
+        except (OSError, ValueError):
+            silent.append(node["ID"])
+    return texts, tuple(silent)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--prefix", default=SERVICE_PREFIX, help="service name prefix of user servers"
     )
+    parser.add_argument(
+        "--guard-port", type=int, default=None, help="the guards' metrics port (the settings')"
+    )
     args = parser.parse_args(argv)
+    if args.guard_port is None:
+        from . import settings
+
+        try:
+            args.guard_port = settings.read().guard_metrics_port
+        except settings.SettingsError:
+            args.guard_port = 0
     import docker
 
     try:
@@ -97,7 +175,11 @@ def main(argv=None) -> int:
     except docker.errors.DockerException as e:
         print(f"status: cannot reach the Docker engine ({e}); is it running?", file=sys.stderr)
         return 1
-    print(render(nodes, tasks, services, args.prefix))
+    memory, silent = None, ()
+    if args.guard_port:
+        texts, silent = scrape_guards(nodes, args.guard_port)
+        memory = guard_memory(texts)
+    print(render(nodes, tasks, services, args.prefix, memory, silent))
     return 0
 
 

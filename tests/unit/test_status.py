@@ -1,6 +1,6 @@
 """`make status`'s table, from plain Docker API dicts."""
 
-from deploy.status import render
+from deploy.status import guard_memory, render
 
 from .clusters import node, task
 
@@ -46,3 +46,41 @@ def test_a_paused_machine_shows_the_slices_its_servers_still_hold():
         line.split()[:5] == ["gpu-b", "ready", "pause", "1", "2/3"] for line in out.splitlines()
     )
     assert "0 of 0 slices free on schedulable machines" in out
+
+
+USED = "gpuhub_participant_gpu_memory_used_bytes"
+BUDGET = "gpuhub_participant_gpu_memory_budget_bytes"
+GUARD_METRICS = f"""\
+# TYPE {USED} gauge
+{USED}{{gpu="GPU-aaaa-0",machine="gpu-a",user="alice"}} 1.048576e+10
+{USED}{{gpu="GPU-aaaa-1",machine="gpu-a",user="bob"}} 2.147483648e+09
+# TYPE {BUDGET} gauge
+{BUDGET}{{gpu="GPU-aaaa-0",machine="gpu-a",user="alice"}} 8.589934592e+09
+{BUDGET}{{gpu="GPU-aaaa-1",machine="gpu-a",user="bob"}} 8.589934592e+09
+"""
+
+
+def test_each_server_shows_its_gpu_memory_against_its_budget_from_the_guards():
+    nodes = [
+        node("n1", "gpu-a", {"GPU-aaaa-0": 3, "GPU-aaaa-1": 3}),
+        node("n2", "gpu-c", {"GPU-c": 3}),
+    ]
+    tasks = [
+        task("n1", {"GPU-aaaa-0": 1}, service_id="s1"),
+        task("n1", {"GPU-aaaa-1": 1}, service_id="s2"),
+        task("n2", {"GPU-c": 1}, service_id="s3"),
+    ]
+    services = [
+        {"ID": f"s{i}", "Spec": {"Name": f"jy-{u}", "Labels": {"gpu-jupyterhub.user": u}}}
+        for i, u in ((1, "alice"), (2, "bob"), (3, "carol"))
+    ]
+    memory = guard_memory([GUARD_METRICS])
+    out = render(nodes, tasks, services, memory=memory, silent=("n2",))
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip().startswith("jy-")}
+    assert "9.8 / 8.0 GB OVER" in rows["jy-alice"]
+    assert "2.0 / 8.0 GB" in rows["jy-bob"] and "OVER" not in rows["jy-bob"]
+    assert " ? " in rows["jy-carol"]  # her machine's guard did not answer
+    assert any("gpu-c" in line and "guard: no answer" in line for line in out.splitlines())
+    # without the guards' figures (not read): a dash
+    plain = render(nodes, tasks, services)
+    assert "OVER" not in plain and "guard: no answer" not in plain
