@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import advertise, guard_service, join
 from .docker_cli import DockerCLI
-from .guard_policy import MODES, GuardSettings
+from .guard_policy import GuardSettings
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 
@@ -41,7 +41,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the single-user image, from 'make image-tar'",
     )
     advertise.add_gpu_arguments(parser.add_argument_group("GPUs and daemon.json"))
-    add_guard_arguments(parser.add_argument_group("the GPU guard (worker_setup/guard.py)"))
+    guard_service.add_options(
+        parser.add_argument_group("the GPU guard (worker_setup/guard.py)"), prefix="guard-"
+    )
     leaving = parser.add_argument_group("leaving")
     leaving.add_argument("--leave", action="store_true", help="take this machine out again")
     leaving.add_argument(
@@ -76,46 +78,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             )
         )
     return args
-
-
-def add_guard_arguments(group) -> None:
-    """The guard's settings, as the manager's GPUHUB_GUARD_* settings are passed on by
-    'make join-command' (their defaults are the guard's own)."""
-    d = GuardSettings()
-    group.add_argument(
-        "--guard-mode",
-        default=d.mode,
-        choices=MODES,
-        help="off, warn (participants over budget) or enforce (then stop)",
-    )
-    group.add_argument(
-        "--guard-warn-percent",
-        type=float,
-        default=d.warn_percent,
-        metavar="P",
-        help="warn above P%% of a budget (%(default)g)",
-    )
-    group.add_argument(
-        "--guard-stop-percent",
-        type=float,
-        default=d.stop_percent,
-        metavar="P",
-        help="stop above P%% of a budget (%(default)g)",
-    )
-    group.add_argument(
-        "--guard-grace-seconds",
-        type=float,
-        default=d.grace_seconds,
-        metavar="S",
-        help="from the first warning to a stop (%(default)g)",
-    )
-    group.add_argument(
-        "--guard-metrics-port",
-        type=int,
-        default=guard_service.METRICS_PORT,
-        metavar="PORT",
-        help="its Prometheus metrics; 0: none (%(default)s)",
-    )
 
 
 def main(

@@ -45,9 +45,8 @@ from pathlib import Path
 from gpu_swarm_spawner import contract
 
 from . import guard_policy as policy
-from . import telemetry
+from . import guard_service, telemetry
 from .engine_api import EngineAPI, EngineUnavailable
-from .guard_service import METRICS_PORT
 
 log = logging.getLogger("gpu-guard")
 
@@ -666,34 +665,12 @@ def serve_metrics(guard: Guard, address: str, port: int):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    defaults = policy.GuardSettings()
     parser = argparse.ArgumentParser(
         prog="python -m worker_setup.guard",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--mode", default=defaults.mode, choices=policy.MODES)
-    parser.add_argument(
-        "--warn-percent",
-        type=float,
-        default=defaults.warn_percent,
-        metavar="P",
-        help="warn above P%% of a budget (%(default)g)",
-    )
-    parser.add_argument(
-        "--stop-percent",
-        type=float,
-        default=defaults.stop_percent,
-        metavar="P",
-        help="stop above P%% of a budget (%(default)g)",
-    )
-    parser.add_argument(
-        "--grace-seconds",
-        type=float,
-        default=defaults.grace_seconds,
-        metavar="S",
-        help="first warning to first stop (%(default)g)",
-    )
+    guard_service.add_options(parser)
     parser.add_argument(
         "--interval",
         type=float,
@@ -707,13 +684,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=Options.kill_after,
         metavar="S",
         help="SIGKILL after SIGTERM (%(default)g)",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=METRICS_PORT,
-        metavar="PORT",
-        help="serve Prometheus metrics here; 0: none (%(default)s)",
     )
     parser.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR")
     parser.add_argument("--machine", default="", help="the machine's name in metrics (hostname)")

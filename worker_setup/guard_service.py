@@ -18,6 +18,7 @@ restarts it, one with the same changes nothing.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -28,11 +29,46 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .guard_policy import MODES, GuardSettings
+
 #: Where the guard serves its Prometheus metrics unless told otherwise.
 METRICS_PORT = 9445
 UNIT = "gpu-jupyterhub-guard.service"
 UNIT_DIR = "/etc/systemd/system"
 REPO = Path(__file__).resolve().parent.parent
+
+
+def add_options(group: argparse._ActionsContainer, prefix: str = "") -> None:
+    """The guard's settings as options: ``--mode``, ``--warn-percent``, ``--stop-percent``,
+    ``--grace-seconds``, ``--metrics-port``; the join spells them ``--guard-mode`` and so on
+    (``prefix`` "guard-"), as 'make join-command' passes the manager's GPUHUB_GUARD_* on.
+    Their defaults are the guard's own."""
+    d = GuardSettings()
+    group.add_argument(
+        f"--{prefix}mode",
+        default=d.mode,
+        choices=MODES,
+        help="off, warn (participants over budget) or enforce (then stop)",
+    )
+    for name, default, metavar, text in (
+        ("warn-percent", d.warn_percent, "P", "warn above P%% of a budget"),
+        ("stop-percent", d.stop_percent, "P", "stop above P%% of a budget"),
+        ("grace-seconds", d.grace_seconds, "S", "from the first warning to a stop"),
+    ):
+        group.add_argument(
+            f"--{prefix}{name}",
+            type=float,
+            default=default,
+            metavar=metavar,
+            help=f"{text} (%(default)g)",
+        )
+    group.add_argument(
+        f"--{prefix}metrics-port",
+        type=int,
+        default=METRICS_PORT,
+        metavar="PORT",
+        help="its Prometheus metrics; 0: none (%(default)s)",
+    )
 
 
 @dataclass(frozen=True)
