@@ -59,6 +59,19 @@ def is_simulated(uuid: str, kind_prefix: str = KIND_PREFIX) -> bool:
     return uuid.startswith(kind_prefix + SIMULATED_MARKER)
 
 
+def kinds_in(
+    generic_resources: list | None, kind_prefix: str | tuple[str, ...] = KIND_PREFIXES
+) -> dict[str, int]:
+    """The GPU (and MIG instance) kinds in an Engine API list of generic resources (a node's,
+    a task's reservations, the engine's ``/info``), as ``{uuid: slices}``."""
+    kinds: dict[str, int] = {}
+    for res in generic_resources or []:
+        spec = res.get("DiscreteResourceSpec")
+        if spec and spec.get("Kind", "").startswith(kind_prefix):
+            kinds[spec["Kind"]] = kinds.get(spec["Kind"], 0) + int(spec.get("Value", 0))
+    return kinds
+
+
 def simulated_uuid(machine_id: str, index: int, kind_prefix: str = KIND_PREFIX) -> str:
     """The UUID given to simulated GPU number ``index`` of a machine.
 

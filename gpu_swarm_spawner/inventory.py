@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from . import contract
 from .contract import KIND_PREFIXES, MEMORY_LABEL, is_mig, is_simulated
 from .tasks import is_live
 
@@ -58,12 +59,7 @@ Prefixes = str | tuple[str, ...]
 def gpu_kinds(node: dict, kind_prefix: Prefixes = KIND_PREFIXES) -> dict[str, int]:
     """The GPU (and MIG instance) kinds a node advertises, as ``{uuid: slices}``."""
     resources = node.get("Description", {}).get("Resources", {}) or {}
-    kinds = {}
-    for res in resources.get("GenericResources") or []:
-        spec = res.get("DiscreteResourceSpec")
-        if spec and spec.get("Kind", "").startswith(kind_prefix):
-            kinds[spec["Kind"]] = int(spec.get("Value", 0))
-    return kinds
+    return contract.kinds_in(resources.get("GenericResources"), kind_prefix)
 
 
 def gpu_memory(node: dict, uuid: str) -> int:
@@ -87,12 +83,7 @@ def task_reservations(task: dict, kind_prefix: Prefixes = KIND_PREFIXES) -> dict
     """The GPU slices a task reserves, as ``{uuid: slices}``."""
     resources = task.get("Spec", {}).get("Resources", {}) or {}
     reservations = resources.get("Reservations", {}) or {}
-    held = {}
-    for res in reservations.get("GenericResources") or []:
-        spec = res.get("DiscreteResourceSpec")
-        if spec and spec.get("Kind", "").startswith(kind_prefix):
-            held[spec["Kind"]] = held.get(spec["Kind"], 0) + int(spec.get("Value", 0))
-    return held
+    return contract.kinds_in(reservations.get("GenericResources"), kind_prefix)
 
 
 @dataclass(frozen=True)

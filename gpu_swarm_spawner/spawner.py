@@ -580,7 +580,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 }
             )
             if self.gpu_memory_mb:
-                # not enforced (yet): a budget for notebooks, gpu-info and frameworks to respect
+                # the budget the GPU guard holds the server to (frameworks are capped below it)
                 env["GPU_MEMORY_LIMIT_MB"] = str(self.gpu_memory_mb)
             if self.gpu_total_slices:
                 # the share of the GPU's (or MIG instance's) memory the slices held stand for,

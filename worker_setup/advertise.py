@@ -24,6 +24,7 @@ import argparse
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,14 @@ def describe(gpu: gpus.GPUInfo, slices: dict[str, int]) -> str:
     ``(MIG, hardware-isolated)``)."""
     tag = " (SIMULATED)" if gpu.simulated else " (MIG, hardware-isolated)" if gpu.is_mig else ""
     return f"{gpu.name} {gpu.memory_mb} MiB -> {slices[gpu.uuid]} slices{tag}"
+
+
+def summary(found: list[gpus.GPUInfo], slices: dict[str, int]) -> str:
+    """``2 GPU(s): 2 NVIDIA A10 24576 MiB -> 3 slices``: the GPUs by kind, as the join's gpus
+    row and ``make gpu-check`` say them."""
+    kinds = Counter(describe(g, slices) for g in found)
+    each = "; ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    return f"{len(found)} GPU(s): {each}"
 
 
 def find_gpus(args, say: Callable[[str], None] = print) -> list[gpus.GPUInfo]:

@@ -78,3 +78,8 @@ class EngineAPI:
         """The pid of the container's first process (0 when it does not run)."""
         found = self.request("GET", f"/containers/{container}/json")
         return int(((found or {}).get("State") or {}).get("Pid") or 0)
+
+    def info(self) -> dict:
+        """The engine's ``/info`` (its advertised generic resources among it)."""
+        found = self.request("GET", "/info")
+        return found if isinstance(found, dict) else {}

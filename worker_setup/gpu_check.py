@@ -32,7 +32,6 @@ import contextlib
 import importlib
 import os
 import sys
-from collections import Counter
 from collections.abc import Callable
 
 from . import advertise, gpus, slicing, telemetry
@@ -134,9 +133,7 @@ def slice_lines(found: list[gpus.GPUInfo], args) -> tuple[list[str], int]:
     slices = slicing.slices_per_gpu(
         units, args.slices_per_gpu, args.slice_memory_mb, args.mig_slices
     )
-    kinds = Counter(advertise.describe(g, slices) for g in units)
-    each = "; ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
-    lines.append(f"  {len(units)} GPU(s): {each}")
+    lines.append(f"  {advertise.summary(units, slices)}")
     lines += [
         f"  GPU {g.index}{' MIG' if g.is_mig else ''}: {g.uuid} -> {slices[g.uuid]} slices"
         for g in units

@@ -54,6 +54,8 @@ log = logging.getLogger("gpu-guard")
 NOTICES_FILE = "/tmp/gpuhub-guard/notices.json"
 #: How many notices the file keeps.
 NOTICES_KEPT = 20
+#: How often the slices the engine advertises are read again, in seconds.
+ADVERTISED_MAX_AGE_S = 60.0
 MiB = 1024 * 1024
 
 _CONTAINER_ID = re.compile(r"(?<![0-9a-f])([0-9a-f]{64})(?![0-9a-f])")
@@ -305,6 +307,7 @@ class Round:
     servers: dict[str, Server]
     reading: policy.Reading | None  # None: the engine did not answer
     actions: tuple[policy.Action, ...] = ()
+    slices: dict[str, int] = field(default_factory=dict)  # advertised here, per GPU
 
 
 class Guard:
@@ -337,6 +340,8 @@ class Guard:
         self._pending_kill: dict[int, tuple[int | None, float]] = {}  # pid -> start, when
         self._starts: dict[int, int | None] = {}  # this round's GPU pids -> their start time
         self._said: set[str] = set()  # problems logged while they last
+        self._slices: dict[str, int] = {}  # what the engine advertises, per GPU
+        self._slices_read: float | None = None  # when (the guard's clock); None: read again
 
     # -- one round --
 
@@ -346,7 +351,8 @@ class Guard:
         snapshot = self._read_gpus()
         servers = self._servers()
         if servers is None:
-            return Round(snapshot, {}, None), None
+            return Round(snapshot, {}, None, slices=self._slices), None
+        slices = self._advertised()
         containers = self._containers_of(p.pid for p in snapshot.processes)
         reading = attribute(snapshot, containers, servers)
         decision = policy.decide(
@@ -356,7 +362,7 @@ class Guard:
             self.clock() if now is None else now,
             self.state,
         )
-        return Round(snapshot, servers, reading, decision.actions), decision
+        return Round(snapshot, servers, reading, decision.actions, slices), decision
 
     def round(self) -> Round:
         """One round: observe, then warn, stop and notify as decided."""
@@ -415,12 +421,27 @@ class Guard:
             found = self.engine.containers(contract.USER_LABEL)
         except EngineUnavailable as e:
             self._problem("engine", f"engine: {e}; no decisions until it answers")
+            self._slices_read = None
             return None
         self._resolved("engine")
         servers, problems = servers_from(found)
         for line in problems:
             self._problem("labels", f"labels: {line}")
         return servers
+
+    def _advertised(self) -> dict[str, int]:
+        """The slices this machine's engine advertises per GPU, read again every minute and
+        after the engine was away (a join changes them by restarting the engine)."""
+        now = self.clock()
+        if self._slices_read is None or now - self._slices_read >= ADVERTISED_MAX_AGE_S:
+            try:
+                info = self.engine.info()
+            except EngineUnavailable as e:
+                self._problem("engine", f"engine: {e}; slices advertised here unknown")
+                return self._slices
+            self._slices = contract.kinds_in(info.get("GenericResources"))
+            self._slices_read = now
+        return self._slices
 
     def _containers_of(self, pids: Iterable[int]) -> dict[int, str | None]:
         """Each pid's container (cached by pid and start time; forgotten once gone)."""
@@ -581,6 +602,7 @@ def metric_families(guard: Guard):
     }
     info = gauge("gpu_info", "A GPU (or MIG instance) read by the guard", ["gpu", "name", "parent"])
     slices_used = gauge("gpu_slices_used", "Slices held by participants' servers here", ["gpu"])
+    slices_total = gauge("gpu_slices_total", "Slices this machine's engine advertises", ["gpu"])
     user_used = gauge(
         "participant_gpu_memory_used_bytes", "A participant's GPU memory in use", ["gpu", "user"]
     )
@@ -611,6 +633,8 @@ def metric_families(guard: Guard):
             held[s.gpu_uuid] = held.get(s.gpu_uuid, 0) + s.slices
         for uuid, n in sorted(held.items()):
             slices_used.add_metric([machine, uuid], n)
+        for uuid, n in sorted(last.slices.items()):
+            slices_total.add_metric([machine, uuid], n)
         by_owner = {s.owner: s for s in last.servers.values()}
         used: dict[tuple[str, str], int] = {}
         nobody: dict[str, int] = {}
@@ -629,7 +653,7 @@ def metric_families(guard: Guard):
         for uuid, mb in sorted(nobody.items()):
             unowned.add_metric([machine, uuid], mb * MiB)
     yield from gpu.values()
-    yield from (info, slices_used, user_used, user_budget, unowned, engine_up)
+    yield from (info, slices_used, slices_total, user_used, user_budget, unowned, engine_up)
     counted = (
         ("participant_warnings", "Times a participant went over budget", warnings),
         ("participant_stops", "Processes the guard stopped", stops),
@@ -715,6 +739,9 @@ def describe_round(done: Round) -> list[str]:
             f"{g.temperature_c} C" if g.temperature_c is not None else "",
             f"{g.power_w:.0f} W" if g.power_w is not None else "",
         ]
+        if g.uuid in done.slices:
+            held = sum(s.slices for s in done.servers.values() if s.gpu_uuid == g.uuid)
+            extra.append(f"{held} of {done.slices[g.uuid]} slices held")
         lines.append(
             f"{g.uuid}  {g.name}  {used} of {gb(g.memory_total_mb)} in use  "
             + "  ".join(e for e in extra if e)

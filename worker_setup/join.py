@@ -34,7 +34,6 @@ import sys
 import tarfile
 import time
 import urllib.request
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,9 +182,7 @@ def plan_gpus(m: Machine) -> advertise.Plan:
     except advertise.PlanError as e:
         m.checklist.detail(notes)
         raise Stop(str(e)) from None
-    kinds = Counter(advertise.describe(g, plan.slices) for g in plan.gpus)
-    each = "; ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
-    m.checklist.row("gpus", f"{len(plan.gpus)} GPU(s): {each}")
+    m.checklist.row("gpus", advertise.summary(plan.gpus, plan.slices))
     m.checklist.detail(notes + plan.runtime_lines() + change_lines(plan))
     return plan
 

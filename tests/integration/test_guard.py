@@ -183,6 +183,7 @@ def test_the_metrics_say_what_the_fake_nvml_reports(servers):
     # the fake reports the processes' memory as the GPU's: 10000 + 2000 + 3000 MiB
     assert sample(text, "gpuhub_gpu_memory_used_bytes", gpu=GPU0) == 15000 * mib
     assert sample(text, "gpuhub_gpu_slices_used", gpu=GPU0) == 2
+    assert sample(text, "gpuhub_gpu_slices_total", gpu=GPU0) == 3  # the engine's /info
     user = {"gpu": GPU0, "user": "ci-guard-alice", "machine": MACHINE}
     assert sample(text, "gpuhub_participant_gpu_memory_used_bytes", **user) == 10000 * mib
     assert sample(text, "gpuhub_participant_gpu_memory_budget_bytes", **user) == 8192 * mib

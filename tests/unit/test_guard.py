@@ -51,11 +51,22 @@ class Engine:
         self.pids = {ALICE: 11, BOB: 22}
         self.proc = proc
         self.down = False
+        self.advertised = {GPU0: 3, GPU1: 3, "ssd": 2}
+        self.info_calls = 0
 
     def containers(self, label):
         if self.down:
             raise EngineUnavailable("the Docker engine at /x.sock does not answer: refused")
         return [c for c in self.running if label in c["Labels"]]
+
+    def info(self):
+        self.info_calls += 1
+        if self.down:
+            raise EngineUnavailable("down")
+        specs = [
+            {"DiscreteResourceSpec": {"Kind": k, "Value": v}} for k, v in self.advertised.items()
+        ]
+        return {"GenericResources": specs + [{"NamedResourceSpec": {"Kind": "x", "Value": "y"}}]}
 
     def container_pid(self, container):
         if self.down:
@@ -408,6 +419,9 @@ def test_the_metrics_are_the_last_rounds_figures(machine):
     assert m[("gpuhub_gpu_memory_total_bytes", gpu)] == 24576 * MiB
     assert m[("gpuhub_gpu_utilization_percent", gpu)] == 37
     assert m[("gpuhub_gpu_slices_used", gpu)] == 2
+    assert m[("gpuhub_gpu_slices_total", gpu)] == 3  # what the engine advertises
+    assert m[("gpuhub_gpu_slices_total", (("gpu", GPU1),))] == 3
+    assert not [key for key in m if ("gpu", "ssd") in key[1]]  # not a GPU
     alice = (("gpu", GPU0), ("user", "alice"))
     assert m[("gpuhub_participant_gpu_memory_used_bytes", alice)] == 10000 * MiB
     assert m[("gpuhub_participant_gpu_memory_budget_bytes", alice)] == 8192 * MiB
@@ -426,4 +440,22 @@ def test_once_prints_the_reading_and_changes_nothing(machine, capsys):
     assert any("pid     101" in line and "jy-alice (alice)" in line for line in lines)
     assert any("pid     301" in line and "no participant's" in line for line in lines)
     assert any(line.startswith("  would warn:") for line in lines)
+    assert any(line.startswith(GPU0) and "2 of 3 slices held" in line for line in lines)
     assert guard.engine.notices(ALICE) == [] and machine.kills == []
+
+
+def test_the_advertised_slices_are_read_each_minute_and_after_the_engine_was_away(machine):
+    guard, clock = make_guard(machine, mode="warn")
+    engine = guard.engine
+    guard.round()
+    clock.now += 30
+    guard.round()
+    assert engine.info_calls == 1
+    engine.advertised[GPU0] = 7  # a join rewrote daemon.json and restarted the engine
+    engine.down = True
+    assert guard.round().slices == {GPU0: 3, GPU1: 3}  # the last known, while it is away
+    engine.down = False
+    assert guard.round().slices == {GPU0: 7, GPU1: 3}
+    clock.now += 61
+    engine.advertised[GPU1] = 1
+    assert guard.round().slices == {GPU0: 7, GPU1: 1}

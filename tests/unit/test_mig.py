@@ -350,7 +350,8 @@ def test_status_marks_mig_instances_and_servers_on_them():
 
 
 @pytest.mark.parametrize(
-    "isolation, says", [("mig", "hardware-isolated"), ("shared", "not enforced")]
+    "isolation, says",
+    [("mig", "hardware-isolated"), ("shared", "(guarded: above it you are warned")],
 )
 def test_gpu_info_says_whether_the_slice_is_isolated_in_hardware(isolation, says):
     env = {"PATH": "/usr/bin:/bin", "GPU_UUID": "MIG-x", "GPU_MEMORY_LIMIT_MB": "9856",
@@ -359,5 +360,6 @@ def test_gpu_info_says_whether_the_slice_is_isolated_in_hardware(isolation, says
         ["sh", str(REPO / "images/singleuser/gpu-info")], env=env, capture_output=True, text=True
     ).stdout
     assert says in out and "memory budget: 9856 MiB" in out
+    assert "not enforced" not in out
     assert ("hardware-isolated" in out) == (isolation == "mig")
     assert "memory share:  1.000" in out
