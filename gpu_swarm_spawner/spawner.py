@@ -282,6 +282,15 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 "the image with --image-tar.",
                 reason="image",
             )
+        if reading.phase is Phase.NO_MOUNT:
+            folder = reading.detail.rsplit(": ", 1)[-1]
+            raise SpawnFailed(
+                f"The GPU machine {self.gpu_node} lacks the shared folder {folder}, which "
+                "every server mounts. Please tell an organizer: that machine must have the "
+                "hub's shared storage (tutorials, datasets) mounted at the same paths as the "
+                "other machines.",
+                reason="mount",
+            )
         if reading.phase is Phase.ENDED:
             raise RuntimeError(
                 f"Service {self.service_name} did not start: task {reading.state}: {reading.detail}"

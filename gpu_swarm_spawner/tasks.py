@@ -31,6 +31,9 @@ UNPLACEABLE = "no suitable node"
 #: Swarm's words for a task whose machine has not got the image and cannot pull it. Swarm would
 #: retry it every few seconds until the start timeout, so the spawn fails at once instead.
 NO_IMAGE = "No such image"
+#: Swarm's words for a task whose bind mount's folder is missing on its machine (the shared
+#: storage for tutorials or datasets not mounted there); retried like the image, so the same.
+NO_MOUNT = "bind source path does not exist"
 
 
 class Phase(enum.Enum):
@@ -38,6 +41,7 @@ class Phase(enum.Enum):
     RUNNING = "running"
     UNPLACEABLE = "unplaceable"  # no node has the resources: another server took the slice
     NO_IMAGE = "no image"  # its machine has not got the image and cannot pull it
+    NO_MOUNT = "no mount"  # its machine lacks a folder the server mounts (shared storage)
     RETRYING = "retrying"  # rejected: Swarm makes a new task (Docker 20.10's network bug)
     ENDED = "ended"  # failed, shutdown, complete, orphaned, remove: it will not come up
 
@@ -77,7 +81,9 @@ def _phase(state: str, error: str) -> Phase:
     if state == "pending" and UNPLACEABLE in error:
         return Phase.UNPLACEABLE
     if state == "rejected":
-        return Phase.NO_IMAGE if NO_IMAGE in error else Phase.RETRYING
+        if NO_IMAGE in error:
+            return Phase.NO_IMAGE
+        return Phase.NO_MOUNT if NO_MOUNT in error else Phase.RETRYING
     if state == "running":
         return Phase.RUNNING
     return Phase.STARTING if state in LIVE_STATES else Phase.ENDED

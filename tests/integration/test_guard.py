@@ -11,7 +11,9 @@ environment), as a kernel would on a real GPU:
 First in warn mode: alice is warned (the notice lands in her container, metrics say so), and
 nothing is stopped. Then the same line with --guard-mode enforce: the guard restarts, warns
 again, and after the grace stops alice's process only; her server runs on, bob's process and
-the machine's own are untouched.
+the machine's own are untouched. Last, in Chromium, what a participant meets: carol logs in
+through the hub, her notebook starts a process that goes over her budget, and her JupyterLab
+page shows the guard's warning and then the stop, with the numbers.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ import urllib.request
 import docker
 import pytest
 
+from gpu_swarm_spawner import contract
+
+from .hub import ARTIFACTS, BED_RUN, REPO, engine_of
 from .hub import BED as BED_ENV
-from .hub import BED_RUN, engine_of
 from .spawners import make_spawner, remove_services
 from .test_worker_setup import bed, join_line
 
@@ -220,3 +224,87 @@ def test_enforce_stops_only_the_process_over_budget_after_the_grace(machine, ser
     text = metrics()
     user = {"gpu": GPU0, "user": "ci-guard-alice"}
     assert sample(text, "gpuhub_participant_stops_total", **user) == 1
+
+
+#: what carol runs in her notebook: a process that holds 10000 MiB of her 8192 (the fake NVML
+#: reads FAKE_NVML_GPU_MB from its environment, on the GPU NVIDIA_VISIBLE_DEVICES names)
+OVER_BUDGET_CELL = (
+    "import os, subprocess; holder = subprocess.Popen(['sleep', '100002'], "
+    "env=dict(os.environ, FAKE_NVML_GPU_MB='10000')); print('holding', holder.pid)"
+)
+
+
+def pause_others(verb: str, names: list[str]) -> None:
+    for name in names:
+        subprocess.run(["make", "-s", verb, f"NODE={name}"], cwd=REPO, check=True)
+
+
+@pytest.mark.browser
+def test_the_participant_sees_the_warning_and_the_stop_in_jupyterlab(
+    hub, hub_settings, servers, page
+):
+    """After the enforce test: the guard runs in enforce mode with a 6 s grace."""
+    user = "ci-guard-carol"
+    # the hub's shared storage, which every server mounts, on the GPU machine as the organizer
+    # mounts it (NFS in production; empty folders at the same paths here)
+    shared = [hub_settings[f"GPUHUB_{d}_DIR"] for d in ("TUTORIALS", "DATASETS")]
+    on_machine(f"mkdir -p {shlex.join(d for d in shared if d)}")
+    client = docker.from_env()
+    # the other machines take no new servers meanwhile: carol's lands on fresh3 (GPU 1)
+    others = [
+        n["Description"]["Hostname"]
+        for n in client.api.nodes()
+        if n["Description"]["Hostname"] != MACHINE
+        and n["Spec"]["Availability"] == "active"
+        and n["Status"]["State"] == "ready"
+    ]
+    pause_others("pause-node", others)
+    try:
+        page.goto(f"{hub.url}/hub/login")
+        page.fill("#username_input", user)
+        page.fill("#password_input", hub.password)
+        page.click("#login_submit")
+        page.wait_for_selector(".jp-LabShell", timeout=120_000)
+        page.click('.jp-LauncherCard[data-category="Notebook"]', timeout=60_000)
+        editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+        editor.wait_for(timeout=60_000)
+        editor.click()
+        page.keyboard.insert_text(OVER_BUDGET_CELL)
+        page.keyboard.press("Shift+Enter")
+        page.locator(".jp-OutputArea-output", has_text="holding").wait_for(timeout=60_000)
+        t0 = time.monotonic()
+
+        # one guard round (5 s) and one poll of the page (5 s) later at most, plus slack
+        warning = page.locator(".Toastify__toast", has_text="GPU memory over your budget")
+        warning.first.wait_for(timeout=30_000)
+        print(f"notebook cell -> warning on her page: {time.monotonic() - t0:.1f} s")
+        assert "Your processes use 9.8 GB of GPU memory; your budget is 8.0 GB" in (
+            warning.first.inner_text()
+        )
+        stop = page.locator(".Toastify__toast", has_text="A process of yours was stopped")
+        stop.first.wait_for(timeout=(GRACE + 30) * 1000)
+        print(f"notebook cell -> stop on her page: {time.monotonic() - t0:.1f} s")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.wait_for_timeout(1000)  # the toast slides in
+        page.screenshot(path=str(ARTIFACTS / "guard-notices.png"))
+        stop.first.get_by_role("button", name="Read all").click()
+        details = page.locator(".gpuhub-notices-details")
+        details.wait_for(timeout=5000)
+        text = details.inner_text()
+        assert "which held 9.8 GB of GPU memory" in text, text
+        assert "above 8.8 GB (110% of your 8.0 GB budget) for more than 6 s" in text, text
+        details.get_by_role("button", name="OK").click()
+
+        # the stopped process was hers, started from the notebook; her server and lab run on
+        server = hub.server(user)
+        assert server and server["ready"], server
+        (hers,) = engine_of(node_id()).containers.list(
+            filters={"label": f"{contract.USER_LABEL}={user}"}
+        )
+        assert hers.status == "running"
+        rows = hers.top(ps_args="-eo args")["Processes"]
+        assert not [row for row in rows if row[-1] == "sleep 100002"], rows
+        assert page.locator(".jp-LabShell").is_visible()
+    finally:
+        pause_others("resume-node", others)
+        hub.stop(user)

@@ -254,6 +254,28 @@ async def test_spawns_share_a_recent_read_of_the_swarm():
     assert len(reads) == 1
 
 
+async def test_a_machine_without_the_shared_storage_fails_the_spawn_at_once_with_advice():
+    """Found on the bed: a fresh GPU machine without the tutorials' shared folder had every
+    spawn there rejected by Swarm, retried until the start timeout."""
+    spawner = make_fake(start_timeout=120)
+    spawner.gpu_uuid, spawner.gpu_node, spawner.object_id = "GPU-a", "fresh3", "svc1"
+    error = (
+        'invalid mount config for type "bind": bind source path does not exist: '
+        "/var/lib/gpu-jupyterhub/hub/tutorials"
+    )
+
+    async def current_task():
+        return {"ID": "t1", "NodeID": "n1", "Status": {"State": "rejected", "Err": error}}
+
+    spawner._current_task = current_task
+    with pytest.raises(SpawnFailed) as failed:
+        await asyncio.wait_for(spawner.start_object(), timeout=5)
+    assert failed.value.jupyterhub_message.startswith(
+        "The GPU machine fresh3 lacks the shared folder /var/lib/gpu-jupyterhub/hub/tutorials,"
+    )
+    assert "shared storage" in failed.value.jupyterhub_message
+
+
 async def test_a_machine_without_the_image_fails_the_spawn_at_once_with_advice():
     spawner = make_fake(start_timeout=120)
     spawner.gpu_uuid, spawner.gpu_node, spawner.object_id = "GPU-a", "w1", "svc1"

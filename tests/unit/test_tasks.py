@@ -26,6 +26,12 @@ def swarm_task(state, err="", message="", node_id="n1", address=""):
         ("running", "", Phase.RUNNING),
         ("rejected", "No such image: 10.0.0.5:5000/gpu-jupyterhub/singleuser", Phase.NO_IMAGE),
         ("rejected", "node is missing network attachments", Phase.RETRYING),
+        (
+            "rejected",
+            'invalid mount config for type "bind": bind source path does not exist: '
+            "/var/lib/gpu-jupyterhub/hub/tutorials",
+            Phase.NO_MOUNT,
+        ),
         ("failed", "task: non-zero exit (1)", Phase.ENDED),
         ("shutdown", "", Phase.ENDED),
         ("orphaned", "", Phase.ENDED),
