@@ -161,3 +161,12 @@ else:
         c.GPUSwarmSpawner.allowed_images = cfg.environments
         c.GPUSwarmSpawner.image = next(iter(cfg.environments.values()))
     c.GPUSwarmSpawner.full_gpu_for = cfg.full_gpu
+    c.GPUSwarmSpawner.waiting_line = cfg.waiting_line
+    c.GPUSwarmSpawner.line_max_length = cfg.line_max_length
+    c.GPUSwarmSpawner.line_max_wait = cfg.line_max_wait
+    if cfg.waiting_line != "off":
+        # each participant in line is a pending spawn to JupyterHub, whose limit (100 by
+        # default) would answer the next ones "429 Too many users" instead of the line's words
+        c.JupyterHub.concurrent_spawn_limit = (
+            cfg.line_max_length + 100 if cfg.line_max_length else 0
+        )

@@ -503,6 +503,8 @@ def _numbers(settings) -> list[str]:
         ("GPUHUB_MAX_AGE", 0, None),
         ("GPUHUB_TUTORIAL_POLL", 1, None),
         ("GPUHUB_GUARD_METRICS_PORT", 0, 65535),
+        ("GPUHUB_LINE_MAX_LENGTH", 0, None),
+        ("GPUHUB_LINE_MAX_WAIT", 0, None),
     ]:
         errors += _int(settings, key, low, high)
     if errors:
@@ -650,6 +652,7 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
             "it reserves, e.g. GPUHUB_NAMED_SLOTS=NVIDIA-GPU"
         )
     errors += _choice(settings, "GPUHUB_FULL_GPU", ("admins", "all", "off"))
+    errors += _choice(settings, "GPUHUB_WAITING_LINE", ("offer", "auto", "off"))
     errors += _environments(settings.get("GPUHUB_ENVIRONMENTS", ""))
     errors += _choice(settings, "GPUHUB_DATASETS_MODE", ("ro", "rw"))
     errors += _guard(settings)
@@ -879,6 +882,8 @@ CONVERTERS: dict[str, Callable[[str], object]] = {
             "GPUHUB_MAX_AGE",
             "GPUHUB_TUTORIAL_SYNC_REPLICAS",
             "GPUHUB_GUARD_METRICS_PORT",
+            "GPUHUB_LINE_MAX_LENGTH",
+            "GPUHUB_LINE_MAX_WAIT",
         ),
         _whole_number,
     ),
@@ -939,6 +944,9 @@ class Config:
     registry_port: int = field(init=False)
     environments: dict[str, str] = field(init=False)
     full_gpu: str = field(init=False)
+    waiting_line: str = field(init=False)
+    line_max_length: int = field(init=False)
+    line_max_wait: int = field(init=False)
     cpu_limit: str = field(init=False)
     mem_limit: str = field(init=False)
     pids_limit: str = field(init=False)

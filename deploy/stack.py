@@ -252,10 +252,21 @@ def wait_converged(client, name: str, timeout: float = 120) -> None:
 
 
 def hub_answers(config: Config, environ: Mapping[str, str] = os.environ) -> bool:
-    """GET /hub/api/ answers below 400, asked by the hub's public name (which may not resolve
-    here) at GPUHUB_ENGINE_ADDR (where this machine reaches the ports the engine publishes:
-    127.0.0.1, or the test bed's manager), the certificate unchecked (a self-signed one, or one
-    ACME is still fetching)."""
+    """GET /hub/api/ answers below 400 (``hub_get``)."""
+    try:
+        return hub_get(config, "/hub/api/", environ=environ)[0] < 400
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+def hub_get(
+    config: Config, path: str, token: str = "", environ: Mapping[str, str] = os.environ
+) -> tuple[int, bytes]:
+    """GET ``path`` of the hub (status, body), asked by the hub's public name (which may not
+    resolve here) at GPUHUB_ENGINE_ADDR (where this machine reaches the ports the engine
+    publishes: 127.0.0.1, or the test bed's manager), the certificate unchecked (a self-signed
+    one, or one ACME is still fetching). Raises OSError or HTTPException when it does not
+    answer."""
     addr = engine.published_addr(environ)
     host, port = public_host(config), public_port(config)
     if tls_on(config):
@@ -271,11 +282,11 @@ def hub_answers(config: Config, environ: Mapping[str, str] = os.environ) -> bool
         return socket.create_connection((addr, address[1]), timeout, source_address)
 
     connection._create_connection = to_engine
+    headers = {"Authorization": f"token {token}"} if token else {}
     try:
-        connection.request("GET", "/hub/api/")
-        return connection.getresponse().status < 400
-    except (OSError, http.client.HTTPException):
-        return False
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
     finally:
         connection.close()
 

@@ -1,16 +1,20 @@
-"""`make status`: the swarm's machines, GPUs, free and used slices, and running servers with
-their GPU memory against their budget (from each GPU machine's guard).
+"""`make status`: the swarm's machines, GPUs, free and used slices, running servers with
+their GPU memory against their budget (from each GPU machine's guard), and the waiting line
+(from the hub's REST API).
 
     python -m deploy.status [--prefix jy] [--guard-port 9445]
 
-``render`` and ``guard_memory`` are pure (plain dicts from the Docker API and metrics text in,
-text out); ``main`` reads the manager's Docker API and each machine's guard metrics.
+``render``, ``guard_memory`` and ``render_line`` are pure (plain dicts from the Docker API, the
+hub's user models and metrics text in, text out); ``main`` reads the manager's Docker API, each
+machine's guard metrics and the hub.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 import urllib.request
 from collections.abc import Mapping
 
@@ -130,6 +134,50 @@ def render(
     return "\n".join(lines)
 
 
+def waiting(users: list[dict]) -> list[tuple[float, str]]:
+    """The participants in the waiting line, head first, as ``(joined, user[/server])``, from
+    the hub's user models (their servers' state, which the spawner writes on joining)."""
+    found = []
+    for user in users:
+        for name, server in (user.get("servers") or {}).items():
+            joined = (server.get("state") or {}).get("line_joined")
+            if server.get("pending") == "spawn" and joined:
+                found.append((float(joined), f"{user['name']}/{name}" if name else user["name"]))
+    return sorted(found)
+
+
+def render_line(line: list[tuple[float, str]], now: float) -> str:
+    """The waiting line as ``make status`` prints it."""
+    rows = [["place", "user", "waiting since", "waited"]]
+    for place, (joined, who) in enumerate(line, start=1):
+        since = time.strftime("%H:%M:%S", time.localtime(joined))
+        rows.append([str(place), who, since, f"{(now - joined) / 60:.0f} min"])
+    return "\n".join([f"Waiting line ({len(line)})", *(_table(rows) if line else ["  nobody"])])
+
+
+def read_line(environ: Mapping[str, str] | None = None) -> str:
+    """The waiting line from the hub's REST API (the operations token), or why not."""
+    import os
+
+    from . import settings, stack
+
+    try:
+        config = settings.read()
+        token_file = os.path.join(config.state_dir, "ops_token")
+        with open(token_file) as f:
+            token = f.read().strip()
+        status, body = stack.hub_get(
+            config, "/hub/api/users?state=active", token, environ or os.environ
+        )
+    except (OSError, settings.SettingsError, ValueError) as e:
+        return f"Waiting line: not read ({e})"
+    except Exception as e:  # http.client's errors: the hub is not up
+        return f"Waiting line: the hub did not answer ({type(e).__name__}: {e})"
+    if status != 200:
+        return f"Waiting line: the hub answered {status}"
+    return render_line(waiting(json.loads(body)), time.time())
+
+
 def scrape_guards(nodes: list[dict], port: int) -> tuple[list[str], tuple[str, ...]]:
     """The metrics text of the guard of each GPU machine, straight (no proxy), 2 s each; and
     the ids of the machines whose guard did not answer."""
@@ -180,6 +228,8 @@ def main(argv=None) -> int:
         texts, silent = scrape_guards(nodes, args.guard_port)
         memory = guard_memory(texts)
     print(render(nodes, tasks, services, args.prefix, memory, silent))
+    print()
+    print(read_line())
     return 0
 
 

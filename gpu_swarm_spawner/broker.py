@@ -10,6 +10,14 @@ life of one reservation:
     broker.placed(spawner)                # Swarm placed (or refused) it: Swarm counts it now
     broker.release(spawner)               # the spawn ended, however it ended
 
+Participants who do not fit may wait in the *line* (``line.py`` decides who gets what):
+
+    reservation = await broker.wait_in_line(spawner, request, read, told)  # told(position...)
+
+While the line is not empty the broker reads the swarm every ``line_interval`` seconds (and at
+once when ``nudge()`` says a server stopped) and gives freed slices to the line in its order,
+as claims like any other; newcomers' ``reserve`` serves the line first, so nobody jumps it.
+
 The invariant that makes claims work: between building the inventory a GPU is chosen from and
 recording the claim, no other spawn of the hub may choose. ``reserve`` awaits only the read;
 choosing and claiming happen in one plain (non-async) method, ``_choose_and_claim``, which
@@ -20,28 +28,21 @@ be interleaved with another spawn's choice (asyncio switches tasks only at an ``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from . import inventory, placement
+from . import inventory, line, placement
 from .contract import KIND_PREFIXES
 from .inventory import GPU, Claim
+from .placement import Request
 
 #: Reads the swarm: ``(nodes, tasks)`` as ``docker.APIClient.nodes()`` / ``.tasks()`` return them.
 ReadSwarm = Callable[[], Awaitable[tuple[list[dict], list[dict]]]]
-
-
-@dataclass(frozen=True)
-class Request:
-    """What a spawn asks for."""
-
-    slices: int | None  # slices of one GPU; None: a whole GPU, all of its own slices
-    policy: str = "spread"
-    seed: str = ""  # the user's name: ties between GPUs break differently per user
-    prefer_node: str = ""  # the machine of the user's home volume, when it has room
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,14 @@ class NoRoom(Exception):
         self.request = request
 
 
+class LineFull(Exception):
+    """The line has as many participants as it may hold."""
+
+
+#: told(position, waiting, estimate_s or None, held): the participant's place, when it changes
+Told = Callable[[int, int, "float | None", bool], None]
+
+
 class GPUBroker:
     def __init__(self, threads: int = 4, kind_prefix=KIND_PREFIXES, max_age: float = 1.0):
         self.kind_prefix = kind_prefix
@@ -68,6 +77,18 @@ class GPUBroker:
         self._claims: dict[Hashable, Claim] = {}
         self._read: asyncio.Future | None = None
         self._read_started = 0.0
+        # the waiting line
+        self.line_interval = 2.0  # seconds between reads of the swarm while anyone waits
+        self._line: list[line.Entry] = []
+        self._turns: dict[Hashable, asyncio.Future] = {}  # owner -> its Reservation, once due
+        self._told: dict[Hashable, Told] = {}
+        self._held: line.Pass | None = None  # the last pass: the GPU held for whom
+        self._line_since = 0.0  # when the line last began (time.monotonic)
+        self._served: list[float] = []  # when participants left the line with a GPU
+        self._line_task: asyncio.Task | None = None
+        self._nudged: asyncio.Event | None = None
+        self._line_read: ReadSwarm | None = None
+        self.line_error = ""  # why the line's last look at the swarm failed ("" when it did not)
 
     # ---- reading the swarm ----------------------------------------------------------------
 
@@ -115,12 +136,15 @@ class GPUBroker:
         # Not async, on purpose: no other spawn can choose between the inventory built here
         # (with every claim recorded so far) and the claim recorded below.
         self._claims.pop(owner, None)  # a new attempt replaces this owner's earlier claim
+        self._serve_line(nodes, tasks)  # those waiting first: a newcomer never jumps the line
         gpus = [
             replace(g, used=g.slices) if g.uuid in exclude else g
             for g in self._inventory(nodes, tasks)
         ]
+        # what the line could not use is free to take, but not the GPU held for its earliest
+        usable = [g for g in gpus if g.uuid != self._held_gpu()]
         gpu = placement.choose(
-            gpus, request.slices, request.policy, request.seed, request.prefer_node
+            usable, request.slices, request.policy, request.seed, request.prefer_node
         )
         if gpu is None:
             raise NoRoom(gpus, request)
@@ -144,6 +168,106 @@ class GPUBroker:
         """The owner's spawn ended (started, failed or cancelled): nothing is claimed for it."""
         self.placed(owner)
 
+    # ---- the waiting line -----------------------------------------------------------------
+
+    async def wait_in_line(
+        self,
+        owner: Hashable,
+        request: Request,
+        read: ReadSwarm,
+        told: Told,
+        max_length: int = 0,
+    ) -> Reservation:
+        """Wait in the line until slices are given to ``owner``; ``told`` hears its place
+        whenever it changes. Raises ``LineFull`` when ``max_length`` (0: no limit) are waiting.
+        However the wait ends (served, cancelled: the participant left, timed out), ``owner``
+        is no longer in the line; a reservation given but not taken is released."""
+        if max_length and len(self._line) >= max_length:
+            raise LineFull(f"{len(self._line)} are waiting")
+        loop = asyncio.get_running_loop()
+        if not self._line:
+            self._line_since = time.monotonic()
+        self._line.append(line.Entry(owner, request, time.monotonic()))
+        turn = self._turns[owner] = loop.create_future()
+        self._told[owner] = told
+        self._line_read = read
+        self._tell()
+        if self._line_task is None or self._line_task.done():
+            self._nudged = asyncio.Event()
+            self._line_task = asyncio.ensure_future(self._keep_line())
+        try:
+            return await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self.release(owner)  # given slices as the participant left: free them
+            raise
+        finally:
+            self._leave(owner)
+
+    def _leave(self, owner: Hashable) -> None:
+        was = len(self._line)
+        self._line = [e for e in self._line if e.owner != owner]
+        self._turns.pop(owner, None)
+        self._told.pop(owner, None)
+        if len(self._line) != was:
+            self._tell()
+
+    def nudge(self) -> None:
+        """Something may have freed slices (a server stopped): look at the line now."""
+        if self._nudged is not None:
+            self._nudged.set()
+
+    def waiting(self) -> list[line.Entry]:
+        """The line now, head first (a copy)."""
+        return list(self._line)
+
+    def _held_gpu(self) -> str:
+        return self._held.held_gpu if self._held is not None else ""
+
+    async def _keep_line(self) -> None:
+        """While anyone waits: read the swarm, serve the line, tell everyone their place."""
+        while self._line:
+            try:
+                self._serve_line(*await self.read_swarm(self._line_read))
+            except Exception as e:  # the manager did not answer: the next look tries again
+                self.line_error = f"{type(e).__name__}: {e}"
+            else:
+                self.line_error = ""
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._nudged.wait(), timeout=self.line_interval)
+            if self._nudged.is_set():
+                self._nudged.clear()
+                self._read = None  # a server stopped: read the swarm afresh
+
+    def _serve_line(self, nodes: list[dict], tasks: list[dict]) -> None:
+        """One pass of the line over the swarm as read, with every claim: those who fit get
+        their slices claimed and their turn. Not async (see ``_choose_and_claim``)."""
+        if not self._line:
+            self._held = None
+            return
+        done = line.assign(self._line, self._inventory(nodes, tasks), self._held)
+        for a in done.assigned:
+            self._claims[a.owner] = Claim(a.gpu.uuid, a.slices)
+            self._served.append(time.monotonic())
+            turn = self._turns.pop(a.owner, None)
+            if turn is not None and not turn.done():
+                turn.set_result(Reservation(a.gpu, a.slices))
+        served = {a.owner for a in done.assigned}
+        self._line = [e for e in self._line if e.owner not in served]
+        self._held = done
+        self._served = self._served[-200:]
+        self._tell()
+
+    def _tell(self) -> None:
+        """Everyone in the line hears their place (the spawner drops repeats)."""
+        now = time.monotonic()
+        for number, entry in enumerate(self._line, start=1):
+            told = self._told.get(entry.owner)
+            if told is not None:
+                eta = line.estimate(number, self._served, now, self._line_since)
+                held = self._held is not None and self._held.held_for == entry.owner
+                told(number, len(self._line), eta, held)
+
     def claimed(self) -> dict[Hashable, Claim]:
         """The claims now, by owner (a copy)."""
         return dict(self._claims)
@@ -164,7 +288,7 @@ _BROKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _NO_LOOP = asyncio.AbstractEventLoop  # the key used outside a running loop
 
 
-def of_hub(threads: int, kind_prefix, max_age: float) -> GPUBroker:
+def of_hub(threads: int, kind_prefix, max_age: float, line_interval: float = 2.0) -> GPUBroker:
     """The broker of the hub running in this event loop, created by its first spawner."""
     try:
         key = asyncio.get_running_loop()
@@ -173,5 +297,6 @@ def of_hub(threads: int, kind_prefix, max_age: float) -> GPUBroker:
     broker = _BROKERS.get(key)
     if broker is None:
         broker = _BROKERS[key] = GPUBroker(threads, kind_prefix, max_age)
+        broker.line_interval = line_interval
         weakref.finalize(broker, broker.executor.shutdown, wait=False)
     return broker

@@ -10,10 +10,21 @@ is advertised as; with ``--slice-memory`` a large GPU may have 20 where a small 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 from .inventory import GPU
 
 POLICIES = ("spread", "pack")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a spawn asks for."""
+
+    slices: int | None  # slices of one GPU; None: a whole GPU, all of its own slices
+    policy: str = "spread"
+    seed: str = ""  # the user's name: ties between GPUs break differently per user
+    prefer_node: str = ""  # the machine of the user's home volume, when it has room
 
 
 def _tiebreak(gpu: GPU, seed: str) -> tuple:

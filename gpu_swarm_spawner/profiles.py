@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SLICE, FULL = "slice", "full"
+JOIN = "join"  # the line choice: wait in line when no GPU has room
 #: Who may choose a full GPU: nobody, admins or everyone.
 FULL_GPU_FOR = ("off", "admins", "all")
 
@@ -62,4 +63,12 @@ def options_from_form(formdata: dict[str, list[str]]) -> dict:
     if formdata.get("image"):
         options["image"] = formdata["image"][0]
     options["gpu"] = (formdata.get("gpu") or [SLICE])[0]
+    if formdata.get("line"):
+        options["line"] = formdata["line"][0]  # "join": wait in line when the GPUs are full
     return options
+
+
+def check_line_choice(choice: dict) -> None:
+    """The only line choice is ``join`` (wait in line when no GPU has room)."""
+    if choice.get("line", JOIN) != JOIN:
+        raise ChoiceError(f"Unknown line choice {choice['line']!r}; the only one is {JOIN!r}.")

@@ -5,7 +5,8 @@ How a spawn runs, top-down (the methods appear in this order below):
 1. ``start`` (JupyterHub calls it): asks the hub's GPU broker (``broker.py``) for a GPU that
    fits, with the placement policy (``placement.py``) over the swarm's inventory
    (``inventory.py``); the broker claims the slices at once. No GPU fits: the participant is
-   told so (``NoGPUSliceAvailable``, HTTP 503) before anything is created.
+   told so (``NoGPUSliceAvailable``, HTTP 503) before anything is created, or waits in the
+   broker's line (``waiting_line``; ``line.py``) until slices are given to them.
 2. ``SwarmSpawner.start`` (dockerspawner) then hops back into this class:
    ``create_object`` creates the service (the slices reserved as a generic resource of the
    chosen GPU's kind, its UUID in the environment), and ``start_object`` waits for its task:
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import jinja2
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, TaskTemplate
@@ -28,13 +30,14 @@ from jupyterhub.utils import format_exception
 from tornado import web
 from traitlets import (
     Bool,
+    Float,
     Integer,
     List,
     Unicode,
     default,
 )
 
-from . import broker, contract, inventory, naming, profiles, tasks
+from . import broker, contract, inventory, line, naming, profiles, tasks
 from .tasks import Phase
 from .traits import GPUSwarmSpawnerTraits
 
@@ -59,10 +62,14 @@ class SpawnFailed(SpawnException):
 
 
 class NoGPUSliceAvailable(SpawnFailed):
-    """No GPU has room for the request: HTTP 503, with what the participant can do about it."""
+    """No GPU has room for the request: HTTP 503, with what the participant can do about it;
+    ``offer``: HTML offering what they may do instead (wait in line), shown after the message
+    on the pages that show HTML (JupyterHub's ``jupyterhub_html_message``)."""
 
-    def __init__(self, message: str, log_message: str):
+    def __init__(self, message: str, log_message: str, offer: str = ""):
         super().__init__(message, log_message, reason="capacity", status_code=503)
+        if offer:
+            self.jupyterhub_html_message = offer
 
 
 class SliceTaken(RuntimeError):
@@ -100,13 +107,18 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     gpu_memory_mb = Integer(0)  # the memory budget of the slices held (0: unknown)
     gpu_total_slices = Integer(0)  # the slices of the GPU held (this spawn's; not persisted)
     task_ip = Unicode("")  # the server's address on the network, once its task has one
+    line_joined = Float(0)  # when (epoch s) this spawn joined the waiting line; 0: not in it
+    line_lost = Float(0)  # loaded from the database: waiting since then when the hub stopped
+    _configured_start_timeout = None  # start_timeout as configured (the server's own start)
 
     @property
     def broker(self) -> broker.GPUBroker:
         """What all servers of this hub share: the Docker thread pool, the read of the swarm
         and the slices claimed but not yet placed (``broker.py``)."""
         prefixes = tuple(self.gpu_kind_prefixes)
-        return broker.of_hub(self.docker_api_threads, prefixes, self.inventory_max_age)
+        return broker.of_hub(
+            self.docker_api_threads, prefixes, self.inventory_max_age, self.line_interval
+        )
 
     @property
     def executor(self):
@@ -115,9 +127,38 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
 
     # ---- the spawn path ---------------------------------------------------------------------
 
+    async def stop(self, now=False):
+        """dockerspawner's stop (the service removed); then the line looks at the GPUs at
+        once, as this server's slices are free for whoever waits."""
+        try:
+            await super().stop(now)
+        finally:
+            self.broker.nudge()
+
+    def run_pre_spawn_hook(self):
+        """JupyterHub's last call before ``start``, whose whole run it then bounds by
+        ``start_timeout``: with the line on, that run includes the wait in line, so the line's
+        longest wait is added for JupyterHub; the server's own start keeps the configured
+        ``start_timeout`` (``server_start_timeout``)."""
+        if self._configured_start_timeout is None:
+            self._configured_start_timeout = self.start_timeout
+        waiting = 0
+        if self.waiting_line != "off":
+            waiting = self.line_max_wait or 30 * 24 * 3600  # 0: no limit
+        self.start_timeout = self._configured_start_timeout + waiting
+        return super().run_pre_spawn_hook()
+
+    @property
+    def server_start_timeout(self) -> int:
+        """Seconds the server's own start may take, once it has its slices."""
+        if self._configured_start_timeout is None:
+            return self.start_timeout
+        return self._configured_start_timeout
+
     async def start(self):
         """Reserve slices of one GPU, then start the service there (module docstring)."""
         self._progress_events = []  # this spawn's stages (progress() reads them)
+        self.line_lost = 0  # a new start: the message about a line lost to a restart goes
         try:
             return await self._start_on_a_gpu()
         finally:
@@ -144,7 +185,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 raise
         # Every attempt lost a race. If the GPUs are now full, reserve_gpu says so; otherwise
         # many servers are starting at this very moment.
-        await self.reserve_gpu()
+        await self.reserve_gpu(may_wait=False)
         raise NoGPUSliceAvailable(
             "Many servers are starting at this moment and the GPU slices chosen for yours were "
             "taken first. Please try again in a few seconds.",
@@ -228,7 +269,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         """
         self.broker.created(self, self.object_id)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.start_timeout
+        deadline = loop.time() + self.server_start_timeout
         delay = self.task_poll_interval
         probe, probed_task = None, ""
         try:
@@ -253,7 +294,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 if loop.time() > deadline:
                     raise TimeoutError(
                         f"Service {self.service_name} still {reading.state} after "
-                        f"{self.start_timeout} s: {reading.detail}"
+                        f"{self.server_start_timeout} s: {reading.detail}"
                     )
                 if probe is None:
                     await asyncio.sleep(delay)
@@ -421,23 +462,39 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             prefer_node=self.home_node if self.prefer_home_node else "",
         )
 
-    async def reserve_gpu(self, exclude: frozenset = frozenset()) -> broker.Reservation:
-        """Slices of one GPU claimed for this server, or a refusal people understand at once.
+    async def reserve_gpu(
+        self, exclude: frozenset = frozenset(), may_wait: bool = True
+    ) -> broker.Reservation:
+        """Slices of one GPU claimed for this server, or a refusal people understand at once,
+        or (``may_wait`` and the line on) slices given after a wait in line.
 
         ``exclude``: GPUs this spawn already lost a race for; they count as full.
         """
         request = self.gpu_request()
         try:
-            reservation = await self.broker.reserve(self, request, self._read_swarm, exclude)
+            return self._placed(
+                request, await self.broker.reserve(self, request, self._read_swarm, exclude)
+            )
         except broker.NoRoom as e:
-            used, total = inventory.totals(e.gpus)
-            detail = ", ".join(f"{g.node_name}:{g.uuid}={g.used}/{g.slices}" for g in e.gpus)
-            wanted = "a whole GPU" if request.slices is None else f"{request.slices} free slice(s)"
-            raise NoGPUSliceAvailable(
-                str(e),
-                f"No GPU with {wanted} for {self._log_name}: "
-                f"{used}/{total} slices in use on {len(e.gpus)} GPU(s) ({detail or 'none'})",
-            ) from None
+            refused = e
+        used, total = inventory.totals(refused.gpus)
+        detail = ", ".join(f"{g.node_name}:{g.uuid}={g.used}/{g.slices}" for g in refused.gpus)
+        wanted = "a whole GPU" if request.slices is None else f"{request.slices} free slice(s)"
+        log_message = (
+            f"No GPU with {wanted} for {self._log_name}: "
+            f"{used}/{total} slices in use on {len(refused.gpus)} GPU(s) ({detail or 'none'})"
+        )
+        if not (may_wait and self._joins_line(refused.gpus, request)):
+            offer = self._line_offer(refused.gpus, request, str(refused))
+            raise NoGPUSliceAvailable(str(refused), log_message, offer)
+        self.log.info("%s; joining the line", log_message)
+        return self._placed(request, await self._wait_in_line(request))
+
+    def _placed(
+        self, request: broker.Request, reservation: broker.Reservation
+    ) -> broker.Reservation:
+        """The reservation, after telling a returning participant when it is not on their
+        home machine."""
         home, gpu = request.prefer_node, reservation.gpu
         if home and gpu.node_name != home:
             self.log.info(
@@ -449,6 +506,91 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 f"starts on {gpu.node_name} with the home there (your files stay on {home})",
             )
         return reservation
+
+    # ---- the waiting line --------------------------------------------------------------------
+
+    def _joins_line(self, gpus: list[inventory.GPU], request: broker.Request) -> bool:
+        """This participant waits in line: the line is on (``auto``, or ``offer`` and they
+        asked to), and some GPU could ever hold the request."""
+        asked = self.waiting_line == "auto" or (
+            self.waiting_line == "offer" and self.user_options.get("line") == "join"
+        )
+        return asked and line.can_ever_fit(gpus, request.slices)
+
+    def _line_offer(
+        self, gpus: list[inventory.GPU], request: broker.Request, line_refusal: str
+    ) -> str:
+        """The refusal (``line_refusal``) as HTML with the offer to wait in line; "" when there
+        is none to make."""
+        if self.waiting_line != "offer" or not line.can_ever_fit(gpus, request.slices):
+            return ""
+        waiting = len(self.broker.waiting())
+        query = {"opt-line": "join", "opt-gpu": self.user_options.get("gpu", profiles.SLICE)}
+        if self.user_options.get("image"):
+            query["opt-image"] = self.user_options["image"]
+        return _TEMPLATES.get_template("line_offer.html").render(
+            message=line_refusal, spawn_url=self._spawn_url(), query=query, waiting=waiting
+        )
+
+    def _spawn_url(self) -> str:
+        """This server's spawn URL on the hub (``/hub/spawn/<user>[/<server>]``)."""
+        base = getattr(self.hub, "base_url", "/hub/")
+        path = f"{base.rstrip('/')}/spawn/{getattr(self.user, 'escaped_name', self.user.name)}"
+        return f"{path}/{self.name}" if self.name else path
+
+    async def _wait_in_line(self, request: broker.Request) -> broker.Reservation:
+        """In the line until slices are given to this server; the participant reads their
+        place on the spawn page all along. The hub's database says they are waiting, so a
+        hub restart that empties the line can tell them (``failure_message``)."""
+        self.line_joined = time.time()
+        self._save_state()
+        self.log.info("%s joined the waiting line", self._log_name)
+
+        def told(position: int, waiting: int, eta: float | None, held: bool) -> None:
+            held = held and request.slices != 1  # a GPU emptying for a full-GPU request
+            self._report(10, line.waiting_message(position, waiting, eta, held))
+
+        wait = self.broker.wait_in_line(self, request, self._read_swarm, told, self.line_max_length)
+        joined = self.line_joined
+        try:
+            reservation = await asyncio.wait_for(wait, timeout=self.line_max_wait or None)
+        except broker.LineFull as e:
+            raise NoGPUSliceAvailable(
+                f"All GPU slices are in use, and the waiting line is full ({e}). Please try "
+                "again later or ask an organizer.",
+                f"{self._log_name}: the line is full ({e})",
+            ) from None
+        except asyncio.TimeoutError:
+            raise NoGPUSliceAvailable(
+                f"You waited {line.about(self.line_max_wait)} in line and no GPU slice freed "
+                "up, which is as long as this hub lets anyone wait. Please try again later "
+                "or ask an organizer.",
+                f"{self._log_name} left the line after {self.line_max_wait} s (line_max_wait)",
+            ) from None
+        except asyncio.CancelledError:
+            self.log.info("%s left the waiting line", self._log_name)
+            raise
+        finally:
+            self.line_joined = 0
+        self.log.info(
+            "%s leaves the line after %.0f s for %s on %s",
+            self._log_name,
+            time.time() - joined,
+            reservation.gpu.uuid,
+            reservation.gpu.node_name,
+        )
+        self._report(15, "A GPU slice is free for you: starting your server")
+        return reservation
+
+    def _save_state(self) -> None:
+        """Write this spawner's state to the hub's database now (JupyterHub itself writes it
+        only once a start or stop has finished)."""
+        orm_spawner = getattr(self, "orm_spawner", None)
+        db = getattr(getattr(self, "user", None), "db", None)
+        if orm_spawner is None or db is None:
+            return
+        orm_spawner.state = self.get_state()
+        db.commit()
 
     # ---- the spawn page ------------------------------------------------------------------------
 
@@ -484,6 +626,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             try:
                 offered = spawner.spawn_offer()
                 spawner.full_gpu_requested = profiles.wants_full_gpu(user_options, offered)
+                profiles.check_line_choice(user_options)
             except profiles.ChoiceError as e:
                 raise web.HTTPError(400, str(e)) from None
 
@@ -516,6 +659,13 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     def failure_message(self) -> str:
         """What the participant was told when this server's latest start failed; "" when it
         did not fail (or a new start began). The hub's home page shows it (templates/hub)."""
+        if self.line_lost and not self.active:
+            since = time.strftime("%H:%M", time.localtime(self.line_lost))
+            return (
+                f"You were waiting in line for a GPU (since {since}) when the hub restarted, "
+                "and the line was emptied. Nothing of yours was lost: start your server again "
+                "to take a new place in line."
+            )
         error = self._failed
         if not error:
             return ""
@@ -630,6 +780,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         state = super().get_state()
         if self.home_node:
             state["home_node"] = self.home_node  # outlives the server (clear_state keeps it)
+        if self.line_joined:
+            state["line_joined"] = self.line_joined  # waiting: the spawn has not ended
         if self.gpu_uuid:
             state.update(
                 gpu_uuid=self.gpu_uuid,
@@ -646,6 +798,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.slices_held = state.get("gpu_slices", 0)
         self.gpu_memory_mb = state.get("gpu_memory_mb", 0)
         self.home_node = state.get("home_node", "")
+        # only a hub that stopped while this spawn waited finds it in the database
+        self.line_lost = state.get("line_joined", 0)
 
     def clear_gpu(self):
         self.gpu_uuid = ""

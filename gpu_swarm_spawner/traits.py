@@ -215,6 +215,59 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         """,
     )
 
+    waiting_line = Enum(
+        ["off", "offer", "auto"],
+        default_value="offer",
+        config=True,
+        help="""
+        When no GPU has room for a participant: ``offer`` (the default) tells them so at once
+        and offers to wait in line (a button on the refusal); ``auto`` puts them in the line
+        straight away; ``off`` only tells them. In the line the spawn page shows their place
+        and an estimate, and their server starts by itself when slices free up, in order of
+        arrival (the rule for full-GPU requests is in ``gpu_swarm_spawner/line.py`` and the
+        README). Nobody in the line holds a service or a slice. Each waiting participant is a
+        pending spawn for JupyterHub: keep ``c.JupyterHub.concurrent_spawn_limit`` above the
+        longest line you expect.
+        """,
+    )
+
+    line_max_length = _AtLeast(
+        0,
+        least=0,
+        expected="0 (no limit) or more",
+        advice="write a number of participants such as 100",
+        config=True,
+        help="""
+        The most participants waiting in the line at once; whoever comes next is told the
+        line is full. 0: no limit.
+        """,
+    )
+
+    line_max_wait = _AtLeast(
+        3600,
+        least=0,
+        expected="0 (no limit) or more seconds",
+        advice="write a number of seconds such as 3600",
+        config=True,
+        help="""
+        Seconds a participant may wait in the line; then they leave it with a message saying
+        so. 0: no limit. JupyterHub's ``start_timeout`` is lengthened by this much while the
+        line is on (the spawn includes the wait); the server's own start keeps its
+        ``start_timeout``.
+        """,
+    )
+
+    line_interval = _FloatAtLeast(
+        2.0,
+        least=0.1,
+        expected="0.1 or more seconds",
+        config=True,
+        help="""
+        Seconds between the line's looks at the swarm while anyone waits (a server stopped by
+        this hub is looked at at once). Read once, when the hub's GPU broker is made.
+        """,
+    )
+
     probe_server = Bool(
         True,
         config=True,

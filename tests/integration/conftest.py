@@ -22,6 +22,9 @@ _TEST_STACK["TUTORIAL_POLL"] = "2"
 # a shared dataset cache, read-only in servers
 DATASETS = f"{BED['BED_DATA']}/test-datasets"
 _TEST_STACK["DATASETS_DIR"] = DATASETS
+# the waiting line as organizers get it (offered on the refusal), at most 6 waiting
+_TEST_STACK["WAITING_LINE"] = "offer"
+_TEST_STACK["LINE_MAX_LENGTH"] = "6"
 _TEST_STACK["CONFIG"] = "none"  # an organizer's ./config.env is not the test stack's
 for _name, _value in _TEST_STACK.items():
     os.environ[f"GPUHUB_{_name}"] = os.environ.get(f"GPUHUB_TEST_{_name}", _value)

@@ -268,6 +268,8 @@ def test_the_participant_sees_the_warning_and_the_stop_in_jupyterlab(
         page.click('.jp-LauncherCard[data-category="Notebook"]', timeout=60_000)
         editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
         editor.wait_for(timeout=60_000)
+        # a cell run before the kernel is ready is dropped: wait for "Python 3 | Idle"
+        page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=60_000)
         editor.click()
         page.keyboard.insert_text(OVER_BUDGET_CELL)
         page.keyboard.press("Shift+Enter")
@@ -306,5 +308,7 @@ def test_the_participant_sees_the_warning_and_the_stop_in_jupyterlab(
         assert not [row for row in rows if row[-1] == "sleep 100002"], rows
         assert page.locator(".jp-LabShell").is_visible()
     finally:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "guard-notices-last.png"))  # for a red run
         pause_others("resume-node", others)
         hub.stop(user)

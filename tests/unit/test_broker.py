@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from gpu_swarm_spawner.broker import GPUBroker, NoRoom, Request, of_hub
+from gpu_swarm_spawner.broker import GPUBroker, LineFull, NoRoom, Request, of_hub
 
 from .clusters import node, task
 
@@ -139,3 +139,122 @@ async def test_each_event_loop_has_its_own_broker():
         return asyncio.run(get())
 
     assert await asyncio.to_thread(elsewhere) is not here
+
+
+# ---- the waiting line -----------------------------------------------------------------------
+
+FULL_GPU = [node("n1", "alpha", {"GPU-a0": 3})]
+
+
+class Told:
+    """What each participant in the line was told, newest last."""
+
+    def __init__(self):
+        self.heard: dict[str, list[tuple]] = {}
+
+    def to(self, owner):
+        return lambda *place: self.heard.setdefault(owner, []).append(place)
+
+
+def running(*owners_on_a0):
+    return [task("n1", {"GPU-a0": 1}, service_id=f"svc-{o}") for o in owners_on_a0]
+
+
+@pytest.fixture
+def line_broker(broker):
+    broker.line_interval = 0.02
+    return broker
+
+
+async def until(condition, timeout=2.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_the_line_is_served_in_order_as_slices_free(line_broker):
+    swarm = Swarm(FULL_GPU, running("x", "y", "z"))
+    told = Told()
+    waits = {o: asyncio.ensure_future(line_broker.wait_in_line(o, Request(1), swarm, told.to(o)))
+             for o in "abc"}  # fmt: skip
+    await until(lambda: len(line_broker.waiting()) == 3)
+    assert [e.owner for e in line_broker.waiting()] == ["a", "b", "c"]
+    assert told.heard["c"][-1] == (3, 3, None, False)  # 3rd of 3, no estimate yet
+    swarm.tasks = running("x", "y")  # z stopped
+    line_broker.nudge()
+    got = await asyncio.wait_for(waits["a"], 1)
+    assert (got.gpu.uuid, got.slices) == ("GPU-a0", 1)
+    assert line_broker.claimed()["a"].uuid == "GPU-a0"  # claimed like any reservation
+    await until(lambda: told.heard["c"][-1][:2] == (2, 2))
+    assert told.heard["c"][-1][2] is not None  # one left the line: now there is a pace
+    assert not waits["b"].done()  # a's claim holds the freed slice
+    for w in waits.values():
+        w.cancel()
+
+
+async def test_a_newcomer_never_jumps_the_line(line_broker):
+    swarm = Swarm(FULL_GPU, running("x", "y", "z"))
+    told = Told()
+    wait = asyncio.ensure_future(line_broker.wait_in_line("a", Request(1), swarm, told.to("a")))
+    await until(lambda: line_broker.waiting())
+    line_broker.line_interval = 60  # the line looks only when told: the newcomer comes first
+    await asyncio.sleep(0.05)
+    swarm.tasks = running("x", "y")
+    with pytest.raises(NoRoom):
+        await line_broker.reserve("new", Request(1), swarm)
+    assert line_broker.claimed()["a"].uuid == "GPU-a0"  # a was served first
+    assert (await asyncio.wait_for(wait, 1)).gpu.uuid == "GPU-a0"
+
+
+async def test_leaving_the_line_leaves_nothing_behind(line_broker):
+    swarm = Swarm(FULL_GPU, running("x", "y", "z"))
+    wait = asyncio.ensure_future(line_broker.wait_in_line("a", Request(1), swarm, Told().to("a")))
+    await until(lambda: line_broker.waiting())
+    wait.cancel()
+    await asyncio.sleep(0)
+    assert line_broker.waiting() == [] and line_broker.claimed() == {}
+    swarm.tasks = []
+    await asyncio.sleep(0.1)  # the line's looks have stopped; nothing is claimed for a
+    assert line_broker.claimed() == {}
+    assert line_broker._line_task.done()
+
+
+async def test_served_as_the_participant_leaves_frees_the_slices(line_broker):
+    swarm = Swarm(FULL_GPU, running("x", "y", "z"))
+    wait = asyncio.ensure_future(line_broker.wait_in_line("a", Request(1), swarm, Told().to("a")))
+    await until(lambda: line_broker.waiting())
+    swarm.tasks = running("x", "y")
+    line_broker._serve_line(*await swarm())  # slices given to a...
+    wait.cancel()  # ...in the same moment a leaves
+    with pytest.raises(asyncio.CancelledError):
+        await wait
+    assert line_broker.claimed() == {}
+
+
+async def test_a_full_line_says_so(line_broker):
+    swarm = Swarm(FULL_GPU, running("x", "y", "z"))
+    first = asyncio.ensure_future(
+        line_broker.wait_in_line("a", Request(1), swarm, Told().to("a"), max_length=1)
+    )
+    await until(lambda: line_broker.waiting())
+    with pytest.raises(LineFull, match="1 are waiting"):
+        await line_broker.wait_in_line("b", Request(1), swarm, Told().to("b"), max_length=1)
+    first.cancel()
+
+
+async def test_the_line_survives_a_failed_read(line_broker):
+    swarm = Swarm(FULL_GPU, running("x", "y", "z"))
+    real = swarm.__call__
+    failing = True
+
+    async def read():
+        if failing:
+            raise ConnectionError("the manager does not answer")
+        return await real()
+
+    wait = asyncio.ensure_future(line_broker.wait_in_line("a", Request(1), read, Told().to("a")))
+    await until(lambda: "does not answer" in line_broker.line_error)
+    failing = False
+    swarm.tasks = running("x")
+    assert (await asyncio.wait_for(wait, 1)).gpu.uuid == "GPU-a0"

@@ -123,6 +123,9 @@ def test_every_setting_reaches_the_spawner_and_the_hub(hub_config):
         ADMIN_USERS="ada, bob",
         ENVIRONMENTS="PyTorch=reg:5000/pytorch:1 TF=reg:5000/tf:1",
         FULL_GPU="all",
+        WAITING_LINE="auto",
+        LINE_MAX_LENGTH="40",
+        LINE_MAX_WAIT="900",
         TUTORIAL_REPOS="intro=https://x/intro.git",
         TUTORIALS_DIR="/nfs/tutorials",
         DATASETS_DIR="/nfs/data",
@@ -139,6 +142,9 @@ def test_every_setting_reaches_the_spawner_and_the_hub(hub_config):
     assert spawner.docker_api_threads == 8
     assert spawner.full_gpu_for == "all"
     assert "full_gpu_slices" not in spawner and "gpu_slices" not in spawner
+    assert (spawner.waiting_line, spawner.line_max_length, spawner.line_max_wait) == (
+        "auto", 40, 900)  # fmt: skip
+    assert config.JupyterHub.concurrent_spawn_limit == 140  # the line plus JupyterHub's 100
     assert spawner.allowed_images == {"PyTorch": "reg:5000/pytorch:1", "TF": "reg:5000/tf:1"}
     assert spawner.image == "reg:5000/pytorch:1"  # the first environment is the default
     assert spawner.service_labels == {contract.STACK_LABEL: "ws"}
@@ -172,6 +178,8 @@ def test_settings_left_out_take_deploy_settings_env_defaults(hub_config):
     spawner = config.GPUSwarmSpawner
     assert spawner.slices_per_server == 1 and spawner.placement_policy == "spread"
     assert spawner.docker_api_threads == 4 and spawner.full_gpu_for == "admins"
+    assert (spawner.waiting_line, spawner.line_max_wait) == ("offer", 3600)
+    assert config.JupyterHub.concurrent_spawn_limit == 0  # a line of any length
     assert spawner.volumes == {contract.HOME_VOLUME: "/home/jovyan"}
     assert "allowed_images" not in spawner
     assert config.SwarmSpawner.image == "gpu-jupyterhub/singleuser:latest"
@@ -183,7 +191,8 @@ def test_settings_left_out_take_deploy_settings_env_defaults(hub_config):
 
 
 def test_culling_off_and_no_full_gpu(hub_config):
-    config = hub_config(IDLE_TIMEOUT="0", FULL_GPU="off")
+    config = hub_config(IDLE_TIMEOUT="0", FULL_GPU="off", WAITING_LINE="off")
+    assert "concurrent_spawn_limit" not in config.JupyterHub  # JupyterHub's own
     assert [s["name"] for s in config.JupyterHub.services] == ["ops"]
     assert [r["name"] for r in config.JupyterHub.load_roles] == ["ops"]
     assert config.GPUSwarmSpawner.full_gpu_for == "off"

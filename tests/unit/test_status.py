@@ -1,5 +1,6 @@
 """`make status`'s table, from plain Docker API dicts."""
 
+from deploy import status
 from deploy.status import guard_memory, render
 
 from .clusters import node, task
@@ -84,3 +85,24 @@ def test_each_server_shows_its_gpu_memory_against_its_budget_from_the_guards():
     # without the guards' figures (not read): a dash
     plain = render(nodes, tasks, services)
     assert "OVER" not in plain and "guard: no answer" not in plain
+
+
+def test_the_waiting_line_comes_from_the_hubs_user_models_head_first():
+    def user(name, servers):
+        return {"name": name, "servers": servers}
+
+    users = [
+        user("carol", {"": {"pending": "spawn", "state": {"line_joined": 1000.0}}}),
+        user("alice", {"": {"pending": "spawn", "state": {"line_joined": 900.0}}}),
+        user("bob", {"": {"pending": "spawn", "state": {}}}),  # starting, not waiting
+        user("dan", {"": {"pending": None, "ready": True, "state": {"gpu_uuid": "GPU-a"}}}),
+        user("erin", {"gpu2": {"pending": "spawn", "state": {"line_joined": 950.0}}}),
+        user("fay", {}),
+    ]
+    line = status.waiting(users)
+    assert line == [(900.0, "alice"), (950.0, "erin/gpu2"), (1000.0, "carol")]
+    text = status.render_line(line, now=1300.0).splitlines()
+    assert text[0] == "Waiting line (3)"
+    assert text[2].split()[:2] == ["1", "alice"] and text[2].endswith("7 min")
+    assert text[4].split()[:2] == ["3", "carol"] and text[4].endswith("5 min")
+    assert status.render_line([], 0).splitlines() == ["Waiting line (0)", "  nobody"]

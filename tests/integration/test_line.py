@@ -1,0 +1,206 @@
+"""The waiting line on the bed (18 slices: 3 machines x 2 simulated GPUs x 3), with real
+participants' servers started through the hub and, where a participant is involved, Chromium.
+
+18 participants fill every slice; then 7 more want a server: w1, w2, w4, w6 and w7 ask through
+the REST API with the offer's answer (``line=join``), w3 and w5 in Chromium, where the refusal
+comes at once with its "Wait in line" button. w4 leaves the line, w5 closes the browser, and an
+8th finds the line full (GPUHUB_LINE_MAX_LENGTH=6). Servers are then stopped one at a time: each
+time the next in line (w4 skipped) gets the freed slice, w3's page goes on into JupyterLab, and
+w5 finds a running server when coming back. No GPU ever holds more than its slices; nothing is
+left afterwards. Last, a hub restart empties the line, and the participant waiting sees why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from .hub import ARTIFACTS
+from .spawners import inventory, remove_services, services_of, wait_slices_free
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+
+RUNNING = [f"ci-line-{i:02}" for i in range(1, 19)]
+W = {i: f"ci-line-w{i}" for i in range(1, 9)}
+
+
+def no_gpu_over_its_slices() -> None:
+    gpus = inventory()
+    assert all(g.used <= g.slices for g in gpus.values()), gpus
+
+
+def progress(hub, user: str, seconds: float = 2.0) -> list[str]:
+    """The messages of the user's spawn-pending page so far (its progress stream)."""
+    r = hub.api("GET", f"/users/{user}/server/progress", stream=True)
+    messages: list[str] = []
+
+    def read():
+        try:
+            for line in r.iter_lines(decode_unicode=True):
+                if line.startswith("data:"):
+                    messages.append(json.loads(line[5:])["message"])
+        except Exception:  # closed under it
+            pass
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(seconds)
+    r.close()
+    return messages
+
+
+def place(hub, user: str) -> str:
+    """The latest "You are Nth in line (M waiting)" the user's page shows."""
+    found = [m for m in progress(hub, user) if " in line (" in m]
+    assert found, f"{user} is not told a place in line: {progress(hub, user)}"
+    return re.search(r"You are \d+\w+ in line \(\d+ waiting\)", found[-1]).group(0)
+
+
+def wait_place(hub, user: str, expected: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while (shown := place(hub, user)) != expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert shown == expected, (user, shown)
+
+
+def join(hub, user: str) -> None:
+    r = hub.api("POST", f"/users/{user}/server", json={"line": "join"})
+    assert r.status_code == 202, (r.status_code, r.text)  # pending: in line
+
+
+def log_in(page, hub, user: str) -> None:
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", hub.password)
+    page.click("#login_submit")
+
+
+def join_in_browser(page, hub, user: str) -> float:
+    """Log in, read the refusal and click its "Wait in line"; seconds from login to refusal."""
+    t0 = time.monotonic()
+    log_in(page, hub, user)
+    button = page.locator("#gpuhub-join-line")
+    button.wait_for(timeout=10_000)
+    refused_after = time.monotonic() - t0
+    assert "All GPU slices are in use (18/18)" in page.inner_text("body")
+    button.click()
+    page.wait_for_selector("#progress-message", timeout=10_000)
+    return refused_after
+
+
+def stop(hub, user: str) -> None:
+    hub.stop(user)
+
+
+@pytest.fixture(scope="module")
+def full_hub(hub):
+    remove_services(hub.stack)
+    wait_slices_free()
+    for user in RUNNING + list(W.values()):
+        hub.api("POST", f"/users/{user}")
+    with ThreadPoolExecutor(18) as pool:
+        for r in pool.map(lambda u: hub.api("POST", f"/users/{u}/server"), RUNNING):
+            assert r.status_code in (201, 202), r.text
+        list(pool.map(lambda u: hub.wait_ready(u, timeout=180), RUNNING))
+    assert all(g.free == 0 for g in inventory().values()), inventory()
+    yield
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda u: hub.stop(u), RUNNING + list(W.values())))
+    remove_services(hub.stack)
+
+
+def test_the_line_serves_in_order_skips_who_left_and_keeps_who_closed_the_page(
+    hub, full_hub, browser
+):
+    ARTIFACTS.mkdir(exist_ok=True)
+    w3_page = browser.new_context().new_page()
+    w5_context = browser.new_context()
+    w5_page = w5_context.new_page()
+
+    join(hub, W[1])
+    join(hub, W[2])
+    refused_after = join_in_browser(w3_page, hub, W[3])
+    print(f"login -> refusal with the offer on w3's page: {refused_after:.1f} s")
+    join(hub, W[4])
+    join_in_browser(w5_page, hub, W[5])
+    join(hub, W[6])
+    # the places, on the pages and in their progress streams
+    wait_place(hub, W[6], "You are 6th in line (6 waiting)")
+    assert "You are 3rd in line (6 waiting)" in w3_page.inner_text("#progress-message")
+    w3_page.screenshot(path=str(ARTIFACTS / "line-w3-waiting.png"))
+    assert not services_of(hub.stack) or all(
+        s.name.removeprefix("jy-ci-2dline-2d") in {u.removeprefix("ci-line-") for u in RUNNING}
+        for s in services_of(hub.stack)
+    ), "someone in line holds a service"
+
+    # w4 leaves: everyone behind moves up; w5 closes the browser and keeps the place
+    stop(hub, W[4])
+    wait_place(hub, W[6], "You are 5th in line (5 waiting)")
+    w5_context.close()
+    join(hub, W[7])
+    wait_place(hub, W[7], "You are 6th in line (6 waiting)")
+    # the line is full: the next is told so at once
+    t0 = time.monotonic()
+    r = hub.api("POST", f"/users/{W[8]}/server", json={"line": "join"})
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 503, r.text
+    assert "the waiting line is full (6 are waiting)" in r.json()["message"], r.text
+    assert elapsed < 2, f"line-full refusal took {elapsed:.2f} s"
+
+    # servers stop one by one: the next in line starts each time, in order
+    for stopped, served in zip(RUNNING, [W[1], W[2], W[3], W[5], W[6], W[7]]):
+        t0 = time.monotonic()
+        stop(hub, stopped)
+        hub.wait_ready(served, timeout=120)
+        print(f"{stopped} stopped -> {served} ready: {time.monotonic() - t0:.1f} s")
+        no_gpu_over_its_slices()
+        still = [u for u in (W[1], W[2], W[3], W[5], W[6], W[7]) if hub.server(u)]
+        ready = [u for u in still if hub.server(u)["ready"]]
+        assert served in ready
+        if served == W[3]:  # her page goes on into JupyterLab by itself
+            w3_page.wait_for_selector(".jp-LabShell", timeout=120_000)
+    assert hub.server(W[4]) is None, "w4 left the line but got a server"
+    # w5 comes back: the server is there
+    back = browser.new_context().new_page()
+    log_in(back, hub, W[5])
+    back.wait_for_selector(".jp-LabShell", timeout=120_000)
+    assert f"/user/{W[5]}/lab" in back.url
+
+
+def test_after_the_line_nothing_is_left(hub, full_hub):
+    everyone = RUNNING + list(W.values())
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda u: hub.stop(u), everyone))
+    wait_slices_free()
+    assert services_of(hub.stack) == []
+    assert all(hub.server(u) is None for u in everyone)
+
+
+def test_a_hub_restart_empties_the_line_and_the_waiting_participant_reads_why(hub, full_hub, page):
+    """After the line test: the hub full again, one participant waits in Chromium, and the hub
+    is restarted (as `make up` does when its settings change)."""
+    with ThreadPoolExecutor(18) as pool:
+        for r in pool.map(lambda u: hub.api("POST", f"/users/{u}/server"), RUNNING):
+            assert r.status_code in (201, 202), r.text
+        list(pool.map(lambda u: hub.wait_ready(u, timeout=180), RUNNING))
+    join_in_browser(page, hub, W[1])
+    page.wait_for_function(
+        "document.querySelector('#progress-message').innerText.includes('in line')"
+    )
+    subprocess.run(
+        ["docker", "service", "update", "--force", "--detach", f"{hub.stack}_hub"],
+        check=True,
+        capture_output=True,
+    )
+    notice = page.locator("#last-start-failed")
+    notice.wait_for(timeout=180_000)
+    text = notice.inner_text()
+    assert "You were waiting in line for a GPU" in text and "when the hub restarted" in text
+    page.screenshot(path=str(ARTIFACTS / "line-hub-restarted.png"))
+    assert hub.server(W[1]) is None  # no service, no slice: the line was in the hub's memory
