@@ -164,6 +164,8 @@ else:
     c.GPUSwarmSpawner.waiting_line = cfg.waiting_line
     c.GPUSwarmSpawner.line_max_length = cfg.line_max_length
     c.GPUSwarmSpawner.line_max_wait = cfg.line_max_wait
+    c.GPUSwarmSpawner.cpu_only_servers = cfg.cpu_only
+    c.GPUSwarmSpawner.cpu_only_max_servers = cfg.cpu_only_max
     if cfg.waiting_line != "off":
         # each participant in line is a pending spawn to JupyterHub, whose limit (100 by
         # default) would answer the next ones "429 Too many users" instead of the line's words

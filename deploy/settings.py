@@ -505,6 +505,7 @@ def _numbers(settings) -> list[str]:
         ("GPUHUB_GUARD_METRICS_PORT", 0, 65535),
         ("GPUHUB_LINE_MAX_LENGTH", 0, None),
         ("GPUHUB_LINE_MAX_WAIT", 0, None),
+        ("GPUHUB_CPU_ONLY_MAX", 0, None),
     ]:
         errors += _int(settings, key, low, high)
     if errors:
@@ -653,6 +654,7 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
         )
     errors += _choice(settings, "GPUHUB_FULL_GPU", ("admins", "all", "off"))
     errors += _choice(settings, "GPUHUB_WAITING_LINE", ("offer", "auto", "off"))
+    errors += _choice(settings, "GPUHUB_CPU_ONLY", ("on", "off"))
     errors += _environments(settings.get("GPUHUB_ENVIRONMENTS", ""))
     errors += _choice(settings, "GPUHUB_DATASETS_MODE", ("ro", "rw"))
     errors += _guard(settings)
@@ -848,6 +850,12 @@ def _flag(value: str) -> bool:
     return value == "1"
 
 
+def _on(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise ValueError("write on or off")
+    return value == "on"
+
+
 def environments(value: str) -> dict[str, str]:
     """GPUHUB_ENVIRONMENTS as {name: image}, in the order written (the first is the default)."""
     out: dict[str, str] = {}
@@ -884,6 +892,7 @@ CONVERTERS: dict[str, Callable[[str], object]] = {
             "GPUHUB_GUARD_METRICS_PORT",
             "GPUHUB_LINE_MAX_LENGTH",
             "GPUHUB_LINE_MAX_WAIT",
+            "GPUHUB_CPU_ONLY_MAX",
         ),
         _whole_number,
     ),
@@ -892,6 +901,7 @@ CONVERTERS: dict[str, Callable[[str], object]] = {
         _number,
     ),
     "GPUHUB_SIMULATED_GPUS": _flag,
+    "GPUHUB_CPU_ONLY": _on,
     "GPUHUB_ADMIN_USERS": names,
     "GPUHUB_ALLOWED_ORGS": names,
     "GPUHUB_TUTORIAL_REPOS": str.split,  # NAME=URL[#BRANCH] entries; tutorial_sync reads each
@@ -947,6 +957,8 @@ class Config:
     waiting_line: str = field(init=False)
     line_max_length: int = field(init=False)
     line_max_wait: int = field(init=False)
+    cpu_only: bool = field(init=False)
+    cpu_only_max: int = field(init=False)
     cpu_limit: str = field(init=False)
     mem_limit: str = field(init=False)
     pids_limit: str = field(init=False)

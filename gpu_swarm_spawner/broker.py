@@ -89,6 +89,9 @@ class GPUBroker:
         self._nudged: asyncio.Event | None = None
         self._line_read: ReadSwarm | None = None
         self.line_error = ""  # why the line's last look at the swarm failed ("" when it did not)
+        #: services of servers without a GPU being started (they count towards the cap before
+        #: their service exists)
+        self.cpu_only_starting: set[str] = set()
 
     # ---- reading the swarm ----------------------------------------------------------------
 

@@ -40,6 +40,8 @@ USER_LABEL = LABEL_PREFIX + "user"
 GPU_LABEL = LABEL_PREFIX + "gpu"
 SLICES_LABEL = LABEL_PREFIX + "slices"
 STACK_LABEL = LABEL_PREFIX + "stack"
+#: "1" on the service of a server started without a GPU (CPU only).
+CPU_ONLY_LABEL = LABEL_PREFIX + "cpu-only"
 #: The GPU memory budget of the container's slices, in MiB (GPU_MEMORY_LIMIT_MB in its
 #: environment); absent when unknown.
 BUDGET_LABEL = LABEL_PREFIX + "gpu-memory-limit-mb"

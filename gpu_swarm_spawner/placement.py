@@ -96,6 +96,18 @@ def choose(
     return ranked[0] if ranked else None
 
 
+def cpu_node(gpus: list[GPU], home: str = "") -> str:
+    """The machine for a server without a GPU: ``home`` (the participant's home volume) when
+    it is a schedulable GPU machine, else the GPU machine with most free slices (so a later
+    restart with a GPU likely finds room beside the same home); "" when there is none."""
+    free: dict[str, int] = {}
+    for g in gpus:
+        free[g.node_name] = free.get(g.node_name, 0) + g.free
+    if home in free:
+        return home
+    return min(free, key=lambda n: (-free[n], n)) if free else ""
+
+
 def refusal_message(gpus: list[GPU], slices: int | None) -> str:
     """What a participant reads when no GPU has ``slices`` free slices (None: no GPU is free
     as a whole)."""

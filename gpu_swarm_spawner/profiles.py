@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SLICE, FULL = "slice", "full"
+SLICE, FULL, NONE = "slice", "full", "none"  # a GPU share, a whole GPU, no GPU (CPU only)
 JOIN = "join"  # the line choice: wait in line when no GPU has room
 #: Who may choose a full GPU: nobody, admins or everyone.
 FULL_GPU_FOR = ("off", "admins", "all")
@@ -26,9 +26,12 @@ class Offer:
     default_environment: str
     slices_per_server: int  # what a server on a GPU share reserves
     full_gpu: bool  # this user may ask for a whole GPU (all of its slices)
+    cpu_only: bool = False  # this user may start a server without a GPU
 
     @property
     def has_choices(self) -> bool:
+        """A form is worth showing. The CPU-only choice alone is not worth a click before every
+        start: it is offered where it matters, on the refusal and in the waiting line."""
         return len(self.environments) > 1 or self.full_gpu
 
 
@@ -38,23 +41,37 @@ def offer(
     slices_per_server: int,
     full_gpu_for: str,
     is_admin: bool,
+    cpu_only: bool = False,
 ) -> Offer:
     names = list(allowed_images)
     default = next((n for n, image in allowed_images.items() if image == default_image), "")
     full_gpu = full_gpu_for == "all" or (full_gpu_for == "admins" and is_admin)
-    return Offer(names, default or (names[0] if names else ""), slices_per_server, full_gpu)
+    first = default or (names[0] if names else "")
+    return Offer(names, first, slices_per_server, full_gpu, cpu_only)
+
+
+def gpu_choice(choice: dict, offered: Offer) -> str:
+    """What a server started with ``choice`` (its user_options) asks for: ``SLICE``, ``FULL``
+    (a whole GPU) or ``NONE`` (no GPU); a choice not offered is a ``ChoiceError``."""
+    gpu = choice.get("gpu", SLICE)
+    if gpu == SLICE:
+        return SLICE
+    if gpu == FULL:
+        if not offered.full_gpu:
+            raise ChoiceError("A full GPU is not offered to you on this hub; choose a GPU slice.")
+        return FULL
+    if gpu == NONE:
+        if not offered.cpu_only:
+            raise ChoiceError(
+                "Servers without a GPU are not offered on this hub; choose a GPU slice."
+            )
+        return NONE
+    raise ChoiceError(f"Unknown GPU choice {gpu!r}; choose {SLICE!r}, {FULL!r} or {NONE!r}.")
 
 
 def wants_full_gpu(choice: dict, offered: Offer) -> bool:
     """Whether a server started with ``choice`` (its user_options) takes a whole GPU."""
-    gpu = choice.get("gpu", SLICE)
-    if gpu == SLICE:
-        return False
-    if gpu == FULL:
-        if not offered.full_gpu:
-            raise ChoiceError("A full GPU is not offered to you on this hub; choose a GPU slice.")
-        return True
-    raise ChoiceError(f"Unknown GPU choice {gpu!r}; choose {SLICE!r} or {FULL!r}.")
+    return gpu_choice(choice, offered) == FULL
 
 
 def options_from_form(formdata: dict[str, list[str]]) -> dict:

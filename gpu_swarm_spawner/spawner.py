@@ -37,7 +37,7 @@ from traitlets import (
     default,
 )
 
-from . import broker, contract, inventory, line, naming, profiles, tasks
+from . import broker, contract, inventory, line, naming, placement, profiles, tasks
 from .tasks import Phase
 from .traits import GPUSwarmSpawnerTraits
 
@@ -103,6 +103,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     gpu_node = Unicode("")
     slices_held = Integer(0)
     full_gpu_requested = Bool(False)  # this spawn's choice on the spawn page
+    cpu_only_requested = Bool(False)  # ... or no GPU at all
+    cpu_node = Unicode("")  # the machine a server without a GPU runs on (this spawn's)
     home_node = Unicode("")  # the machine of the user's last server (its home volume); kept
     gpu_memory_mb = Integer(0)  # the memory budget of the slices held (0: unknown)
     gpu_total_slices = Integer(0)  # the slices of the GPU held (this spawn's; not persisted)
@@ -160,6 +162,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self._progress_events = []  # this spawn's stages (progress() reads them)
         self.line_lost = 0  # a new start: the message about a line lost to a restart goes
         try:
+            if self.cpu_only_requested:
+                return await self._start_without_gpu()
             return await self._start_on_a_gpu()
         finally:
             self.broker.release(self)
@@ -192,6 +196,56 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             f"{self._log_name}: gave up after {self.placement_attempts} lost slice races "
             f"({', '.join(sorted(lost))})",
         )
+
+    async def _start_without_gpu(self):
+        """A server without a GPU (the participant's choice): no slice, no GPU in the
+        container; on the machine with their home, else on the GPU machine with most room."""
+        self.clear_gpu()
+        starting = self.broker.cpu_only_starting
+        starting.add(self.service_name)
+        try:
+            self.cpu_node = await self._choose_cpu_node()
+            where = f" on {self.cpu_node}" if self.cpu_node else ""
+            self.log.info("Starting %s without a GPU%s", self._log_name, where)
+            self._report(20, f"Starting without a GPU{where}: CPU only, no GPU slice reserved")
+            try:
+                started = await super().start()
+            except SliceTaken as e:
+                await self._discard_service()
+                raise SpawnFailed(
+                    f"The machine {self.cpu_node or 'chosen'} has no room for another server "
+                    f"right now ({e}). Please try again in a minute or ask an organizer.",
+                    reason="capacity",
+                    status_code=503,
+                ) from None
+            except Exception:
+                await self._discard_service()
+                raise
+            self.home_node = self.cpu_node or self.home_node
+            return started
+        finally:
+            starting.discard(self.service_name)
+
+    async def _choose_cpu_node(self) -> str:
+        """Where a server without a GPU runs ("" lets Swarm choose: no GPU machine here);
+        refuses when ``cpu_only_max_servers`` run already."""
+        if self.cpu_only_max_servers:
+            running = await self.docker(
+                "services", filters={"label": f"{contract.CPU_ONLY_LABEL}=1"}
+            )
+            names = {s["Spec"]["Name"] for s in running} | self.broker.cpu_only_starting
+            others = names - {self.service_name}
+            if len(others) >= self.cpu_only_max_servers:
+                raise SpawnFailed(
+                    f"All {self.cpu_only_max_servers} servers without a GPU this hub allows are "
+                    "running. Please wait for a GPU slice instead, or try again later.",
+                    f"{self._log_name}: cpu_only_max_servers ({self.cpu_only_max_servers}) reached",
+                    reason="capacity",
+                    status_code=503,
+                )
+        gpus = await self.gpu_inventory()
+        home = self.home_node if self.prefer_home_node else ""
+        return placement.cpu_node(gpus, home)
 
     def _hold(self, reservation: broker.Reservation, attempt: int) -> None:
         """Take the reserved slices as this server's (create_object reads them)."""
@@ -240,7 +294,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 "container_spec": container,
                 "resources": self.service_resources(),
                 "networks": [self.network_name] if self.network_name else [],
-                "placement": Placement(**self.extra_placement_spec),
+                "placement": self.service_placement(),
                 **self.extra_task_spec,
             }
         )
@@ -485,7 +539,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             f"{used}/{total} slices in use on {len(refused.gpus)} GPU(s) ({detail or 'none'})"
         )
         if not (may_wait and self._joins_line(refused.gpus, request)):
-            offer = self._line_offer(refused.gpus, request, str(refused))
+            offer = self._refusal_offer(refused.gpus, request, str(refused))
             raise NoGPUSliceAvailable(str(refused), log_message, offer)
         self.log.info("%s; joining the line", log_message)
         return self._placed(request, await self._wait_in_line(request))
@@ -517,19 +571,24 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         )
         return asked and line.can_ever_fit(gpus, request.slices)
 
-    def _line_offer(
-        self, gpus: list[inventory.GPU], request: broker.Request, line_refusal: str
+    def _refusal_offer(
+        self, gpus: list[inventory.GPU], request: broker.Request, refusal: str
     ) -> str:
-        """The refusal (``line_refusal``) as HTML with the offer to wait in line; "" when there
-        is none to make."""
-        if self.waiting_line != "offer" or not line.can_ever_fit(gpus, request.slices):
+        """The refusal as HTML with what the participant may do instead: wait in line, start
+        without a GPU; "" when neither is offered."""
+        line_offered = self.waiting_line == "offer" and line.can_ever_fit(gpus, request.slices)
+        if not (line_offered or self.cpu_only_servers):
             return ""
-        waiting = len(self.broker.waiting())
-        query = {"opt-line": "join", "opt-gpu": self.user_options.get("gpu", profiles.SLICE)}
-        if self.user_options.get("image"):
-            query["opt-image"] = self.user_options["image"]
-        return _TEMPLATES.get_template("line_offer.html").render(
-            message=line_refusal, spawn_url=self._spawn_url(), query=query, waiting=waiting
+        kept = {"opt-image": self.user_options["image"]} if self.user_options.get("image") else {}
+        gpu = self.user_options.get("gpu", profiles.SLICE)
+        return _TEMPLATES.get_template("refusal_offer.html").render(
+            message=refusal,
+            spawn_url=self._spawn_url(),
+            line_query={"opt-line": profiles.JOIN, "opt-gpu": gpu, **kept}
+            if line_offered
+            else None,
+            cpu_query={"opt-gpu": profiles.NONE, **kept} if self.cpu_only_servers else None,
+            waiting=len(self.broker.waiting()),
         )
 
     def _spawn_url(self) -> str:
@@ -595,7 +654,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     # ---- the spawn page ------------------------------------------------------------------------
 
     def spawn_offer(self) -> profiles.Offer:
-        """What this user may choose: the environments of ``allowed_images``, a full GPU."""
+        """What this user may choose: the environments of ``allowed_images``, a full GPU, no
+        GPU."""
         images = self._get_allowed_images()
         return profiles.offer(
             images if isinstance(images, dict) else {},
@@ -603,6 +663,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             self.slices_per_server,
             self.full_gpu_for,
             is_admin=bool(getattr(self.user, "admin", False)),
+            cpu_only=self.cpu_only_servers,
         )
 
     @default("options_form")
@@ -625,7 +686,9 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             # the environment (user_options["image"]) is applied by DockerSpawner.start
             try:
                 offered = spawner.spawn_offer()
-                spawner.full_gpu_requested = profiles.wants_full_gpu(user_options, offered)
+                choice = profiles.gpu_choice(user_options, offered)
+                spawner.full_gpu_requested = choice == profiles.FULL
+                spawner.cpu_only_requested = choice == profiles.NONE
                 profiles.check_line_choice(user_options)
             except profiles.ChoiceError as e:
                 raise web.HTTPError(400, str(e)) from None
@@ -674,6 +737,13 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
 
     # ---- what goes into the service ----------------------------------------------------------
 
+    def service_placement(self) -> Placement:
+        """The configured placement; a server without a GPU is kept on its chosen machine."""
+        spec = dict(self.extra_placement_spec)
+        if self.cpu_only_requested and self.cpu_node:
+            spec["constraints"] = [*spec.get("constraints", []), f"node.hostname=={self.cpu_node}"]
+        return Placement(**spec)
+
     def service_resources(self) -> Resources:
         """CPU/memory/pids limits and reservations, plus this server's slices of its GPU."""
         configured = self.extra_resources_spec
@@ -686,7 +756,9 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 **configured,
                 "generic_resources": with_gpu_slices(
                     configured.get("generic_resources"), self.gpu_uuid, self.slices_held
-                ),
+                )
+                if self.gpu_uuid
+                else configured.get("generic_resources"),
             }
         )
         if self.pids_limit:
@@ -702,6 +774,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             contract.USER_LABEL: self.user.name,
             contract.GPU_LABEL: self.gpu_uuid,
             contract.SLICES_LABEL: str(self.slices_held),
+            **({contract.CPU_ONLY_LABEL: "1"} if self.cpu_only_requested else {}),
         }
 
     def container_labels(self) -> dict:
@@ -746,6 +819,10 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 # for frameworks that take a fraction (JAX, PyTorch)
                 fraction = min(self.slices_held / self.gpu_total_slices, 1)
                 env["GPU_MEMORY_FRACTION"] = f"{fraction:.3f}"
+        elif self.cpu_only_requested:
+            # no GPU at all, whatever the image or the machine's default runtime would give
+            env.update({"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""})
+            env["GPU_MODE"] = "none"  # gpu-info: a server started without a GPU
         return env
 
     @property

@@ -215,6 +215,31 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         """,
     )
 
+    cpu_only_servers = Bool(
+        True,
+        config=True,
+        help="""
+        Offer servers without a GPU (CPU only): on the refusal and the waiting line's page when
+        the GPUs are full, and as a choice on the spawn page when it has a form anyway (several
+        environments, or a full GPU offered). Such a server reserves no slice,
+        sees no GPU, and runs on a GPU machine (the one with the participant's home when
+        there is one), so a later restart with a GPU finds the same home. The usual CPU and
+        memory limits apply.
+        """,
+    )
+
+    cpu_only_max_servers = _AtLeast(
+        0,
+        least=0,
+        expected="0 (no limit) or more",
+        advice="write a number of servers such as 20",
+        config=True,
+        help="""
+        The most servers without a GPU running at once; the next participant asking for one
+        is told so. 0: no limit.
+        """,
+    )
+
     waiting_line = Enum(
         ["off", "offer", "auto"],
         default_value="offer",

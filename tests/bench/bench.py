@@ -5,8 +5,10 @@
 4.   a fresh GPU machine joining with worker_setup/setup.sh (also `make bench-join`).
 5.   tutorials: git push until readable in a running server (webhook, polling, the original
      workshop's pull in place).
+6.   the waiting line: a slice freed until the next in line's server is ready (tests/bench/line.py).
 
-    python -m tests.bench.bench [--repeats 10] [--crowd 50] [--only single|crowd|join|tutorials]
+    python -m tests.bench.bench [--repeats 10] [--crowd 50]
+                                [--only single|crowd|join|tutorials|line]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import requests
 
 from gpu_swarm_spawner import GPUSwarmSpawner
 from gpu_swarm_spawner.tasks import is_live
+from tests.bench.line import bench_line, report
 from tests.integration.hub import BED, BED_HOST, REPO, Hub, container_of, hub_url, state_file
 from tests.integration.spawners import inventory
 from tests.sync.gitrepos import ServedRemote, signed_push
@@ -457,13 +460,22 @@ def tutorials() -> None:
     )
 
 
+def waiting_line(repeats: int) -> None:
+    print("\n6. the waiting line: a slice freed -> the next in line's server ready")
+    try:
+        times = bench_line(deploy("gpu"), repeats)
+    finally:
+        remove("gpu")
+    report(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--crowd", type=int, default=50)
     parser.add_argument(
         "--only",
-        choices=("single", "crowd", "join", "tutorials"),
+        choices=("single", "crowd", "join", "tutorials", "line"),
         help="run one part only (while working on it)",
     )
     args = parser.parse_args()
@@ -477,6 +489,8 @@ def main() -> None:
         joins()
     if args.only in (None, "tutorials"):
         tutorials()
+    if args.only in (None, "line"):
+        waiting_line(args.repeats)
 
 
 def summary(single: dict[str, list[float]], crowds: dict, size: int) -> None:

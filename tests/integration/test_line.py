@@ -21,7 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from .hub import ARTIFACTS
+from gpu_swarm_spawner.contract import USER_LABEL
+
+from .hub import ARTIFACTS, container_env, container_of
 from .spawners import inventory, remove_services, services_of, wait_slices_free
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -111,7 +113,7 @@ def full_hub(hub):
     assert all(g.free == 0 for g in inventory().values()), inventory()
     yield
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda u: hub.stop(u), RUNNING + list(W.values())))
+        list(pool.map(lambda u: hub.stop(u), [*RUNNING, *W.values(), "ci-line-cpu"]))
     remove_services(hub.stack)
 
 
@@ -173,8 +175,66 @@ def test_the_line_serves_in_order_skips_who_left_and_keeps_who_closed_the_page(
     assert f"/user/{W[5]}/lab" in back.url
 
 
+def test_a_server_without_a_gpu_starts_while_the_gpus_are_full_and_its_home_stays(
+    hub, full_hub, page
+):
+    """After the line test every slice is taken again. cpu clicks "Start without a GPU now" on
+    the refusal, writes a file, stops; later, with a slice free on that machine, starts with a
+    GPU and finds the file."""
+    user = "ci-line-cpu"
+    hub.api("POST", f"/users/{user}")
+    assert all(g.free == 0 for g in inventory().values()), inventory()
+    log_in(page, hub, user)
+    page.locator("#gpuhub-cpu-only").click(timeout=10_000)
+    page.wait_for_selector(".jp-LabShell", timeout=120_000)
+    container = server_container(hub, user)
+    env = container_env(container)
+    assert env["GPU_MODE"] == "none" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert "GPU_UUID" not in env
+    info = container.exec_run(["gpu-info"], user="jovyan").output.decode()
+    assert "This server runs without a GPU (CPU only)" in info, info
+    no_gpu_over_its_slices()
+    assert all(g.free == 0 for g in inventory().values())  # it took no slice
+    assert container.exec_run(["sh", "-c", "echo mine > ~/mine.txt"], user="jovyan").exit_code == 0
+    machine = hub.api("GET", f"/users/{user}").json()["servers"][""]["state"]["home_node"]
+    hub.stop(user)
+    # a slice frees on that machine; the restart with a GPU goes there, home and all
+    users = hub.api("GET", "/users?state=active").json()
+    on_it = [u["name"] for u in users if node_of(u) == machine]
+    hub.stop(on_it[0])
+    wait_slices_free_on(machine)
+    r = hub.api("POST", f"/users/{user}/server")
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready(user)
+    state = hub.api("GET", f"/users/{user}").json()["servers"][""]["state"]
+    assert state["gpu_node"] == machine and state["gpu_uuid"]
+    home = server_container(hub, user).exec_run(["cat", "/home/jovyan/mine.txt"], user="jovyan")
+    assert home.output.decode().strip() == "mine"
+
+
+def node_of(user_model: dict) -> str:
+    state = (user_model["servers"].get("") or {}).get("state") or {}
+    return state.get("gpu_node", "")
+
+
+def server_container(hub, user: str):
+    (service,) = [
+        s for s in services_of(hub.stack) if s.attrs["Spec"]["Labels"].get(USER_LABEL) == user
+    ]
+    return container_of(service.name)
+
+
+def wait_slices_free_on(machine: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(g.free for g in inventory().values() if g.node_name == machine):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no slice freed on {machine}: {inventory()}")
+
+
 def test_after_the_line_nothing_is_left(hub, full_hub):
-    everyone = RUNNING + list(W.values())
+    everyone = [*RUNNING, *W.values(), "ci-line-cpu"]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda u: hub.stop(u), everyone))
     wait_slices_free()

@@ -126,6 +126,8 @@ def test_every_setting_reaches_the_spawner_and_the_hub(hub_config):
         WAITING_LINE="auto",
         LINE_MAX_LENGTH="40",
         LINE_MAX_WAIT="900",
+        CPU_ONLY="off",
+        CPU_ONLY_MAX="12",
         TUTORIAL_REPOS="intro=https://x/intro.git",
         TUTORIALS_DIR="/nfs/tutorials",
         DATASETS_DIR="/nfs/data",
@@ -145,6 +147,7 @@ def test_every_setting_reaches_the_spawner_and_the_hub(hub_config):
     assert (spawner.waiting_line, spawner.line_max_length, spawner.line_max_wait) == (
         "auto", 40, 900)  # fmt: skip
     assert config.JupyterHub.concurrent_spawn_limit == 140  # the line plus JupyterHub's 100
+    assert (spawner.cpu_only_servers, spawner.cpu_only_max_servers) == (False, 12)
     assert spawner.allowed_images == {"PyTorch": "reg:5000/pytorch:1", "TF": "reg:5000/tf:1"}
     assert spawner.image == "reg:5000/pytorch:1"  # the first environment is the default
     assert spawner.service_labels == {contract.STACK_LABEL: "ws"}
@@ -179,6 +182,7 @@ def test_settings_left_out_take_deploy_settings_env_defaults(hub_config):
     assert spawner.slices_per_server == 1 and spawner.placement_policy == "spread"
     assert spawner.docker_api_threads == 4 and spawner.full_gpu_for == "admins"
     assert (spawner.waiting_line, spawner.line_max_wait) == ("offer", 3600)
+    assert (spawner.cpu_only_servers, spawner.cpu_only_max_servers) == (True, 0)
     assert config.JupyterHub.concurrent_spawn_limit == 0  # a line of any length
     assert spawner.volumes == {contract.HOME_VOLUME: "/home/jovyan"}
     assert "allowed_images" not in spawner

@@ -8,7 +8,13 @@ from jupyterhub.objects import Hub
 from tornado.web import HTTPError
 
 from gpu_swarm_spawner import GPUSwarmSpawner
-from gpu_swarm_spawner.profiles import ChoiceError, offer, options_from_form, wants_full_gpu
+from gpu_swarm_spawner.profiles import (
+    ChoiceError,
+    gpu_choice,
+    offer,
+    options_from_form,
+    wants_full_gpu,
+)
 
 IMAGES = {"PyTorch": "reg/pytorch:1", "TensorFlow": "reg/tensorflow:1"}
 
@@ -35,8 +41,17 @@ def test_no_choices_without_environments_or_a_full_gpu():
 
 
 def test_a_made_up_choice_is_refused_with_what_to_choose():
-    with pytest.raises(ChoiceError, match="choose 'slice' or 'full'"):
+    with pytest.raises(ChoiceError, match="choose 'slice', 'full' or 'none'"):
         wants_full_gpu({"gpu": "two"}, offer({}, "img", 1, "all", is_admin=True))
+
+
+def test_no_gpu_is_a_choice_only_where_offered_and_alone_makes_no_form():
+    offered = offer({}, "img", 1, "off", is_admin=False, cpu_only=True)
+    assert gpu_choice({"gpu": "none"}, offered) == "none"
+    assert not offered.has_choices  # offered on the refusal and in the line, not before start
+    with pytest.raises(ChoiceError, match="Servers without a GPU are not offered"):
+        gpu_choice({"gpu": "none"}, offer({}, "img", 1, "off", is_admin=False))
+    assert gpu_choice({}, offered) == "slice"
 
 
 def test_form_fields_become_user_options():

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from tornado import web
 
-from gpu_swarm_spawner.spawner import NoGPUSliceAvailable
+from gpu_swarm_spawner.spawner import NoGPUSliceAvailable, SpawnFailed
 
 from .clusters import node, task
 from .fake_docker import make_fake
@@ -61,6 +62,8 @@ async def test_offer_refuses_at_once_with_a_button_to_wait_in_line():
     assert "All GPU slices are in use (3/3)" in offer  # the message itself comes first
     assert 'href="/hub/spawn/alice?opt-line=join&amp;opt-gpu=slice&amp;opt-image=PyTorch"' in offer
     assert "Wait in line for a GPU" in offer and "0 waiting now" in offer
+    assert 'href="/hub/spawn/alice?opt-gpu=none&amp;opt-image=PyTorch">Start without a GPU now' in (
+        offer)  # fmt: skip
 
 
 async def test_offer_with_the_participants_yes_puts_them_in_line():
@@ -76,11 +79,16 @@ async def test_offer_with_the_participants_yes_puts_them_in_line():
 
 
 async def test_off_only_refuses_and_so_does_a_request_no_gpu_can_ever_hold():
-    spawner = full_hub(waiting_line="off")
+    spawner = full_hub(waiting_line="off", cpu_only_servers=False)
     spawner.user_options = {"line": "join"}
     with pytest.raises(NoGPUSliceAvailable) as refused:
         await asyncio.wait_for(spawner.start(), 1)
-    assert not getattr(refused.value, "jupyterhub_html_message", "")
+    assert not getattr(refused.value, "jupyterhub_html_message", "")  # nothing to offer
+    cpu_only = full_hub("dan", waiting_line="off")
+    with pytest.raises(NoGPUSliceAvailable) as refused:
+        await asyncio.wait_for(cpu_only.start(), 1)
+    offer = refused.value.jupyterhub_html_message
+    assert "Start without a GPU now" in offer and "Wait in line" not in offer
     big = full_hub("bob", waiting_line="auto", slices_per_server=4)
     with pytest.raises(NoGPUSliceAvailable) as refused:
         await asyncio.wait_for(big.start(), 1)
@@ -129,3 +137,68 @@ def test_jupyterhub_gives_the_spawn_the_lines_longest_wait_on_top_of_the_servers
     off = make_fake(start_timeout=120, waiting_line="off")
     off.run_pre_spawn_hook()
     assert (off.start_timeout, off.server_start_timeout) == (120, 120)
+
+
+# ---- servers without a GPU ------------------------------------------------------------------
+
+
+async def test_a_server_without_a_gpu_starts_while_the_gpus_are_full_and_holds_no_slice():
+    spawner = full_hub(home_node="")
+    spawner.nodes.append(node("n2", "beta", {"GPU-b0": 3}))
+    spawner.tasks += [task("n2", {"GPU-b0": 2})]  # beta: 1 slice free, alpha none
+    spawner.cpu_only_requested = True
+    await asyncio.wait_for(spawner.start(), 3)
+    (created,) = spawner.created
+    spec = created["task_template"]
+    assert spec["Resources"].get("Reservations", {}).get("GenericResources") in (None, [])
+    assert spec["Placement"]["Constraints"] == ["node.hostname==beta"]  # the most room
+    env = dict(e.split("=", 1) for e in spec["ContainerSpec"]["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["GPU_MODE"] == "none"
+    assert not {"GPU_UUID", "GPU_SLICES", "GPU_MEMORY_LIMIT_MB"} & set(env)
+    assert created["labels"]["gpu-jupyterhub.cpu-only"] == "1"
+    assert spec["ContainerSpec"].get("Labels", {}) == {}  # nothing for the GPU guard
+    assert spawner.home_node == "beta"  # a restart with a GPU goes back there
+    assert any("Starting without a GPU on beta" in m for m in messages(spawner))
+
+
+async def test_a_server_without_a_gpu_goes_to_the_participants_home():
+    spawner = full_hub(home_node="alpha")
+    spawner.nodes.append(node("n2", "beta", {"GPU-b0": 3}))
+    spawner.cpu_only_requested = True
+    await asyncio.wait_for(spawner.start(), 3)
+    spec = spawner.created[0]["task_template"]
+    assert spec["Placement"]["Constraints"] == ["node.hostname==alpha"]
+
+
+async def test_servers_without_a_gpu_are_capped():
+    spawner = full_hub(cpu_only_max_servers=2)
+    spawner.cpu_only_requested = True
+    running = [{"Spec": {"Name": "jy-x"}}, {"Spec": {"Name": "jy-y"}}]
+    real = spawner.docker
+
+    async def docker(method, *args, **kwargs):
+        if method == "services":
+            assert kwargs["filters"] == {"label": "gpu-jupyterhub.cpu-only=1"}
+            return running
+        return await real(method, *args, **kwargs)
+
+    spawner.docker = docker
+    with pytest.raises(SpawnFailed) as refused:
+        await asyncio.wait_for(spawner.start(), 3)
+    assert refused.value.jupyterhub_message.startswith(
+        "All 2 servers without a GPU this hub allows are running."
+    )
+    assert spawner.created == []
+    running.pop()
+    await asyncio.wait_for(spawner.start(), 3)
+    assert len(spawner.created) == 1
+
+
+def test_no_gpu_is_chosen_in_the_form_and_refused_where_not_offered():
+    spawner = make_fake(cpu_only_servers=True)
+    spawner.apply_user_options(spawner, {"gpu": "none"})
+    assert spawner.cpu_only_requested and not spawner.full_gpu_requested
+    off = make_fake(cpu_only_servers=False)
+    with pytest.raises(web.HTTPError, match="Servers without a GPU are not offered"):
+        off.apply_user_options(off, {"gpu": "none"})
