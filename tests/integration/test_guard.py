@@ -304,7 +304,7 @@ def test_the_participant_sees_the_warning_and_the_stop_in_jupyterlab(
             filters={"label": f"{contract.USER_LABEL}={user}"}
         )
         assert hers.status == "running"
-        rows = hers.top(ps_args="-eo args")["Processes"]
+        rows = hers.top(ps_args="-eo pid,args")["Processes"]
         assert not [row for row in rows if row[-1] == "sleep 100002"], rows
         assert page.locator(".jp-LabShell").is_visible()
     finally:

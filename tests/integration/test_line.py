@@ -88,7 +88,14 @@ def join_in_browser(page, hub, user: str) -> float:
     t0 = time.monotonic()
     log_in(page, hub, user)
     button = page.locator("#gpuhub-join-line")
-    button.wait_for(timeout=10_000)
+    try:
+        button.wait_for(timeout=15_000)
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"line-{user}-no-offer.png"))
+        raise AssertionError(
+            f"{user} sees no offer at {page.url}: {page.inner_text('body')}"
+        ) from None
     refused_after = time.monotonic() - t0
     assert "All GPU slices are in use (18/18)" in page.inner_text("body")
     button.click()
@@ -113,7 +120,7 @@ def full_hub(hub):
     assert all(g.free == 0 for g in inventory().values()), inventory()
     yield
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda u: hub.stop(u), [*RUNNING, *W.values(), "ci-line-cpu"]))
+        list(pool.map(lambda u: hub.stop(u), [*RUNNING, *W.values(), "ci-line-cpu", "admin"]))
     remove_services(hub.stack)
 
 
@@ -242,13 +249,54 @@ def test_after_the_line_nothing_is_left(hub, full_hub):
     assert all(hub.server(u) is None for u in everyone)
 
 
-def test_a_hub_restart_empties_the_line_and_the_waiting_participant_reads_why(hub, full_hub, page):
-    """After the line test: the hub full again, one participant waits in Chromium, and the hub
-    is restarted (as `make up` does when its settings change)."""
+def fill(hub) -> dict[str, list[str]]:
+    """All 18 slices held by RUNNING participants; who is on which GPU."""
     with ThreadPoolExecutor(18) as pool:
         for r in pool.map(lambda u: hub.api("POST", f"/users/{u}/server"), RUNNING):
             assert r.status_code in (201, 202), r.text
         list(pool.map(lambda u: hub.wait_ready(u, timeout=180), RUNNING))
+    on: dict[str, list[str]] = {}
+    for user in hub.api("GET", "/users?state=active").json():
+        state = (user["servers"].get("") or {}).get("state") or {}
+        if state.get("gpu_uuid"):
+            on.setdefault(state["gpu_uuid"], []).append(user["name"])
+    return on
+
+
+def test_a_full_gpu_request_in_line_holds_one_gpu_and_blocks_no_one_elsewhere(hub, full_hub):
+    """The rule (README, line.py): the admin's full-GPU request, first in line, holds the GPU
+    closest to empty (all equal here: the first by machine name, then UUID); a 1-slice request
+    behind it gets a slice freed elsewhere, but not one freed on the held GPU, which the admin
+    gets once it is empty."""
+    on = fill(hub)
+    gpus = inventory()
+    held = min(gpus.values(), key=lambda g: (g.node_name, g.uuid)).uuid
+    other = next(uuid for uuid in on if uuid != held)
+    join_full = hub.api("POST", "/users/admin/server", json={"gpu": "full", "line": "join"})
+    assert join_full.status_code == 202, join_full.text
+    join(hub, W[1])
+    wait_place(hub, W[1], "You are 2nd in line (2 waiting)")
+    assert "a GPU is being kept free for you" in progress(hub, "admin")[-1]
+    hub.stop(on[other][0])  # a slice frees elsewhere: the 1-slice request behind gets it
+    hub.wait_ready(W[1])
+    assert hub.api("GET", f"/users/{W[1]}").json()["servers"][""]["state"]["gpu_uuid"] == other
+    hub.stop(on[held][0])  # a slice frees on the held GPU: kept for the admin
+    time.sleep(6)  # three of the line's looks
+    assert inventory()[held].used == 2 and not hub.server("admin")["ready"]
+    for user in on[held][1:]:
+        hub.stop(user)
+    hub.wait_ready("admin")
+    state = hub.api("GET", "/users/admin").json()["servers"][""]["state"]
+    assert (state["gpu_uuid"], state["gpu_slices"]) == (held, 3)
+    no_gpu_over_its_slices()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(hub.stop, [*RUNNING, W[1], "admin"]))
+
+
+def test_a_hub_restart_empties_the_line_and_the_waiting_participant_reads_why(hub, full_hub, page):
+    """Last: the hub full again, one participant waits in Chromium, and the hub is restarted
+    (as `make up` does when its settings change)."""
+    fill(hub)
     join_in_browser(page, hub, W[1])
     page.wait_for_function(
         "document.querySelector('#progress-message').innerText.includes('in line')"
