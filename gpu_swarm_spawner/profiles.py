@@ -85,6 +85,15 @@ def options_from_form(formdata: dict[str, list[str]]) -> dict:
     return options
 
 
+def without_one_off_choices(choice: dict) -> dict:
+    """``choice`` as a later start should reuse it: without waiting in line or going without a
+    GPU, which answer the moment (the GPUs were full), not the participant's preference."""
+    kept = {k: v for k, v in choice.items() if k != "line"}
+    if kept.get("gpu") == NONE:
+        del kept["gpu"]
+    return kept
+
+
 def check_line_choice(choice: dict) -> None:
     """The only line choice is ``join`` (wait in line when no GPU has room)."""
     if choice.get("line", JOIN) != JOIN:

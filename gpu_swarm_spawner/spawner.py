@@ -641,6 +641,19 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self._report(15, "A GPU slice is free for you: starting your server")
         return reservation
 
+    def _forget_one_off_choices(self) -> None:
+        """JupyterHub keeps a start's options for the next start without options ("Start My
+        Server"). Waiting in line and starting without a GPU answer the moment (the GPUs were
+        full): the next start asks for a GPU again, and is offered both again if it must."""
+        orm_spawner = getattr(self, "orm_spawner", None)
+        saved = dict(getattr(orm_spawner, "user_options", None) or {})
+        kept = profiles.without_one_off_choices(saved)
+        if orm_spawner is not None and kept != saved:
+            orm_spawner.user_options = kept
+            db = getattr(getattr(self, "user", None), "db", None)
+            if db is not None:
+                db.commit()
+
     def _save_state(self) -> None:
         """Write this spawner's state to the hub's database now (JupyterHub itself writes it
         only once a start or stop has finished)."""
@@ -692,6 +705,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 profiles.check_line_choice(user_options)
             except profiles.ChoiceError as e:
                 raise web.HTTPError(400, str(e)) from None
+            spawner._forget_one_off_choices()
 
         return apply
 

@@ -23,7 +23,7 @@ import pytest
 
 from gpu_swarm_spawner.contract import USER_LABEL
 
-from .hub import ARTIFACTS, container_env, container_of
+from .hub import ARTIFACTS, container_env, container_of, deploy
 from .spawners import inventory, remove_services, services_of, wait_slices_free
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -154,6 +154,9 @@ def test_the_line_serves_in_order_skips_who_left_and_keeps_who_closed_the_page(
     w5_context.close()
     join(hub, W[7])
     wait_place(hub, W[7], "You are 6th in line (6 waiting)")
+    # the organizer's view: make status lists the line in order
+    status = deploy("status").split("Waiting line (6)", 1)[1].splitlines()
+    assert [row.split()[1] for row in status[2:8]] == [W[i] for i in (1, 2, 3, 5, 6, 7)], status
     # the line is full: the next is told so at once
     t0 = time.monotonic()
     r = hub.api("POST", f"/users/{W[8]}/server", json={"line": "join"})
@@ -251,6 +254,7 @@ def test_after_the_line_nothing_is_left(hub, full_hub):
 
 def fill(hub) -> dict[str, list[str]]:
     """All 18 slices held by RUNNING participants; who is on which GPU."""
+    wait_slices_free()  # the servers stopped just before have gone
     with ThreadPoolExecutor(18) as pool:
         for r in pool.map(lambda u: hub.api("POST", f"/users/{u}/server"), RUNNING):
             assert r.status_code in (201, 202), r.text
@@ -293,7 +297,9 @@ def test_a_full_gpu_request_in_line_holds_one_gpu_and_blocks_no_one_elsewhere(hu
         list(pool.map(hub.stop, [*RUNNING, W[1], "admin"]))
 
 
-def test_a_hub_restart_empties_the_line_and_the_waiting_participant_reads_why(hub, full_hub, page):
+def test_a_hub_restart_empties_the_line_and_the_waiting_participant_reads_why(
+    hub, full_hub, page, browser
+):
     """Last: the hub full again, one participant waits in Chromium, and the hub is restarted
     (as `make up` does when its settings change)."""
     fill(hub)
@@ -301,6 +307,13 @@ def test_a_hub_restart_empties_the_line_and_the_waiting_participant_reads_why(hu
     page.wait_for_function(
         "document.querySelector('#progress-message').innerText.includes('in line')"
     )
+    # another waits, then changes her mind: leaves the line and starts without a GPU
+    other = browser.new_context().new_page()
+    join_in_browser(other, hub, W[2])
+    other.locator("#gpuhub-cpu-instead").click(timeout=15_000)
+    other.wait_for_selector(".jp-LabShell", timeout=120_000)
+    assert container_env(server_container(hub, W[2]))["GPU_MODE"] == "none"
+    wait_place(hub, W[1], "You are 1st in line (1 waiting)")
     subprocess.run(
         ["docker", "service", "update", "--force", "--detach", f"{hub.stack}_hub"],
         check=True,

@@ -5,6 +5,7 @@ that empties the line. The rule of the line itself: test_line.py; the broker: te
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from tornado import web
@@ -202,3 +203,21 @@ def test_no_gpu_is_chosen_in_the_form_and_refused_where_not_offered():
     off = make_fake(cpu_only_servers=False)
     with pytest.raises(web.HTTPError, match="Servers without a GPU are not offered"):
         off.apply_user_options(off, {"gpu": "none"})
+
+
+def test_waiting_and_going_without_a_gpu_are_not_kept_for_the_next_start():
+    """JupyterHub reuses a start's options for the next start without options ("Start My
+    Server"): found on the bed, a participant who once started without a GPU got no GPU again.
+    The one-off answers go; the environment stays."""
+    spawner = make_fake(cpu_only_servers=True)
+    committed = []
+    spawner.orm_spawner = SimpleNamespace(
+        server=None, user_options={"gpu": "none", "line": "join", "image": "PyTorch"}
+    )
+    spawner.user.db = SimpleNamespace(commit=lambda: committed.append(1))
+    spawner.apply_user_options(spawner, dict(spawner.orm_spawner.user_options))
+    assert spawner.cpu_only_requested  # this start: without a GPU
+    assert spawner.orm_spawner.user_options == {"image": "PyTorch"}  # the next: as by default
+    assert committed == [1]
+    spawner.apply_user_options(spawner, {"gpu": "slice"})
+    assert committed == [1]  # nothing to forget: no write
