@@ -60,6 +60,12 @@ class NoRoom(Exception):
         self.request = request
 
 
+#: After a server of the hub stopped, the line looks every SOON_INTERVAL_S for SOON_S seconds:
+#: the stopped task ends within a few seconds, and its slices are free only then.
+SOON_S = 15.0
+SOON_INTERVAL_S = 0.25
+
+
 class LineFull(Exception):
     """The line has as many participants as it may hold."""
 
@@ -228,7 +234,11 @@ class GPUBroker:
         return self._held.held_gpu if self._held is not None else ""
 
     async def _keep_line(self) -> None:
-        """While anyone waits: read the swarm, serve the line, tell everyone their place."""
+        """While anyone waits: read the swarm, serve the line, tell everyone their place. After
+        a server stopped, its task takes a few seconds to end (its slices count until then):
+        for ``SOON_S`` the line looks every ``SOON_INTERVAL_S`` instead of ``line_interval``."""
+        loop = asyncio.get_running_loop()
+        soon_until = 0.0
         while self._line:
             try:
                 self._serve_line(*await self.read_swarm(self._line_read))
@@ -236,11 +246,15 @@ class GPUBroker:
                 self.line_error = f"{type(e).__name__}: {e}"
             else:
                 self.line_error = ""
+            interval = self.line_interval
+            if loop.time() < soon_until:
+                interval = min(interval, SOON_INTERVAL_S)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._nudged.wait(), timeout=self.line_interval)
+                await asyncio.wait_for(self._nudged.wait(), timeout=interval)
             if self._nudged.is_set():
                 self._nudged.clear()
                 self._read = None  # a server stopped: read the swarm afresh
+                soon_until = loop.time() + SOON_S
 
     def _serve_line(self, nodes: list[dict], tasks: list[dict]) -> None:
         """One pass of the line over the swarm as read, with every claim: those who fit get

@@ -873,6 +873,10 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             state["home_node"] = self.home_node  # outlives the server (clear_state keeps it)
         if self.line_joined:
             state["line_joined"] = self.line_joined  # waiting: the spawn has not ended
+        if self.line_lost:
+            # kept through the stop JupyterHub makes at its start for a spawn that was pending
+            # ("appears to have stopped while the Hub was down"), until the next start
+            state["line_lost"] = self.line_lost
         if self.gpu_uuid:
             state.update(
                 gpu_uuid=self.gpu_uuid,
@@ -890,7 +894,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.gpu_memory_mb = state.get("gpu_memory_mb", 0)
         self.home_node = state.get("home_node", "")
         # only a hub that stopped while this spawn waited finds it in the database
-        self.line_lost = state.get("line_joined", 0)
+        self.line_lost = state.get("line_joined") or state.get("line_lost", 0)
 
     def clear_gpu(self):
         self.gpu_uuid = ""

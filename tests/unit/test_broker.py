@@ -258,3 +258,18 @@ async def test_the_line_survives_a_failed_read(line_broker):
     failing = False
     swarm.tasks = running("x")
     assert (await asyncio.wait_for(wait, 1)).gpu.uuid == "GPU-a0"
+
+
+async def test_after_a_stop_the_line_looks_often_until_the_stopped_task_has_ended(line_broker):
+    """A stopped server's task ends seconds after the stop: the line does not wait a whole
+    ``line_interval`` to see its slice free."""
+    line_broker.line_interval = 60
+    swarm = Swarm(FULL_GPU, running("x", "y", "z"))
+    wait = asyncio.ensure_future(line_broker.wait_in_line("a", Request(1), swarm, Told().to("a")))
+    await until(lambda: line_broker.waiting())
+    line_broker.nudge()  # z's server stopped; its task is still running
+    await asyncio.sleep(0.1)
+    reads = swarm.reads
+    swarm.tasks = running("x", "y")  # the task has ended, 0.1 s later
+    got = await asyncio.wait_for(wait, 1)
+    assert got.gpu.uuid == "GPU-a0" and swarm.reads - reads <= 4
