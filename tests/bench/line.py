@@ -29,6 +29,15 @@ def _until_ready(hub: Hub, user: str, timeout: float = 120) -> float:
     return time.monotonic() - t0
 
 
+def _until_a_slice_is_free(timeout: float = 60) -> None:
+    """Until a stopped server's task has ended and its slice shows free."""
+    deadline = time.monotonic() + timeout
+    while not any(g.free for g in inventory().values()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no slice free after {timeout} s")
+        time.sleep(0.05)
+
+
 def _start(hub: Hub, user: str, **options) -> None:
     hub.api("POST", f"/users/{user}")
     r = hub.api("POST", f"/users/{user}/server", json=options or None)
@@ -57,14 +66,14 @@ def bench_line(hub: Hub, repeats: int) -> dict[str, list[float]]:
             # a single spawn onto a free slice, for comparison: stop one, spawn, refill
             moved = occupants.pop(0)
             hub.stop(moved)
-            while not any(g.free for g in inventory().values()):  # its task has ended
-                time.sleep(0.05)
+            _until_a_slice_is_free()
             single = f"bench-single-{i}"
             t0 = time.monotonic()
             _start(hub, single)  # POST -> ready, as the crowd benchmark's spawns
             _until_ready(hub, single)
             spawn = time.monotonic() - t0
             hub.stop(single)
+            _until_a_slice_is_free()
             _start(hub, moved)
             _until_ready(hub, moved)
             occupants.append(moved)
