@@ -112,6 +112,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     line_joined = Float(0)  # when (epoch s) this spawn joined the waiting line; 0: not in it
     line_lost = Float(0)  # loaded from the database: waiting since then when the hub stopped
     _configured_start_timeout = None  # start_timeout as configured (the server's own start)
+    _cancelled_in_line = False  # this spawn ended in the line, cancelled (left, or hub stopping)
 
     @property
     def broker(self) -> broker.GPUBroker:
@@ -137,6 +138,14 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         finally:
             self.broker.nudge()
 
+    @property
+    def ready(self):
+        """JupyterHub's, except for a spawn cancelled in the line: JupyterHub records a server
+        when a spawn begins, and a spawn cancelled by the hub stopping would otherwise be
+        reported "ready" to the waiting participant's page, which then reloads into the
+        stopping hub instead of waiting for it (spawn_pending.html)."""
+        return False if self._cancelled_in_line else super().ready
+
     def run_pre_spawn_hook(self):
         """JupyterHub's last call before ``start``, whose whole run it then bounds by
         ``start_timeout``: with the line on, that run includes the wait in line, so the line's
@@ -161,6 +170,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         """Reserve slices of one GPU, then start the service there (module docstring)."""
         self._progress_events = []  # this spawn's stages (progress() reads them)
         self.line_lost = 0  # a new start: the message about a line lost to a restart goes
+        self._cancelled_in_line = False
         try:
             if self.cpu_only_requested:
                 return await self._start_without_gpu()
@@ -628,6 +638,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             ) from None
         except asyncio.CancelledError:
             self.log.info("%s left the waiting line", self._log_name)
+            self._cancelled_in_line = True
             raise
         finally:
             self.line_joined = 0

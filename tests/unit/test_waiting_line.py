@@ -8,6 +8,7 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from jupyterhub.spawner import Spawner
 from tornado import web
 
 from gpu_swarm_spawner.spawner import NoGPUSliceAvailable, SpawnFailed
@@ -229,3 +230,21 @@ def test_waiting_and_going_without_a_gpu_are_not_kept_for_the_next_start():
     assert committed == [1]
     spawner.apply_user_options(spawner, {"gpu": "slice"})
     assert committed == [1]  # nothing to forget: no write
+
+
+async def test_a_spawn_cancelled_in_line_is_never_reported_ready(monkeypatch):
+    """JupyterHub records a server when a spawn begins; when the hub stops, it cancels the spawn
+    and its progress stream reported the waiting participant's server "ready" (found on the
+    bed): the page reloaded into the stopping hub."""
+    # as JupyterHub sees a spawn no longer pending whose server it recorded at the start
+    monkeypatch.setattr(Spawner, "ready", property(lambda self: True))
+    spawner = full_hub(waiting_line="auto")
+    assert spawner.ready
+    start = asyncio.ensure_future(spawner.start())
+    await until(lambda: spawner.broker.waiting())
+    start.cancel()
+    await asyncio.gather(start, return_exceptions=True)
+    assert not spawner.ready
+    spawner.tasks = []
+    await asyncio.wait_for(spawner.start(), 3)  # a new start
+    assert spawner.ready
