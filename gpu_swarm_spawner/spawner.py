@@ -656,24 +656,26 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         """JupyterHub keeps a start's options for the next start without options ("Start My
         Server"). Waiting in line and starting without a GPU answer the moment (the GPUs were
         full): the next start asks for a GPU again, and is offered both again if it must."""
-        orm_spawner = getattr(self, "orm_spawner", None)
-        saved = dict(getattr(orm_spawner, "user_options", None) or {})
+        saved = dict(getattr(self.orm_spawner, "user_options", None) or {})
         kept = profiles.without_one_off_choices(saved)
-        if orm_spawner is not None and kept != saved:
-            orm_spawner.user_options = kept
-            db = getattr(getattr(self, "user", None), "db", None)
-            if db is not None:
-                db.commit()
+        if kept != saved:
+            self._write_now(user_options=kept)
 
     def _save_state(self) -> None:
         """Write this spawner's state to the hub's database now (JupyterHub itself writes it
         only once a start or stop has finished)."""
-        orm_spawner = getattr(self, "orm_spawner", None)
-        db = getattr(getattr(self, "user", None), "db", None)
-        if orm_spawner is None or db is None:
+        self._write_now(state=self.get_state())
+
+    def _write_now(self, **fields) -> None:
+        """Set ``fields`` on this spawner's row of the hub's database and commit; nothing
+        outside a hub (no row)."""
+        if self.orm_spawner is None:
             return
-        orm_spawner.state = self.get_state()
-        db.commit()
+        for name, value in fields.items():
+            setattr(self.orm_spawner, name, value)
+        db = getattr(self.user, "db", None)
+        if db is not None:
+            db.commit()
 
     # ---- the spawn page ------------------------------------------------------------------------
 
