@@ -114,6 +114,11 @@ def newest(tasks: list[dict]) -> dict | None:
     return max(tasks, key=lambda t: (t.get("DesiredState") == "running", t.get("CreatedAt", "")))
 
 
+def is_running(task: dict) -> bool:
+    """A task whose container runs (the server may be listening)."""
+    return task.get("Status", {}).get("State") == "running"
+
+
 def is_live(task: dict) -> bool:
     """A task that Swarm still counts against its node's resources.
 

@@ -14,7 +14,9 @@ import docker
 from jupyterhub.objects import Hub
 
 from gpu_swarm_spawner import GPUSwarmSpawner
+from gpu_swarm_spawner.contract import USER_LABEL
 from gpu_swarm_spawner.inventory import build_inventory
+from gpu_swarm_spawner.tasks import is_live
 
 _ids = itertools.count(1000)
 
@@ -53,6 +55,33 @@ def wait_slices_free(timeout: float = 120) -> None:
             return
         time.sleep(0.3)
     raise TimeoutError(f"GPU slices still held after {timeout} s: {inventory()}")
+
+
+def service_of(stack: str, user: str):
+    """The service of ``user``'s server (default server) in ``stack``."""
+    (service,) = [
+        s for s in services_of(stack) if s.attrs["Spec"]["Labels"].get(USER_LABEL) == user
+    ]
+    return service
+
+
+def stop_and_see_its_slices_free(hub, user: str) -> float:
+    """Stop ``user``'s server through the hub's API; once the hub has answered, its slices
+    must be free already: the server shut itself down before its service was removed
+    (``GPUSwarmSpawner.stop_object``). Removed while running, its task would go on holding
+    them for about 3 s. Returns the seconds the stop took."""
+    client = docker.from_env()
+    service = service_of(hub.stack, user)
+    ids = {t["ID"] for t in service.tasks() if t["Status"]["State"] == "running"}
+    assert ids, f"{user}'s server is not running: {service.tasks()}"
+    t0 = time.monotonic()
+    r = hub.api("DELETE", f"/users/{user}/server")
+    took = time.monotonic() - t0
+    assert r.status_code == 204, (r.status_code, r.text)  # done (202: still stopping)
+    holding = [t["Status"] for t in client.api.tasks() if t["ID"] in ids and is_live(t)]
+    assert not holding, f"{user}'s stopped server still holds its slices: {holding}"
+    assert service.id not in {s.id for s in services_of(hub.stack)}, "its service is left"
+    return took
 
 
 def remove_services(stack: str, timeout: float = 60) -> None:

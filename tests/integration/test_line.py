@@ -21,10 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpu_swarm_spawner.contract import USER_LABEL
-
 from .hub import ARTIFACTS, container_env, container_of, deploy
-from .spawners import inventory, remove_services, services_of, wait_slices_free
+from .spawners import (
+    inventory,
+    remove_services,
+    service_of,
+    services_of,
+    stop_and_see_its_slices_free,
+    wait_slices_free,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -234,10 +239,7 @@ def node_of(user_model: dict) -> str:
 
 
 def server_container(hub, user: str):
-    (service,) = [
-        s for s in services_of(hub.stack) if s.attrs["Spec"]["Labels"].get(USER_LABEL) == user
-    ]
-    return container_of(service.name)
+    return container_of(service_of(hub.stack, user).name)
 
 
 def wait_slices_free_on(machine: str, timeout: float = 60) -> None:
@@ -331,3 +333,6 @@ def test_a_hub_restart_empties_the_line_and_the_waiting_participant_reads_why(
     assert "You were waiting in line for a GPU" in text and "when the hub restarted" in text
     page.screenshot(path=str(ARTIFACTS / "line-hub-restarted.png"))
     assert hub.server(W[1]) is None  # no service, no slice: the line was in the hub's memory
+    # servers started before the restart still shut themselves down when stopped (the hub no
+    # longer has their tokens: it makes a short-lived one)
+    stop_and_see_its_slices_free(hub, RUNNING[0])

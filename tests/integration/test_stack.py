@@ -11,7 +11,7 @@ from gpu_swarm_spawner import placement
 from gpu_swarm_spawner.inventory import build_inventory
 
 from .hub import REPO, container_env, container_of
-from .spawners import inventory, wait_slices_free
+from .spawners import inventory, stop_and_see_its_slices_free, wait_slices_free
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,8 @@ def test_server_holds_exactly_one_gpu_slice_and_is_removed_on_stop(hub, hub_sett
     status = hub.session.get(f"{hub.url}/user/{USER}/api/status", timeout=30)
     assert status.status_code == 200, status.text
 
-    hub.stop(USER)
+    # stopped, it shuts itself down: its slice is free when the hub answers, and no service
+    stop_and_see_its_slices_free(hub, USER)
     assert client.services.list(filters={"name": SERVICE}) == []
 
 
