@@ -28,7 +28,7 @@ import requests
 
 from gpu_swarm_spawner import GPUSwarmSpawner
 from gpu_swarm_spawner.tasks import is_live
-from tests.bench.line import bench_line, report
+from tests.bench.line import bench_line, report, until_ended
 from tests.integration.hub import BED, BED_HOST, REPO, Hub, container_of, hub_url, state_file
 from tests.integration.spawners import inventory
 from tests.sync.gitrepos import ServedRemote, signed_push
@@ -191,12 +191,12 @@ def server_template(hub: Hub) -> tuple[dict, str]:
     return spec, env["JUPYTERHUB_SERVICE_PREFIX"] + "api"
 
 
-def bare_once(hub_container, network: str, template: tuple[dict, str], n: int) -> float:
+def bare_server(hub_container, network: str, template: tuple[dict, str], name: str):
     """docker service create (the hub's container spec for a server, same network, one GPU
-    slice, dnsrr) + the server answering, probed from the hub's container."""
+    slice, dnsrr) until the server answers, probed from the hub's container: (the service's
+    ID, seconds from the create to the answer)."""
     client = docker.from_env()
     gpu = max(inventory().values(), key=lambda g: g.free)
-    name = f"bench-bare-{n}"
     spec, path = template
     result = {}
 
@@ -218,8 +218,25 @@ def bare_once(hub_container, network: str, template: tuple[dict, str], n: int) -
         labels={"gpu-jupyterhub.stack": "bench-bare"},
     )
     prober.join()
-    client.api.remove_service(service["ID"])
-    return result["t"] - t0
+    return service["ID"], result["t"] - t0
+
+
+def bare_once(hub_container, network: str, template: tuple[dict, str], n: int) -> float:
+    """The bare spawn: seconds until a bare server answers (then it is removed)."""
+    service_id, seconds = bare_server(hub_container, network, template, f"bench-bare-{n}")
+    docker.from_env().api.remove_service(service_id)
+    return seconds
+
+
+def bare_removal_once(hub_container, network: str, template: tuple[dict, str], n: int) -> float:
+    """SwarmSpawner's stop, bare: a running server's service removed; seconds until its task
+    no longer holds its slice."""
+    client = docker.from_env()
+    service_id, _ = bare_server(hub_container, network, template, f"bench-bare-stop-{n}")
+    (task,) = client.api.tasks(filters={"service": service_id, "desired-state": "running"})
+    t0 = time.monotonic()
+    client.api.remove_service(service_id)
+    return until_ended(task["ID"]) - t0
 
 
 def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
@@ -463,7 +480,19 @@ def tutorials() -> None:
 def waiting_line(repeats: int) -> None:
     print("\n6. the waiting line: a slice freed -> the next in line's server ready")
     try:
-        times = bench_line(deploy("gpu"), repeats)
+        hub = deploy("gpu")
+        times = bench_line(hub, repeats)
+        # the stop's own part, against SwarmSpawner's (the service removed while it runs)
+        client = docker.from_env()
+        hub_container = client.containers.list(filters={"name": f"{hub.stack}_hub"})[0]
+        template = server_template(hub)
+        times["bare stop"] = []
+        for i in range(repeats + 1):  # one warm-up
+            wait_quiet()
+            t = bare_removal_once(hub_container, VARIANTS["gpu"]["NETWORK"], template, i)
+            print(f"  service removed while running -> slice free {t:.2f} s", flush=True)
+            if i:
+                times["bare stop"].append(t)
     finally:
         remove("gpu")
     report(times)

@@ -5,7 +5,9 @@ culler or the participant does). Measured:
 - stop -> slice free: from the hub's DELETE to the stopped server's task no longer holding its
   slice (polled every 20 ms): the server's shutdown and Swarm's, the same with or without a line;
 - slice free -> next in line ready: from then to the waiting participant's server being ready;
-- a single spawn onto a free slice (POST -> ready), in the same run.
+- a single spawn onto a free slice (POST -> ready), in the same run;
+- (bench.py) the bare stop: a running server's service removed, as SwarmSpawner stops a server,
+  until its task no longer holds its slice.
 
 The goal: the second at most 1 s longer than the third. Figures printed, nothing asserted.
 
@@ -36,7 +38,7 @@ def _until_ready(hub: Hub, user: str, timeout: float = 120) -> float:
     return time.monotonic()
 
 
-def _until_ended(task_id: str, timeout: float = 60) -> float:
+def until_ended(task_id: str, timeout: float = 60) -> float:
     """The time a task is seen no longer holding its slices (polled every 20 ms)."""
     api = docker.from_env().api
     deadline = time.monotonic() + timeout
@@ -89,7 +91,7 @@ def bench_line(hub: Hub, repeats: int) -> dict[str, list[float]]:
                 time.sleep(0.05)
             time.sleep(1)  # in line by now (the refusal, then the join, take a read or two)
             stopped = occupants.pop(0)
-            ended = watch.submit(_until_ended, _running_task(stopped))
+            ended = watch.submit(until_ended, _running_task(stopped))
             ready = watch.submit(_until_ready, hub, waiting)
             t_stop = time.monotonic()
             hub.stop(stopped)
@@ -128,7 +130,12 @@ def bench_line(hub: Hub, repeats: int) -> dict[str, list[float]]:
 
 def report(times: dict[str, list[float]]) -> None:
     line, single = statistics.median(times["line"]), statistics.median(times["single"])
-    print(f"  summary: stop -> slice free p50 {statistics.median(times['stop']):.2f} s")
+    stop, bare = statistics.median(times["stop"]), statistics.median(times["bare stop"])
+    print(
+        f"  summary: stop through the hub -> slice free p50 {stop:.2f} s; a running server's "
+        f"service removed (SwarmSpawner's stop) -> slice free p50 {bare:.2f} s; ratio "
+        f"{stop / bare:.2f}"
+    )
     print(
         f"  summary: slice freed -> next in line ready p50 {line:.2f} s (max "
         f"{max(times['line']):.2f} s); single spawn p50 {single:.2f} s; difference "
