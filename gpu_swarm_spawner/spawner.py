@@ -251,6 +251,15 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         stopping hub instead of waiting for it (spawn_pending.html)."""
         return False if self._cancelled_in_line else super().ready
 
+    @property
+    def without_gpu(self) -> bool:
+        """A server starting or running without a GPU: the hub's home and spawn-pending pages
+        say so. A running server is read from what it holds (``gpu_uuid`` outlives a hub
+        restart); one starting, from the participant's choice."""
+        if self.pending == "spawn":
+            return self.cpu_only_requested
+        return bool(self.ready) and not self.gpu_uuid
+
     def run_pre_spawn_hook(self):
         """JupyterHub's last call before ``start``, whose whole run it then bounds by
         ``start_timeout``: with the line on, that run includes the wait in line, so the line's

@@ -258,6 +258,34 @@ def test_a_team_member_logs_in(production, page):
     page.wait_for_url("**/hub/spawn**", timeout=60_000)  # in: the spawn page
 
 
+def test_a_participant_chooses_no_gpu_on_the_spawn_page_and_every_page_says_so(production, page):
+    github_login(page, production.url, "tom")
+    page.wait_for_selector("#gpuhub-gpu-none", timeout=60_000)
+    page.check("#gpuhub-gpu-none")
+    page.click("#spawn_form input[type=submit], #spawn_form button[type=submit]")
+    banner = page.locator("#gpuhub-without-gpu")  # the spawn-pending page
+    banner.wait_for(timeout=30_000)
+    assert "This server starts without a GPU (CPU only)" in banner.inner_text()
+    page.wait_for_selector(".jp-LabShell", timeout=180_000)
+    spec = server_spec("tom")
+    assert not spec["Resources"].get("Reservations", {}).get("GenericResources")
+    env = container_env(container_of("jy-tom"))
+    assert env["GPU_MODE"] == "none" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert not [name for name in env if name.startswith("GPU_") and name != "GPU_MODE"]
+    info = container_of("jy-tom").exec_run(["gpu-info"]).output.decode()
+    assert "without a GPU (CPU only)" in info, info
+    page.goto(f"{production.url}/hub/home")
+    home_banner = page.locator("#gpuhub-without-gpu")
+    home_banner.wait_for(timeout=30_000)
+    assert "Your server runs without a GPU (CPU only)" in home_banner.inner_text()
+    page.screenshot(path=str(ARTIFACTS / "home-without-gpu.png"))
+    production.hub.stop("tom")
+    # the next start asks for a GPU again: the choice was this start's
+    page.goto(f"{production.url}/hub/spawn")
+    page.wait_for_selector("#gpuhub-gpu-slice", timeout=60_000)
+    assert page.is_checked("#gpuhub-gpu-slice")
+
+
 @pytest.mark.parametrize("login", ["nina", "olga"])  # nobody; in the org but not the team
 def test_others_are_refused_with_a_clear_page(production, page, login):
     github_login(page, production.url, login)

@@ -8,6 +8,7 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from jupyterhub.objects import Server
 from jupyterhub.spawner import Spawner
 from tornado import web
 
@@ -170,6 +171,22 @@ async def test_a_server_without_a_gpu_starts_while_the_gpus_are_full_and_holds_n
     assert spec["ContainerSpec"].get("Labels", {}) == {}  # nothing for the GPU guard
     assert spawner.home_node == "beta"  # a restart with a GPU goes back there
     assert any("Starting without a GPU on beta" in m for m in messages(spawner))
+
+
+def test_the_hubs_pages_say_when_a_server_starts_or_runs_without_a_gpu():
+    """``without_gpu`` puts the banner on the spawn-pending and home pages."""
+    spawner = make_fake("alice")
+    spawner.cpu_only_requested, spawner._spawn_pending = True, True
+    assert spawner.without_gpu  # starting, as chosen
+    spawner._spawn_pending = False
+    spawner.server = Server(ip="127.0.0.1", port=8888)
+    assert spawner.without_gpu  # running, and holds no GPU
+    spawner.gpu_uuid = "GPU-a0"
+    assert not spawner.without_gpu  # holds one (after a hub restart too: from the state)
+    spawner.gpu_uuid, spawner.cpu_only_requested, spawner._spawn_pending = "", False, True
+    assert not spawner.without_gpu  # a GPU spawn before its GPU is chosen
+    spawner._spawn_pending, spawner.server = False, None
+    assert not spawner.without_gpu  # not running at all
 
 
 async def test_a_server_without_a_gpu_goes_to_the_participants_home():
