@@ -94,6 +94,9 @@ class GPUBroker:
         self._line_task: asyncio.Task | None = None
         self._nudged: asyncio.Event | None = None
         self._line_read: ReadSwarm | None = None
+        #: told (the line, head first; the GPU held; for whom) whenever that changes
+        self.on_line_change: Callable[[list[line.Entry], str, Hashable | None], None] | None = None
+        self._line_key: tuple = ((), "", None)
         self.line_error = ""  # why the line's last look at the swarm failed ("" when it did not)
         #: services of servers without a GPU being started (they count towards the cap before
         #: their service exists)
@@ -276,7 +279,8 @@ class GPUBroker:
         self._tell()
 
     def _tell(self) -> None:
-        """Everyone in the line hears their place (the spawner drops repeats)."""
+        """Everyone in the line hears their place (the spawner drops repeats), and so does
+        ``on_line_change`` when the line or its held GPU changed."""
         now = time.monotonic()
         for number, entry in enumerate(self._line, start=1):
             told = self._told.get(entry.owner)
@@ -284,6 +288,11 @@ class GPUBroker:
                 eta = line.estimate(number, self._served, now, self._line_since)
                 held = self._held is not None and self._held.held_for == entry.owner
                 told(number, len(self._line), eta, held)
+        held = self._held or line.Pass()
+        key = (tuple(e.owner for e in self._line), held.held_gpu, held.held_for)
+        if self.on_line_change is not None and key != self._line_key:
+            self._line_key = key
+            self.on_line_change(list(self._line), held.held_gpu, held.held_for)
 
     def claimed(self) -> dict[Hashable, Claim]:
         """The claims now, by owner (a copy)."""

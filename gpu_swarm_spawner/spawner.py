@@ -46,7 +46,7 @@ from traitlets import (
     default,
 )
 
-from . import broker, contract, inventory, line, naming, placement, profiles, tasks
+from . import broker, contract, events, inventory, line, naming, placement, profiles, tasks
 from .tasks import Phase
 from .traits import GPUSwarmSpawnerTraits
 
@@ -101,6 +101,33 @@ def with_gpu_slices(generic, kind: str, slices: int) -> list[dict]:
     return [*others, {"DiscreteResourceSpec": {"Kind": kind, "Value": slices}}]
 
 
+#: this hub's journals (events.py), by folder
+_JOURNALS: dict[str, events.Journal] = {}
+
+
+def _line_writer(journal: events.Journal, log):
+    """The broker's ``on_line_change``: the line as the dashboard reads it (``line.json``)."""
+
+    def write(entries: list[line.Entry], held_gpu: str, held_for) -> None:
+        wall, mono = time.time(), time.monotonic()
+        waiting = [
+            events.Waiting(
+                user=e.owner.user.name,
+                server=e.owner.name or "",
+                joined=wall - (mono - e.joined),
+                slices=e.request.slices,
+                holds=held_gpu if e.owner is held_for else "",
+            )
+            for e in entries
+        ]
+        try:
+            journal.line(waiting, wall)
+        except OSError as e:
+            log.warning("Could not write the waiting line for the dashboard: %s", e)
+
+    return write
+
+
 class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     """A ``dockerspawner.SwarmSpawner`` that gives every server slices of exactly one GPU.
 
@@ -127,6 +154,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     line_lost = Float(0)  # loaded from the database: waiting since then when the hub stopped
     _configured_start_timeout = None  # start_timeout as configured (the server's own start)
     _cancelled_in_line = False  # this spawn ended in the line, cancelled (left, or hub stopping)
+    _waited = None  # seconds this spawn waited in line before its slices (None: it did not)
 
     @property
     def broker(self) -> broker.GPUBroker:
@@ -147,10 +175,12 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     async def stop(self, now=False):
         """dockerspawner's stop (the service removed); then the line looks at the GPUs at
         once, as this server's slices are free for whoever waits."""
+        held = dict(gpu=self.gpu_uuid, node=self.gpu_node or self.cpu_node)  # cleared by stop
         try:
             await super().stop(now)
         finally:
             self.broker.nudge()
+            self._record("stopped", **held)
 
     async def stop_object(self):
         """dockerspawner's hop before the service is removed (SwarmSpawner's does nothing):
@@ -285,12 +315,30 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self._progress_events = []  # this spawn's stages (progress() reads them)
         self.line_lost = 0  # a new start: the message about a line lost to a restart goes
         self._cancelled_in_line = False
+        self._waited = None
+        t0 = time.monotonic()
         try:
             if self.cpu_only_requested:
-                return await self._start_without_gpu()
-            return await self._start_on_a_gpu()
+                started = await self._start_without_gpu()
+            else:
+                started = await self._start_on_a_gpu()
+        except NoGPUSliceAvailable as e:
+            self._record("refused", reason=e.jupyterhub_message)
+            raise
+        except Exception as e:
+            message, _ = format_exception(e, only_jupyterhub=True)
+            self._record("failed", reason=message or f"{type(e).__name__}: {e}"[:500])
+            raise
         finally:
             self.broker.release(self)
+        self._record(
+            "started",
+            seconds=round(time.monotonic() - t0 - (self._waited or 0), 2),
+            waited=None if self._waited is None else round(self._waited, 1),
+            gpu=self.gpu_uuid,
+            node=self.gpu_node or self.cpu_node,
+        )
+        return started
 
     async def _start_on_a_gpu(self):
         lost = set()
@@ -732,8 +780,13 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.line_joined = time.time()
         self._save_state()
         self.log.info("%s joined the waiting line", self._log_name)
+        self._journal()  # the dashboard's copy of the line is written from now on
+        placed = []
 
         def told(position: int, waiting: int, eta: float | None, held: bool) -> None:
+            if not placed:  # the first place told: in the line (not refused as full)
+                placed.append(position)
+                self._record("joined line")
             held = held and request.slices != 1  # a GPU emptying for a full-GPU request
             self._report(10, line.waiting_message(position, waiting, eta, held))
 
@@ -756,10 +809,12 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             ) from None
         except asyncio.CancelledError:
             self.log.info("%s left the waiting line", self._log_name)
+            self._record("left line", waited=round(time.time() - joined, 1))
             self._cancelled_in_line = True
             raise
         finally:
             self.line_joined = 0
+        self._waited = time.time() - joined
         self.log.info(
             "%s leaves the line after %.0f s for %s on %s",
             self._log_name,
@@ -769,6 +824,31 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         )
         self._report(15, "A GPU slice is free for you: starting your server")
         return reservation
+
+    # ---- what the organizer's dashboard reads (events.py) --------------------------------------
+
+    def _journal(self) -> events.Journal | None:
+        """This hub's journal in ``dashboard_dir`` (None: none is kept). The broker's line is
+        written there too from the first call on."""
+        if not self.dashboard_dir:
+            return None
+        journal = _JOURNALS.get(self.dashboard_dir)
+        if journal is None:
+            journal = _JOURNALS[self.dashboard_dir] = events.Journal(self.dashboard_dir)
+        if self.broker.on_line_change is None:
+            self.broker.on_line_change = _line_writer(journal, self.log)
+        return journal
+
+    def _record(self, kind: str, **fields) -> None:
+        """An event for the dashboard; a failed write is logged, never raised."""
+        journal = self._journal()
+        if journal is None:
+            return
+        event = events.Event(time.time(), kind, self.user.name, self.name or "", **fields)
+        try:
+            journal.record(event)
+        except OSError as e:
+            self.log.warning("Could not record '%s' of %s: %s", kind, self._log_name, e)
 
     def _forget_one_off_choices(self) -> None:
         """JupyterHub keeps a start's options for the next start without options ("Start My

@@ -305,6 +305,17 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         """,
     )
 
+    dashboard_dir = Unicode(
+        "",
+        config=True,
+        help="""
+        Folder where the hub writes what the organizer's dashboard reads (``events.py``):
+        ``events.jsonl`` (servers started with their durations, refusals and failures with
+        the reason the participant read, stops, joins and departures of the waiting line) and
+        ``line.json`` (the waiting line now). Made if missing. "": nothing is written.
+        """,
+    )
+
     probe_server = Bool(
         True,
         config=True,

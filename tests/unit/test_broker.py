@@ -8,6 +8,7 @@ import pytest
 from gpu_swarm_spawner.broker import GPUBroker, LineFull, NoRoom, Request, of_hub
 
 from .clusters import node, task
+from .waiting import until
 
 ONE_FREE_EACH = [node("n1", "alpha", {"GPU-a0": 3, "GPU-a1": 3})]
 BUSY = [task("n1", {"GPU-a0": 2}), task("n1", {"GPU-a1": 2})]
@@ -164,13 +165,6 @@ def running(*owners_on_a0):
 def line_broker(broker):
     broker.line_interval = 0.02
     return broker
-
-
-async def until(condition, timeout=2.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_the_line_is_served_in_order_as_slices_free(line_broker):

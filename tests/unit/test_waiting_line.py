@@ -16,6 +16,7 @@ from gpu_swarm_spawner.spawner import NoGPUSliceAvailable, SpawnFailed
 
 from .clusters import node, task
 from .fake_docker import make_fake
+from .waiting import until
 
 FULL = [task("n1", {"GPU-a0": 1}, service_id=f"svc-{i}") for i in range(3)]
 
@@ -31,13 +32,6 @@ def full_hub(name="alice", **traits):
 
 def messages(spawner) -> list[str]:
     return [e["message"] for e in spawner._progress_events]
-
-
-async def until(condition, timeout=3.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_auto_puts_the_participant_in_line_and_starts_them_when_a_slice_frees():
