@@ -89,12 +89,34 @@ IDLE_CULLER_ROLE = {
     "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
 }
 CULLING = cfg.idle_timeout > 0
+# The organizer's dashboard (gpu_swarm_spawner/dashboard): run by the hub in its container,
+# reached by the proxy at the hub's address. JupyterHub's OAuth lets in only those holding
+# access:services!service=dashboard: the admins. It reads the swarm, the GPU guards and the
+# spawners' journal itself; of the hub's API it needs only who is there and how active.
+DASHBOARD = {
+    "name": "dashboard",
+    "url": "http://hub:10101",
+    "command": [sys.executable, "-m", "gpu_swarm_spawner.dashboard"],
+    "environment": {
+        "GPUHUB_DASHBOARD_DIR": str(DATA / "dashboard"),
+        "GPUHUB_GUARD_METRICS_PORT": str(cfg.guard_metrics_port),
+        "GPUHUB_SERVICE_PREFIX": contract.SERVICE_PREFIX,
+    },
+    "oauth_no_confirm": True,
+    "display": False,  # linked for admins only (templates/hub/page.html)
+}
+DASHBOARD_ROLE = {
+    "name": "dashboard",
+    "services": ["dashboard"],
+    "scopes": ["list:users", "read:users:activity", "read:servers"],
+}
 c.JupyterHub.services = [
     OPS,
+    DASHBOARD,
     *([TUTORIAL_SYNC] if cfg.tutorial_repos else []),
     *([IDLE_CULLER] if CULLING else []),
 ]
-c.JupyterHub.load_roles = [OPS_ROLE, *([IDLE_CULLER_ROLE] if CULLING else [])]
+c.JupyterHub.load_roles = [OPS_ROLE, DASHBOARD_ROLE, *([IDLE_CULLER_ROLE] if CULLING else [])]
 
 if cfg.simulated_gpus:
     c.JupyterHub.template_vars = {

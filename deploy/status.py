@@ -15,9 +15,9 @@ import argparse
 import json
 import sys
 import time
-import urllib.request
 from collections.abc import Mapping
 
+from gpu_swarm_spawner import guards
 from gpu_swarm_spawner.contract import SERVICE_PREFIX, USER_LABEL, is_mig, is_simulated
 from gpu_swarm_spawner.inventory import (
     build_inventory,
@@ -40,19 +40,7 @@ Memory = Mapping[tuple[str, str], tuple[float, float | None]]
 
 def guard_memory(texts: list[str]) -> dict[tuple[str, str], tuple[float, float | None]]:
     """Each participant's GPU memory and budget from the guards' metrics (Prometheus text)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    used: dict[tuple[str, str], float] = {}
-    budget: dict[tuple[str, str], float] = {}
-    for text in texts:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                key = (sample.labels.get("user", ""), sample.labels.get("gpu", ""))
-                if sample.name == "gpuhub_participant_gpu_memory_used_bytes":
-                    used[key] = sample.value
-                elif sample.name == "gpuhub_participant_gpu_memory_budget_bytes":
-                    budget[key] = sample.value
-    return {key: (value, budget.get(key)) for key, value in used.items()}
+    return guards.read_metrics(texts).participants
 
 
 def _memory(memory: Memory | None, user: str, gpus) -> str:
@@ -179,20 +167,9 @@ def read_line(environ: Mapping[str, str] | None = None) -> str:
 
 
 def scrape_guards(nodes: list[dict], port: int) -> tuple[list[str], tuple[str, ...]]:
-    """The metrics text of the guard of each GPU machine, straight (no proxy), 2 s each; and
-    the ids of the machines whose guard did not answer."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    texts, silent = [], []
-    for node in nodes:
-        addr = node.get("Status", {}).get("Addr", "")
-        if not gpu_kinds(node) or not addr or is_simulated(next(iter(gpu_kinds(node)))):
-            continue  # no guard runs where the GPUs are simulated
-        try:
-            with opener.open(f"http://{addr}:{port}/metrics", timeout=2) as response:
-                texts.append(response.read().decode())
-        except (OSError, ValueError):
-            silent.append(node["ID"])
-    return texts, tuple(silent)
+    """The metrics text of each GPU machine's guard, and the machines whose guard did not
+    answer (``gpu_swarm_spawner.guards.scrape``)."""
+    return guards.scrape(nodes, port)
 
 
 def main(argv=None) -> int:

@@ -163,7 +163,7 @@ def test_every_setting_reaches_the_spawner_and_the_hub(hub_config):
     assert config.JupyterHub.log_level == "DEBUG"
     assert config.Authenticator.admin_users == {"ada", "bob"}
     services = {s["name"]: s for s in config.JupyterHub.services}
-    assert set(services) == {"ops", "tutorial-sync", "idle-culler"}
+    assert set(services) == {"ops", "dashboard", "tutorial-sync", "idle-culler"}
     assert services["idle-culler"]["command"] == [
         sys.executable,
         "-m",
@@ -172,7 +172,7 @@ def test_every_setting_reaches_the_spawner_and_the_hub(hub_config):
         "--cull-every=30",
         "--max-age=7200",
     ]
-    assert [r["name"] for r in config.JupyterHub.load_roles] == ["ops", "idle-culler"]
+    assert [r["name"] for r in config.JupyterHub.load_roles] == ["ops", "dashboard", "idle-culler"]
     assert "simulated" in config.JupyterHub.template_vars["announcement"]
 
 
@@ -189,17 +189,30 @@ def test_settings_left_out_take_deploy_settings_env_defaults(hub_config):
     assert config.SwarmSpawner.image == "gpu-jupyterhub/singleuser:latest"
     assert config.SwarmSpawner.network_name == "jhub"
     assert config.Authenticator.admin_users == {"admin"}
-    assert [s["name"] for s in config.JupyterHub.services] == ["ops", "idle-culler"]
-    assert "--timeout=5400" in config.JupyterHub.services[1]["command"]
+    assert [s["name"] for s in config.JupyterHub.services] == ["ops", "dashboard", "idle-culler"]
+    assert "--timeout=5400" in config.JupyterHub.services[2]["command"]
     assert "template_vars" not in config.JupyterHub  # real GPUs: no banner
 
 
 def test_culling_off_and_no_full_gpu(hub_config):
     config = hub_config(IDLE_TIMEOUT="0", FULL_GPU="off", WAITING_LINE="off")
     assert "concurrent_spawn_limit" not in config.JupyterHub  # JupyterHub's own
-    assert [s["name"] for s in config.JupyterHub.services] == ["ops"]
-    assert [r["name"] for r in config.JupyterHub.load_roles] == ["ops"]
+    assert [s["name"] for s in config.JupyterHub.services] == ["ops", "dashboard"]
+    assert [r["name"] for r in config.JupyterHub.load_roles] == ["ops", "dashboard"]
     assert config.GPUSwarmSpawner.full_gpu_for == "off"
+
+
+def test_the_dashboard_runs_in_the_hub_with_the_least_scopes_and_the_guards_port(hub_config):
+    config = hub_config(GUARD_METRICS_PORT="9555")
+    services = {s["name"]: s for s in config.JupyterHub.services}
+    dashboard = services["dashboard"]
+    assert dashboard["command"][1:] == ["-m", "gpu_swarm_spawner.dashboard"]
+    assert dashboard["url"] == "http://hub:10101"  # the proxy's container reaches it there
+    assert dashboard["environment"]["GPUHUB_GUARD_METRICS_PORT"] == "9555"
+    journal = dashboard["environment"]["GPUHUB_DASHBOARD_DIR"]
+    assert journal == config.GPUSwarmSpawner.dashboard_dir  # what the spawners write
+    roles = {r["name"]: r for r in config.JupyterHub.load_roles}
+    assert roles["dashboard"]["scopes"] == ["list:users", "read:users:activity", "read:servers"]
 
 
 def test_the_old_name_of_slices_per_server_still_reaches_the_spawner(hub_config):

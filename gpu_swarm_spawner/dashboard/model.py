@@ -1,0 +1,190 @@
+"""What the organizer's dashboard shows, built from what was read (pure: plain dicts and
+figures in, one JSON-ready dict out). ``app.py`` does the reading and serves the page.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+
+from ..contract import SERVICE_PREFIX, USER_LABEL, is_mig, is_simulated
+from ..events import Event, Waiting
+from ..guards import GuardFigures
+from ..inventory import gpu_kinds, task_reservations, used_slices
+from ..tasks import is_live
+
+#: how many recent starts, and recent refusals and failures, the page lists
+RECENT = 25
+#: spawn durations over this many seconds back make the p50/p95 figures
+SPAWN_WINDOW_S = 3600
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def _servers(tasks: list[dict], services: list[dict], prefix: str) -> list[dict]:
+    """The participants' live servers: user, node, the GPU slices held (``{uuid: n}``)."""
+    specs = {s["ID"]: s.get("Spec", {}) for s in services}
+    found = []
+    for task in tasks:
+        spec = specs.get(task.get("ServiceID"), {})
+        if not spec.get("Name", "").startswith(prefix + "-") or not is_live(task):
+            continue
+        found.append(
+            {
+                "user": spec.get("Labels", {}).get(USER_LABEL, "?"),
+                "node": task.get("NodeID", ""),
+                "state": task.get("Status", {}).get("State", "?"),
+                "held": task_reservations(task),
+            }
+        )
+    return found
+
+
+def _gpu(uuid: str, slices: int, used: int, servers: list[dict], figures: GuardFigures) -> dict:
+    measured = figures.gpus.get(uuid, {})
+    participants = []
+    for server in servers:
+        if uuid not in server["held"]:
+            continue
+        user = server["user"]
+        memory, budget = figures.participants.get((user, uuid), (None, None))
+        participants.append(
+            {
+                "user": user,
+                "slices": server["held"][uuid],
+                "state": server["state"],
+                "memory_used": memory,
+                "memory_budget": budget,
+                "over": bool(budget and memory is not None and memory > budget),
+            }
+        )
+    return {
+        "uuid": uuid,
+        "slices": slices,
+        "used": min(used, slices),
+        "mig": is_mig(uuid),
+        "simulated": is_simulated(uuid),
+        "utilization": measured.get("util"),
+        "memory_used": measured.get("used"),
+        "memory_total": measured.get("total"),
+        "participants": sorted(participants, key=lambda p: p["user"]),
+    }
+
+
+def _machine(node: dict, used_on: dict, servers: list[dict], figures, silent, guard_expected):
+    kinds = gpu_kinds(node)
+    mine = [s for s in servers if s["node"] == node["ID"]]
+    availability = node.get("Spec", {}).get("Availability", "?")
+    if not kinds:
+        guard = "no GPUs"
+    elif node["ID"] in silent:
+        guard = "no answer"
+    elif not guard_expected(node):
+        guard = "simulated GPUs"
+    else:
+        guard = "ok"
+    gpus = [_gpu(u, n, used_on.get(u, 0), mine, figures) for u, n in sorted(kinds.items())]
+    return {
+        "name": node.get("Description", {}).get("Hostname", node["ID"][:12]),
+        "state": node.get("Status", {}).get("State", "?"),
+        "availability": availability,
+        # servers go only to ready, active machines with GPUs: anything else takes none
+        "accepting": bool(kinds)
+        and node.get("Status", {}).get("State") == "ready"
+        and availability == "active",
+        "guard": guard,
+        "gpus": gpus,
+        "cpu_only": sorted(s["user"] for s in mine if not s["held"]),
+        "slices": sum(g["slices"] for g in gpus),
+        "slices_used": sum(g["used"] for g in gpus),
+    }
+
+
+def _event(e: Event) -> dict:
+    return {
+        "time": e.time,
+        "kind": e.kind,
+        "user": e.user + (f"/{e.server}" if e.server else ""),
+        "seconds": e.seconds,
+        "waited": e.waited,
+        "gpu": e.gpu,
+        "node": e.node,
+        "reason": e.reason,
+    }
+
+
+def build(
+    *,
+    nodes: list[dict],
+    tasks: list[dict],
+    services: list[dict],
+    figures: GuardFigures,
+    silent: Iterable[str],
+    guard_expected,
+    events: list[Event],
+    line: list[Waiting],
+    now: float,
+    prefix: str = SERVICE_PREFIX,
+) -> dict:
+    """The dashboard's state: machines with their GPUs and each GPU's participants, the
+    waiting line, recent starts, refusals and failures, and the guard's warnings and stops.
+    ``guard_expected(node)``: whether a guard should answer there (``guards.guarded``)."""
+    servers = _servers(tasks, services, prefix)
+    used_on = used_slices(tasks)
+    silent = set(silent)
+    machines = [
+        _machine(n, used_on, servers, figures, silent, guard_expected)
+        for n in sorted(nodes, key=lambda n: n.get("Description", {}).get("Hostname", ""))
+    ]
+    recent_starts = [
+        e.seconds
+        for e in events
+        if e.kind == "started" and e.seconds is not None and now - e.time <= SPAWN_WINDOW_S
+    ]
+    guard_counts = sorted(set(figures.warnings) | set(figures.stops))
+    return {
+        "time": now,
+        "totals": {
+            "gpu_machines": sum(bool(m["gpus"]) for m in machines),
+            "accepting": sum(m["accepting"] for m in machines),
+            "slices": sum(m["slices"] for m in machines),
+            "slices_used": sum(m["slices_used"] for m in machines),
+            "servers": len(servers),
+            "cpu_only": sum(not s["held"] for s in servers),
+            "waiting": len(line),
+            "spawn_p50": _percentile(recent_starts, 50),
+            "spawn_p95": _percentile(recent_starts, 95),
+            "starts_counted": len(recent_starts),
+        },
+        "machines": machines,
+        "line": [
+            {
+                "place": place,
+                "user": w.user + (f"/{w.server}" if w.server else ""),
+                "waited": max(0.0, now - w.joined),
+                "full_gpu": w.slices is None,
+                "slices": w.slices,
+                "holds": w.holds,
+            }
+            for place, w in enumerate(line, start=1)
+        ],
+        "starts": [_event(e) for e in reversed(events) if e.kind == "started"][:RECENT],
+        "problems": [_event(e) for e in reversed(events) if e.kind in ("refused", "failed")][
+            :RECENT
+        ],
+        "guard": [
+            {
+                "user": user,
+                "gpu": gpu,
+                "warnings": int(figures.warnings.get((user, gpu), 0)),
+                "stops": int(figures.stops.get((user, gpu), 0)),
+            }
+            for user, gpu in guard_counts
+        ],
+    }

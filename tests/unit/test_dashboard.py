@@ -1,0 +1,155 @@
+"""The organizer's dashboard: the guards' metrics reader (``guards.read_metrics``) and the
+page's state (``dashboard/model.py``), from plain Docker API dicts, metrics text and events.
+The page itself, admins-only, is tested in Chromium on the bed."""
+
+from __future__ import annotations
+
+from gpu_swarm_spawner import guards
+from gpu_swarm_spawner.dashboard import model
+from gpu_swarm_spawner.events import Event, Waiting
+
+from .clusters import node, task
+
+GB = 1024**3
+
+GUARD_TEXT = f"""\
+# TYPE gpuhub_gpu_utilization_percent gauge
+gpuhub_gpu_utilization_percent{{machine="gpu-1",gpu="GPU-a0"}} 87.0
+# TYPE gpuhub_gpu_memory_used_bytes gauge
+gpuhub_gpu_memory_used_bytes{{machine="gpu-1",gpu="GPU-a0"}} {12 * GB}
+# TYPE gpuhub_gpu_memory_total_bytes gauge
+gpuhub_gpu_memory_total_bytes{{machine="gpu-1",gpu="GPU-a0"}} {24 * GB}
+# TYPE gpuhub_participant_gpu_memory_used_bytes gauge
+gpuhub_participant_gpu_memory_used_bytes{{machine="gpu-1",gpu="GPU-a0",user="alice"}} {10 * GB}
+gpuhub_participant_gpu_memory_used_bytes{{machine="gpu-1",gpu="GPU-a0",user="bob"}} {2 * GB}
+# TYPE gpuhub_participant_gpu_memory_budget_bytes gauge
+gpuhub_participant_gpu_memory_budget_bytes{{machine="gpu-1",gpu="GPU-a0",user="alice"}} {8 * GB}
+# TYPE gpuhub_participant_warnings counter
+gpuhub_participant_warnings_total{{machine="gpu-1",user="alice",gpu="GPU-a0"}} 3.0
+# TYPE gpuhub_participant_stops counter
+gpuhub_participant_stops_total{{machine="gpu-1",user="alice",gpu="GPU-a0"}} 1.0
+"""
+
+
+def test_the_guards_metrics_are_read_and_a_broken_text_is_skipped():
+    figures = guards.read_metrics([GUARD_TEXT, "this is { not metrics", ""])
+    assert figures.gpus == {"GPU-a0": {"util": 87.0, "used": 12 * GB, "total": 24 * GB}}
+    assert figures.participants == {
+        ("alice", "GPU-a0"): (10 * GB, 8 * GB),
+        ("bob", "GPU-a0"): (2 * GB, None),
+    }
+    assert figures.warnings == {("alice", "GPU-a0"): 3.0}
+    assert figures.stops == {("alice", "GPU-a0"): 1.0}
+
+
+def service(service_id: str, user: str) -> dict:
+    return {
+        "ID": service_id,
+        "Spec": {"Name": f"jy-{user}", "Labels": {"gpu-jupyterhub.user": user}},
+    }
+
+
+def a_swarm():
+    nodes = [
+        {
+            **node("n1", "gpu-1", {"GPU-a0": 3, "GPU-a1": 3}),
+            "Status": {"State": "ready", "Addr": "10.0.0.1"},
+        },
+        node("n2", "gpu-2", {"GPU-b0": 3}, availability="pause"),
+        node("m", "manager", {}, role="manager"),
+    ]
+    tasks = [
+        {**task("n1", {"GPU-a0": 2}, service_id="s-alice"), "ID": "t1"},
+        {**task("n1", {"GPU-a0": 1}, service_id="s-bob"), "ID": "t2"},
+        {**task("n2", {"GPU-b0": 1}, service_id="s-carol"), "ID": "t3"},
+        {**task("n2", {}, service_id="s-dan"), "ID": "t4"},  # without a GPU
+        {**task("n1", {"GPU-a1": 1}, state="shutdown", service_id="s-old"), "ID": "t5"},
+    ]
+    services = [service(f"s-{u}", u) for u in ("alice", "bob", "carol", "dan", "old")]
+    return nodes, tasks, services
+
+
+def build(**overrides):
+    nodes, tasks, services = a_swarm()
+    arguments = dict(
+        nodes=nodes,
+        tasks=tasks,
+        services=services,
+        figures=guards.read_metrics([GUARD_TEXT]),
+        silent=(),
+        guard_expected=lambda n: n["ID"] == "n1",
+        events=[],
+        line=[],
+        now=10_000.0,
+    )
+    arguments.update(overrides)
+    return model.build(**arguments)
+
+
+def test_machines_show_their_gpus_participants_and_whether_they_take_servers():
+    state = build(silent=["n2"])
+    gpu1, gpu2, manager = state["machines"]
+    assert (gpu1["name"], gpu1["accepting"], gpu1["guard"]) == ("gpu-1", True, "ok")
+    # a paused machine is the one an organizer must notice
+    assert (gpu2["accepting"], gpu2["availability"], gpu2["guard"]) == (False, "pause", "no answer")
+    assert manager["guard"] == "no GPUs" and manager["gpus"] == []
+    a0, a1 = gpu1["gpus"]
+    assert (a0["used"], a0["slices"], a0["utilization"], a0["memory_total"]) == (
+        3,
+        3,
+        87.0,
+        24 * GB,
+    )
+    alice, bob = a0["participants"]
+    assert (alice["user"], alice["slices"], alice["over"]) == ("alice", 2, True)
+    assert (alice["memory_used"], alice["memory_budget"]) == (10 * GB, 8 * GB)
+    assert (bob["over"], bob["memory_budget"]) == (False, None)
+    assert a1["used"] == 0 and a1["participants"] == []  # a stopped server holds nothing
+    assert gpu2["cpu_only"] == ["dan"]
+    totals = state["totals"]
+    assert (totals["slices"], totals["slices_used"]) == (9, 4)
+    assert (totals["servers"], totals["cpu_only"], totals["accepting"]) == (4, 1, 1)
+
+
+def test_the_line_recent_starts_problems_and_the_guards_counts():
+    events = [
+        Event(9_000.0, "started", "alice", seconds=3.0, gpu="GPU-a0", node="gpu-1"),
+        Event(9_100.0, "refused", "eve", reason="All GPU slices are in use (9/9)"),
+        Event(9_200.0, "started", "bob", seconds=5.0, waited=120.0, gpu="GPU-a0", node="gpu-1"),
+        Event(9_300.0, "failed", "carol", server="big", reason="gpu-2 lacks the image"),
+        Event(1_000.0, "started", "old", seconds=99.0),  # over an hour ago: not in p50/p95
+        Event(9_400.0, "stopped", "alice"),
+    ]
+    line = [Waiting("w1", "", 9_940.0, 1), Waiting("admin", "big", 9_970.0, None, "GPU-b0")]
+    state = build(events=events, line=line)
+    assert [(w["place"], w["user"], w["waited"]) for w in state["line"]] == [
+        (1, "w1", 60.0),
+        (2, "admin/big", 30.0),
+    ]
+    assert state["line"][1]["full_gpu"] and state["line"][1]["holds"] == "GPU-b0"
+    assert [e["user"] for e in state["starts"]] == ["old", "bob", "alice"]  # newest first
+    assert [(e["kind"], e["user"]) for e in state["problems"]] == [
+        ("failed", "carol/big"),
+        ("refused", "eve"),
+    ]
+    totals = state["totals"]
+    assert (totals["spawn_p50"], totals["starts_counted"], totals["waiting"]) == (4.0, 2, 2)
+    assert 4.0 < totals["spawn_p95"] <= 5.0
+    assert state["guard"] == [{"user": "alice", "gpu": "GPU-a0", "warnings": 3, "stops": 1}]
+
+
+def test_an_empty_hub_has_a_state_too():
+    state = build(nodes=[], tasks=[], services=[], figures=guards.read_metrics([]))
+    assert state["machines"] == [] and state["line"] == [] and state["starts"] == []
+    assert state["totals"]["spawn_p50"] is None and state["totals"]["slices"] == 0
+
+
+def test_only_machines_with_real_gpus_and_an_address_are_scraped():
+    real = {**node("n1", "gpu-1", {"GPU-a0": 3}), "Status": {"State": "ready", "Addr": "10.0.0.1"}}
+    simulated = {
+        **node("n2", "gpu-2", {"GPU-simulated-0": 3}),
+        "Status": {"State": "ready", "Addr": "10.0.0.2"},
+    }
+    no_address = node("n3", "gpu-3", {"GPU-c0": 3})
+    assert [guards.guarded(n) for n in (real, simulated, no_address)] == [True, False, False]
+    assert guards.scrape([simulated, no_address], port=9445) == ([], ())
