@@ -118,6 +118,24 @@ class Hub:
         self.wait_stopped(user)
 
 
+def log_in(page, hub: Hub, user: str, password: str | None = None) -> None:
+    """Log in on the hub's login page (the demo's shared password unless ``password``)."""
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", password or hub.password)
+    page.click("#login_submit")
+
+
+def open_dashboard(browser, hub: Hub):
+    """A page of its own, logged in as the admin, showing the organizer's dashboard."""
+    page = browser.new_context(ignore_https_errors=True).new_page()
+    log_in(page, hub, "admin", hub.admin_password)
+    page.wait_for_url("**/hub/**", timeout=30_000)
+    page.goto(f"{hub.url}/services/dashboard/")
+    page.wait_for_selector("[data-machine]", timeout=30_000)
+    return page
+
+
 def dump_logs(stack: str) -> str:
     """What a red test needs: hub log, and the state of every service of this stack."""
     client = docker.from_env()

@@ -8,20 +8,12 @@ from __future__ import annotations
 import docker
 import pytest
 
-from .hub import ARTIFACTS
+from .hub import ARTIFACTS, log_in
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 USERS = ["ci-dash-1", "ci-dash-2"]
 LATE = "ci-dash-3"
-
-
-def log_in(page, hub, user: str, password: str) -> None:
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", password)
-    page.click("#login_submit")
-    page.wait_for_url("**/hub/**", timeout=30_000)
 
 
 def start(hub, user: str) -> None:
@@ -37,6 +29,7 @@ def test_an_admin_follows_machines_servers_and_starts_live(hub, page):
         hub.wait_ready(user)
     try:
         log_in(page, hub, "admin", hub.admin_password)
+        page.wait_for_url("**/hub/**", timeout=30_000)
         page.goto(f"{hub.url}/hub/admin")
         page.click("#gpuhub-dashboard-link")  # linked from the admin page
         page.wait_for_url("**/services/dashboard/", timeout=30_000)
@@ -70,7 +63,8 @@ def test_an_admin_follows_machines_servers_and_starts_live(hub, page):
 
 def test_a_participant_is_refused_the_page_and_its_data(hub, page):
     hub.api("POST", f"/users/{USERS[1]}")
-    log_in(page, hub, USERS[1], hub.password)
+    log_in(page, hub, USERS[1])
+    page.wait_for_url("**/hub/**", timeout=30_000)
     response = page.goto(f"{hub.url}/services/dashboard/")
     assert response.status == 403, (response.status, page.url)
     page.screenshot(path=str(ARTIFACTS / "dashboard-participant.png"))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .hub import ARTIFACTS
+from .hub import ARTIFACTS, log_in
 from .spawners import inventory, make_spawner, remove_services, wait_slices_free
 
 pytestmark = pytest.mark.integration
@@ -39,13 +39,6 @@ def full(hub, hub_settings):
     total = sum(g.slices for g in gpus.values())
     yield f"{REFUSAL} ({total}/{total})"
     remove_services(hub.stack)
-
-
-def log_in(page, hub, user, password=None):
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", password or hub.password)
-    page.click("#login_submit")
 
 
 def test_rest_api_answers_a_full_hub_with_503_and_the_message(hub, full):

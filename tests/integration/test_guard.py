@@ -33,7 +33,7 @@ import pytest
 
 from gpu_swarm_spawner import contract
 
-from .hub import ARTIFACTS, BED_RUN, REPO, engine_of
+from .hub import ARTIFACTS, BED_RUN, REPO, engine_of, open_dashboard
 from .hub import BED as BED_ENV
 from .spawners import make_spawner, remove_services
 from .test_worker_setup import bed, join_line
@@ -241,7 +241,7 @@ def pause_others(verb: str, names: list[str]) -> None:
 
 @pytest.mark.browser
 def test_the_participant_sees_the_warning_and_the_stop_in_jupyterlab(
-    hub, hub_settings, servers, page
+    hub, hub_settings, servers, page, browser
 ):
     """After the enforce test: the guard runs in enforce mode with a 6 s grace."""
     user = "ci-guard-carol"
@@ -307,6 +307,22 @@ def test_the_participant_sees_the_warning_and_the_stop_in_jupyterlab(
         rows = hers.top(ps_args="-eo pid,args")["Processes"]
         assert not [row for row in rows if row[-1] == "sleep 100002"], rows
         assert page.locator(".jp-LabShell").is_visible()
+
+        # the organizer's dashboard: her warning and stop, her memory on fresh3's GPU, and the
+        # paused machines marked as not taking servers
+        dashboard = open_dashboard(browser, hub)
+        guard_row = dashboard.locator("#guard-table tbody tr", has_text=user)
+        guard_row.wait_for(timeout=30_000)
+        _, _, warnings, stops = guard_row.evaluate("r => [...r.cells].map(c => c.innerText)")
+        assert int(warnings) >= 1 and int(stops) >= 1, (warnings, stops)
+        hers = dashboard.locator(f'[data-machine="{MACHINE}"] [data-user="{user}"]')
+        hers.wait_for(timeout=15_000)
+        assert "/ 8.0 GB" in hers.inner_text(), hers.inner_text()
+        for other in others:
+            card = dashboard.locator(f'[data-machine="{other}"]')
+            assert "not taking servers (ready, pause)" in card.inner_text()
+        dashboard.screenshot(path=str(ARTIFACTS / "dashboard-guard.png"), full_page=True)
+        dashboard.context.close()
     finally:
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "guard-notices-last.png"))  # for a red run

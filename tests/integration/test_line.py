@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from .hub import ARTIFACTS, container_env, container_of, deploy
+from .hub import ARTIFACTS, container_env, container_of, deploy, log_in, open_dashboard
 from .spawners import (
     inventory,
     remove_services,
@@ -79,13 +79,6 @@ def wait_place(hub, user: str, expected: str, timeout: float = 20) -> None:
 def join(hub, user: str) -> None:
     r = hub.api("POST", f"/users/{user}/server", json={"line": "join"})
     assert r.status_code == 202, (r.status_code, r.text)  # pending: in line
-
-
-def log_in(page, hub, user: str) -> None:
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", hub.password)
-    page.click("#login_submit")
 
 
 def join_in_browser(page, hub, user: str) -> float:
@@ -168,6 +161,16 @@ def test_the_line_serves_in_order_skips_who_left_and_keeps_who_closed_the_page(
     # the organizer's view: make status lists the line in order
     status = deploy("status").split("Waiting line (6)", 1)[1].splitlines()
     assert [row.split()[1] for row in status[2:8]] == [W[i] for i in (1, 2, 3, 5, 6, 7)], status
+    # ... and so does the dashboard, with the 18 servers under their GPUs and every slice used
+    dashboard = open_dashboard(browser, hub)
+    rows = dashboard.locator("#line-table tbody tr")
+    rows.nth(5).wait_for(timeout=15_000)
+    shown = rows.evaluate_all("rows => rows.map(r => r.cells[1].innerText)")
+    assert shown == [W[i] for i in (1, 2, 3, 5, 6, 7)], shown
+    assert dashboard.locator("[data-machine] [data-user]").count() == 18
+    assert "18 / 18" in dashboard.inner_text("#totals")
+    dashboard.screenshot(path=str(ARTIFACTS / "dashboard-line.png"), full_page=True)
+    dashboard.context.close()
     # the line is full: the next is told so at once
     t0 = time.monotonic()
     r = hub.api("POST", f"/users/{W[8]}/server", json={"line": "join"})
