@@ -101,6 +101,10 @@ DASHBOARD = {
         "GPUHUB_DASHBOARD_DIR": str(DATA / "dashboard"),
         "GPUHUB_GUARD_METRICS_PORT": str(cfg.guard_metrics_port),
         "GPUHUB_SERVICE_PREFIX": contract.SERVICE_PREFIX,
+        # its plots read Prometheus; Prometheus scrapes its /metrics with this token
+        "GPUHUB_PROMETHEUS_URL": "http://prometheus:9090",
+        "GPUHUB_METRICS_TOKEN_FILE": str(SECRETS / "metrics_token"),
+        "GPUHUB_METRICS_INTERVAL": cfg.metrics_interval,
     },
     "oauth_no_confirm": True,
     "display": False,  # linked for admins only (templates/hub/page.html)
@@ -110,13 +114,22 @@ DASHBOARD_ROLE = {
     "services": ["dashboard"],
     "scopes": ["list:users", "read:users:activity", "read:servers"],
 }
+# Prometheus (a stack service) scrapes /hub/metrics with this service's token.
+PROMETHEUS = {"name": "prometheus", "api_token": secret("metrics_token")}
+PROMETHEUS_ROLE = {"name": "prometheus", "services": ["prometheus"], "scopes": ["read:metrics"]}
 c.JupyterHub.services = [
     OPS,
     DASHBOARD,
+    PROMETHEUS,
     *([TUTORIAL_SYNC] if cfg.tutorial_repos else []),
     *([IDLE_CULLER] if CULLING else []),
 ]
-c.JupyterHub.load_roles = [OPS_ROLE, DASHBOARD_ROLE, *([IDLE_CULLER_ROLE] if CULLING else [])]
+c.JupyterHub.load_roles = [
+    OPS_ROLE,
+    DASHBOARD_ROLE,
+    PROMETHEUS_ROLE,
+    *([IDLE_CULLER_ROLE] if CULLING else []),
+]
 
 if cfg.simulated_gpus:
     c.JupyterHub.template_vars = {

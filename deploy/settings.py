@@ -658,12 +658,21 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     errors += _environments(settings.get("GPUHUB_ENVIRONMENTS", ""))
     errors += _choice(settings, "GPUHUB_DATASETS_MODE", ("ro", "rw"))
     errors += _guard(settings)
+    for key in ("GPUHUB_METRICS_INTERVAL", "GPUHUB_METRICS_RETENTION"):
+        if not _DURATION.match(settings.get(key, "")):
+            errors.append(
+                f"{key} is {settings.get(key, '')!r}; write a duration such as 15s, 30m, 12h or 4d"
+            )
     for repo in settings.get("GPUHUB_TUTORIAL_REPOS", "").split():
         try:  # the sync service's own reader
             Repo.parse(repo)
         except ValueError as e:
             errors.append(f"GPUHUB_TUTORIAL_REPOS: {e}")
     return errors
+
+
+#: A Prometheus duration (its --storage.tsdb.retention.time and scrape_interval), e.g. 4d, 1h30m
+_DURATION = re.compile(r"^(?:[0-9]+(?:ms|s|m|h|d|w|y))+$")
 
 
 def _guard(settings) -> list[str]:
@@ -977,6 +986,8 @@ class Config:
     guard_stop_percent: float = field(init=False)
     guard_grace_seconds: float = field(init=False)
     guard_metrics_port: int = field(init=False)
+    metrics_interval: str = field(init=False)
+    metrics_retention: str = field(init=False)
     # filled in while deploying (FILLED_BY_DEPLOY)
     public_url: str = field(init=False)
     simulated_gpus: bool = field(init=False)

@@ -37,7 +37,14 @@ LOCAL_PREFIX = "gpu-jupyterhub/"
 #: The generated secrets (GPUHUB_STATE_DIR): the proxy's API token, the operations token for
 #: scripts and tests, the participants' shared password and the admins' own (JupyterHub's
 #: shared-password login wants one of 32 characters or more), the tutorial webhook's secret.
-GENERATED = ("proxy_token", "ops_token", "demo_password", "admin_password", "webhook_secret")
+GENERATED = (
+    "proxy_token",
+    "ops_token",
+    "demo_password",
+    "admin_password",
+    "webhook_secret",
+    "metrics_token",
+)
 #: Where the hub's container reads the roster (the state directory's roster/, mounted read-only).
 ROSTER_IN_HUB = "/srv/jupyterhub/roster/roster.txt"
 #: The single-user image as a file for GPU machines that cannot pull it (GPUHUB_IMAGE_TAR).

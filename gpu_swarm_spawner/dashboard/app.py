@@ -6,22 +6,29 @@ which admins hold and participants do not (they get 403). The page (``templates/
 ``MAX_AGE_S`` however many admins watch: the swarm from the manager's Docker API, every GPU
 machine's guard metrics, and the hub's journal (``events.py``: spawn events and the line).
 
+The plots (``api/series``) are range queries to Prometheus (a stack service), which scrapes the
+hub, every guard and this service's ``metrics`` (its figures: slices per machine, servers, the
+line; with the metrics token only).
+
 Settings (environment, set by ``jupyterhub_config.py``): ``GPUHUB_DASHBOARD_DIR`` (the journal),
-``GPUHUB_GUARD_METRICS_PORT`` (0: guards not read), ``GPUHUB_SERVICE_PREFIX`` (``jy``).
+``GPUHUB_GUARD_METRICS_PORT`` (0: guards not read), ``GPUHUB_SERVICE_PREFIX`` (``jy``),
+``GPUHUB_PROMETHEUS_URL`` ("": no plots), ``GPUHUB_METRICS_TOKEN_FILE``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import os
 import time
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import urlencode, urlparse
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado import web
+from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.log import app_log, enable_pretty_logging
 
@@ -106,14 +113,95 @@ class StateHandler(HubOAuthenticated, web.RequestHandler):
         self.finish(json.dumps(state))
 
 
-def make_app(reader: Reader, prefix: str) -> web.Application:
+class SeriesHandler(HubOAuthenticated, web.RequestHandler):
+    """The plots over the last ``hours`` (8 unless asked), from Prometheus."""
+
+    @web.authenticated
+    async def get(self):
+        try:
+            hours = min(max(float(self.get_argument("hours", "8")), 0.1), 24 * 14)
+        except ValueError:
+            raise web.HTTPError(400, "hours must be a number, e.g. ?hours=8") from None
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        plots = self.settings["plots"]
+        if plots is None:
+            self.finish(json.dumps({"error": "No Prometheus is configured for the plots."}))
+            return
+        try:
+            self.finish(json.dumps({"plots": await plots.series(hours * 3600)}))
+        except Exception as e:  # Prometheus down or starting: the page says so and retries
+            app_log.warning("Plots not read: %s", e)
+            self.set_status(503)
+            self.finish(json.dumps({"error": f"Prometheus did not answer: {e}"}))
+
+
+class MetricsHandler(web.RequestHandler):
+    """The dashboard's figures for Prometheus, with the metrics token: participants' servers
+    share the network and must not read who uses which GPU."""
+
+    async def get(self):
+        token = self.settings["metrics_token"]
+        given = self.request.headers.get("Authorization", "")
+        if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise web.HTTPError(403)
+        state = await self.settings["reader"].state()
+        self.set_header("Content-Type", "text/plain; version=0.0.4")
+        self.finish(model.metrics_text(state))
+
+
+class Plots:
+    """Range queries to Prometheus for ``model.PLOTS``, shared by requests within 10 s."""
+
+    def __init__(self, url: str, interval_s: float = 15):
+        self.url = url.rstrip("/")
+        self.interval_s = interval_s  # Prometheus' scrape interval: no finer step than that
+        self._cached: tuple[float, float, list] | None = None  # (read at, span, plots)
+
+    async def _get(self, path: str, **params) -> dict:
+        url = f"{self.url}/api/v1/{path}?{urlencode(params)}"
+        answer = await AsyncHTTPClient().fetch(url, request_timeout=5)
+        return json.loads(answer.body)
+
+    async def series(self, span_s: float) -> list[dict]:
+        now = time.time()
+        if self._cached and now - self._cached[0] < 10 and self._cached[1] == span_s:
+            return self._cached[2]
+        oldest = await self._get("query", query="min(prometheus_tsdb_lowest_timestamp_seconds)")
+        try:
+            lowest = float(oldest["data"]["result"][0]["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            lowest = None
+        span = model.plot_span(now, span_s, lowest)
+        step = model.step_for(span, least=self.interval_s)
+
+        async def query(promql: str) -> dict:
+            return await self._get(
+                "query_range", query=promql, start=now - span, end=now, step=step
+            )
+
+        plots = []
+        for plot in model.PLOTS:
+            answers = await asyncio.gather(*(query(q) for _, q in plot.queries))
+            plots.append(model.plot_series(plot, answers))
+        self._cached = (now, span_s, plots)
+        return plots
+
+
+def make_app(
+    reader: Reader, prefix: str, plots: Plots | None = None, metrics_token: str = ""
+) -> web.Application:
     return web.Application(
         [
             (prefix, PageHandler),
             (url_path_join(prefix, "api/state"), StateHandler),
+            (url_path_join(prefix, "api/series"), SeriesHandler),
+            (url_path_join(prefix, "metrics"), MetricsHandler),
             (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
         ],
         reader=reader,
+        plots=plots,
+        metrics_token=metrics_token,
         template_path=str(TEMPLATES),
         cookie_secret=os.urandom(32),
         xsrf_cookies=False,
@@ -128,7 +216,12 @@ async def serve() -> None:
         int(os.environ.get("GPUHUB_GUARD_METRICS_PORT") or 0),
         os.environ.get("GPUHUB_SERVICE_PREFIX", SERVICE_PREFIX),
     )
-    server = HTTPServer(make_app(reader, prefix))
+    token_file = os.environ.get("GPUHUB_METRICS_TOKEN_FILE", "")
+    token = Path(token_file).read_text().strip() if token_file else ""
+    prometheus = os.environ.get("GPUHUB_PROMETHEUS_URL", "")
+    interval = model.duration_seconds(os.environ.get("GPUHUB_METRICS_INTERVAL", "15s"))
+    plots = Plots(prometheus, interval) if prometheus else None
+    server = HTTPServer(make_app(reader, prefix, plots, token))
     # the proxy, in its own container, reaches the service at the hub container's address
     server.listen(url.port or 80, "")
     app_log.info("Dashboard at %s, serving %s", url.geturl(), prefix)

@@ -4,8 +4,11 @@ figures in, one JSON-ready dict out). ``app.py`` does the reading and serves the
 
 from __future__ import annotations
 
+import math
+import re
 import statistics
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ..contract import SERVICE_PREFIX, USER_LABEL, is_mig, is_simulated
 from ..events import Event, Waiting
@@ -187,4 +190,135 @@ def build(
             }
             for user, gpu in guard_counts
         ],
+    }
+
+
+# ---- the dashboard's own metrics (Prometheus scrapes them) and the plots ----------------------
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metrics_text(state: dict) -> str:
+    """The state's figures as Prometheus text: what the plots draw over the workshop besides
+    the guards' and JupyterHub's own metrics."""
+    families = {
+        "gpuhub_slices_used": ("GPU slices held by participants' servers", "gauge", []),
+        "gpuhub_slices_total": ("GPU slices a machine advertises", "gauge", []),
+        "gpuhub_machine_taking_servers": ("1 when a GPU machine takes new servers", "gauge", []),
+        "gpuhub_servers": ("Participants' servers, with a GPU or without", "gauge", []),
+        "gpuhub_line_length": ("Participants waiting in line", "gauge", []),
+    }
+    for m in state["machines"]:
+        if not m["gpus"]:
+            continue
+        machine = f'machine="{_label(m["name"])}"'
+        families["gpuhub_slices_used"][2].append(f"{{{machine}}} {m['slices_used']}")
+        families["gpuhub_slices_total"][2].append(f"{{{machine}}} {m['slices']}")
+        families["gpuhub_machine_taking_servers"][2].append(f"{{{machine}}} {int(m['accepting'])}")
+    totals = state["totals"]
+    families["gpuhub_servers"][2].extend(
+        [
+            f'{{kind="gpu"}} {totals["servers"] - totals["cpu_only"]}',
+            f'{{kind="cpu_only"}} {totals["cpu_only"]}',
+        ]
+    )
+    families["gpuhub_line_length"][2].append(f" {totals['waiting']}")
+    lines = []
+    for name, (doc, kind, samples) in families.items():
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
+        lines += [f"{name}{sample}" for sample in samples]
+    return "\n".join(lines) + "\n"
+
+
+SPAWN_QUANTILE = (
+    "histogram_quantile({q}, sum by (le) (rate("
+    'jupyterhub_server_spawn_duration_seconds_bucket{{status="success"}}[10m])))'
+)
+
+
+@dataclass(frozen=True)
+class Plot:
+    id: str
+    title: str
+    unit: str
+    #: (the series' name, or a label whose value names each series; the PromQL query)
+    queries: tuple[tuple[str, str], ...]
+
+
+PLOTS = (
+    Plot("slices", "GPU slices in use", "slices", (("machine", "gpuhub_slices_used"),)),
+    Plot(
+        "utilization",
+        "GPU utilisation",
+        "%",
+        (("machine", "avg by (machine) (gpuhub_gpu_utilization_percent)"),),
+    ),
+    Plot(
+        "memory",
+        "GPU memory in use",
+        "GB",
+        (("machine", "sum by (machine) (gpuhub_gpu_memory_used_bytes) / 1073741824"),),
+    ),
+    Plot("servers", "Participants with a server", "", (("kind", "gpuhub_servers"),)),
+    Plot(
+        "spawn",
+        "Time to start a server",
+        "s",
+        (("p50", SPAWN_QUANTILE.format(q=0.5)), ("p95", SPAWN_QUANTILE.format(q=0.95))),
+    ),
+    Plot("line", "Waiting in line", "", (("waiting", "gpuhub_line_length"),)),
+)
+
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
+
+
+def duration_seconds(text: str, default: float = 15) -> float:
+    """A Prometheus duration (``15s``, ``1h30m``) in seconds; ``default`` when it is not one."""
+    parts = _PART.findall(text or "")
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return default
+    return sum(int(n) * _UNITS[u] for n, u in parts)
+
+
+def plot_span(now: float, span_s: float, lowest: float | None) -> float:
+    """The seconds the plots cover: ``span_s``, or less when Prometheus holds less (a
+    workshop's first hour is drawn across the whole width, not squeezed into a corner)."""
+    if lowest is None or lowest <= 0:
+        return span_s
+    return max(60.0, min(span_s, now - lowest))
+
+
+def step_for(span_s: float, points: int = 240, least: float = 15) -> float:
+    """The step of a range query: about ``points`` points over the span, never finer than the
+    scrape interval."""
+    return max(least, round(span_s / points))
+
+
+def plot_series(plot: Plot, answers: list[dict | None]) -> dict:
+    """A plot from Prometheus' query_range answers (one per query; None: no answer). A
+    series' name is the query's own name, or the value of the label it names (``machine``);
+    points that are not numbers (NaN: no spawns in a window) are left out."""
+    series = []
+    for (name, _), answer in zip(plot.queries, answers):
+        for result in ((answer or {}).get("data") or {}).get("result") or []:
+            label = (result.get("metric") or {}).get(name, name)
+            points = []
+            for when, value in result.get("values") or []:
+                try:
+                    number = float(value)
+                except (TypeError, ValueError):
+                    continue
+                if math.isfinite(number):
+                    points.append([float(when), number])
+            if points:
+                series.append({"name": label, "points": points})
+    return {
+        "id": plot.id,
+        "title": plot.title,
+        "unit": plot.unit,
+        "series": sorted(series, key=lambda s: s["name"]),
     }

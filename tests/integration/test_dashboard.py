@@ -1,7 +1,8 @@
 """The organizer's dashboard (``/services/dashboard/``) in Chromium on the bed: an admin opens
 it from the hub's admin page and sees the bed's machines, the servers the test started under
-their GPUs and their starts with durations; it follows a server that starts and stops without
-being reloaded. A participant is refused (403), the page and its data alike."""
+their GPUs and their starts with durations, and plots drawn from Prometheus' data; it follows a
+server that starts and stops without being reloaded. A participant is refused (403), the page
+and its data alike."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import docker
 import pytest
 
 from .hub import ARTIFACTS, log_in
+from .spawners import inventory
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -45,6 +47,27 @@ def test_an_admin_follows_machines_servers_and_starts_live(hub, page):
             assert row.inner_text().split("\t")[2].endswith(" s"), row.inner_text()
         totals = page.inner_text("#totals")
         assert "GPU slices in use" in totals and "waiting in line" in totals
+
+        # the plots, from Prometheus (scraping every 5 s here): the slices drawn per machine
+        # add up to the slices in use now, over several points
+        used = sum(g.used for g in inventory().values())
+        page.wait_for_function(
+            """used => {
+                const lines = [...document.querySelectorAll('[data-plot="slices"] polyline')];
+                const last = lines.reduce((sum, l) => sum + Number(l.dataset.last), 0);
+                return lines.length && last === used
+                    && lines.every(l => Number(l.dataset.points) >= 2);
+            }""",
+            arg=used,
+            timeout=90_000,
+        )
+        drawn = page.locator('[data-plot="slices"] polyline').evaluate_all(
+            "ls => ls.map(l => [l.dataset.series, l.getAttribute('points').split(' ').length])"
+        )
+        assert {name for name, _ in drawn} <= hosts, drawn
+        assert all(n >= 2 for _, n in drawn), drawn  # the drawn line has the points
+        servers = page.locator('[data-plot="servers"] polyline[data-series="gpu"]')
+        assert int(servers.get_attribute("data-points")) >= 2
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
 
         # live, without a reload: a server that starts appears, one that stops goes

@@ -4,6 +4,8 @@ The page itself, admins-only, is tested in Chromium on the bed."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpu_swarm_spawner import guards
 from gpu_swarm_spawner.dashboard import model
 from gpu_swarm_spawner.events import Event, Waiting
@@ -153,3 +155,89 @@ def test_only_machines_with_real_gpus_and_an_address_are_scraped():
     no_address = node("n3", "gpu-3", {"GPU-c0": 3})
     assert [guards.guarded(n) for n in (real, simulated, no_address)] == [True, False, False]
     assert guards.scrape([simulated, no_address], port=9445) == ([], ())
+
+
+# ---- the dashboard's metrics and its plots ----------------------------------------------------
+
+
+def test_the_dashboards_metrics_are_what_prometheus_reads_back():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    nodes, tasks, services = a_swarm()
+    nodes[0]["Description"]["Hostname"] = 'gpu-"1"'  # a label value Prometheus must escape
+    state = build(nodes=nodes, line=[Waiting("w1", "", 9_990.0, 1)])
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(model.metrics_text(state))
+        for s in family.samples
+    }
+    assert samples[("gpuhub_slices_used", (("machine", 'gpu-"1"'),))] == 3
+    assert samples[("gpuhub_slices_total", (("machine", "gpu-2"),))] == 3
+    assert samples[("gpuhub_machine_taking_servers", (("machine", "gpu-2"),))] == 0  # paused
+    assert samples[("gpuhub_servers", (("kind", "cpu_only"),))] == 1
+    assert samples[("gpuhub_servers", (("kind", "gpu"),))] == 3
+    assert samples[("gpuhub_line_length", ())] == 1
+    assert not [k for k in samples if ("machine", "manager") in k[1]]  # no GPUs: not plotted
+
+
+def matrix(*results):
+    return {"status": "success", "data": {"resultType": "matrix", "result": list(results)}}
+
+
+def test_plots_take_prometheus_answers_name_their_series_and_drop_gaps():
+    slices, spawn = model.PLOTS[0], next(p for p in model.PLOTS if p.id == "spawn")
+    answer = matrix(
+        {"metric": {"machine": "gpu-2"}, "values": [[100, "1"], [115, "2"]]},
+        {"metric": {"machine": "gpu-1"}, "values": [[100, "3"], [115, "NaN"], [130, "x"]]},
+    )
+    drawn = model.plot_series(slices, [answer])
+    assert [(s["name"], s["points"]) for s in drawn["series"]] == [
+        ("gpu-1", [[100.0, 3.0]]),
+        ("gpu-2", [[100.0, 1.0], [115.0, 2.0]]),
+    ]
+    nothing_yet = matrix({"metric": {}, "values": [[100, "NaN"]]})
+    quantiles = model.plot_series(
+        spawn, [matrix({"metric": {}, "values": [[1, "2.5"]]}), nothing_yet]
+    )
+    assert [s["name"] for s in quantiles["series"]] == ["p50"]  # p95 had no number yet
+    assert model.plot_series(slices, [None])["series"] == []  # Prometheus did not answer
+    assert model.plot_series(slices, [{"status": "error"}])["series"] == []
+
+
+def test_the_plots_span_what_prometheus_holds_at_its_scrape_interval():
+    assert model.duration_seconds("15s") == 15 and model.duration_seconds("1h30m") == 5400
+    for odd in ("", "15", "fast", "15 s", "-1m"):
+        assert model.duration_seconds(odd) == 15
+    assert model.plot_span(now=10_000, span_s=8 * 3600, lowest=9_400) == 600  # 10 min of data
+    assert model.plot_span(now=10_000, span_s=3600, lowest=1) == 3600
+    assert model.plot_span(now=10_000, span_s=3600, lowest=9_990) == 60  # at least a minute
+    assert model.plot_span(now=10_000, span_s=3600, lowest=None) == 3600
+    assert model.step_for(600, least=5) == 5 and model.step_for(8 * 3600, least=5) == 120
+
+
+async def test_the_metrics_need_the_metrics_token():
+    """Participants' servers share the hub's network: without the token, no figures."""
+    from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+    from tornado.httpserver import HTTPServer
+    from tornado.netutil import bind_sockets
+
+    from gpu_swarm_spawner.dashboard.app import make_app
+
+    class Reader:
+        async def state(self):
+            return build()
+
+    server = HTTPServer(make_app(Reader(), "/services/dashboard/", None, "s3cret"))
+    (sock,) = bind_sockets(0, "127.0.0.1")
+    server.add_sockets([sock])
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/services/dashboard/metrics"
+    client = AsyncHTTPClient()
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            with pytest.raises(HTTPClientError) as refused:
+                await client.fetch(url, headers=headers)
+            assert refused.value.code == 403
+        answer = await client.fetch(url, headers={"Authorization": "Bearer s3cret"})
+        assert b"gpuhub_slices_used" in answer.body
+    finally:
+        server.stop()

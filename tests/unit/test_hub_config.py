@@ -31,6 +31,7 @@ def hub_config(tmp_path, monkeypatch):
     for name, value in {
         "proxy_token": "p" * 32,
         "ops_token": "o" * 32,
+        "metrics_token": "m" * 32,
         "demo_password": DEMO_PASSWORD,
         "admin_password": ADMIN_PASSWORD,
     }.items():
@@ -105,7 +106,7 @@ def test_the_stack_passes_the_limits_and_the_admin_password_to_the_hub():
     stack = (REPO / "deploy" / "stack.yml").read_text()
     for key in ("GPUHUB_CPU_LIMIT", "GPUHUB_MEM_LIMIT", "GPUHUB_PIDS_LIMIT"):
         assert f"      {key}: ${{{key}}}\n" in stack
-    assert "demo_password, admin_password]" in stack
+    assert "demo_password, admin_password, metrics_token]" in stack
     assert "file: ${GPUHUB_STATE_DIR}/admin_password" in stack
 
 
@@ -163,7 +164,7 @@ def test_every_setting_reaches_the_spawner_and_the_hub(hub_config):
     assert config.JupyterHub.log_level == "DEBUG"
     assert config.Authenticator.admin_users == {"ada", "bob"}
     services = {s["name"]: s for s in config.JupyterHub.services}
-    assert set(services) == {"ops", "dashboard", "tutorial-sync", "idle-culler"}
+    assert set(services) == {"ops", "dashboard", "prometheus", "tutorial-sync", "idle-culler"}
     assert services["idle-culler"]["command"] == [
         sys.executable,
         "-m",
@@ -172,7 +173,8 @@ def test_every_setting_reaches_the_spawner_and_the_hub(hub_config):
         "--cull-every=30",
         "--max-age=7200",
     ]
-    assert [r["name"] for r in config.JupyterHub.load_roles] == ["ops", "dashboard", "idle-culler"]
+    roles = [r["name"] for r in config.JupyterHub.load_roles]
+    assert roles == ["ops", "dashboard", "prometheus", "idle-culler"]
     assert "simulated" in config.JupyterHub.template_vars["announcement"]
 
 
@@ -189,16 +191,17 @@ def test_settings_left_out_take_deploy_settings_env_defaults(hub_config):
     assert config.SwarmSpawner.image == "gpu-jupyterhub/singleuser:latest"
     assert config.SwarmSpawner.network_name == "jhub"
     assert config.Authenticator.admin_users == {"admin"}
-    assert [s["name"] for s in config.JupyterHub.services] == ["ops", "dashboard", "idle-culler"]
-    assert "--timeout=5400" in config.JupyterHub.services[2]["command"]
+    services = [s["name"] for s in config.JupyterHub.services]
+    assert services == ["ops", "dashboard", "prometheus", "idle-culler"]
+    assert "--timeout=5400" in config.JupyterHub.services[3]["command"]
     assert "template_vars" not in config.JupyterHub  # real GPUs: no banner
 
 
 def test_culling_off_and_no_full_gpu(hub_config):
     config = hub_config(IDLE_TIMEOUT="0", FULL_GPU="off", WAITING_LINE="off")
     assert "concurrent_spawn_limit" not in config.JupyterHub  # JupyterHub's own
-    assert [s["name"] for s in config.JupyterHub.services] == ["ops", "dashboard"]
-    assert [r["name"] for r in config.JupyterHub.load_roles] == ["ops", "dashboard"]
+    assert [s["name"] for s in config.JupyterHub.services] == ["ops", "dashboard", "prometheus"]
+    assert [r["name"] for r in config.JupyterHub.load_roles] == ["ops", "dashboard", "prometheus"]
     assert config.GPUSwarmSpawner.full_gpu_for == "off"
 
 
@@ -213,6 +216,8 @@ def test_the_dashboard_runs_in_the_hub_with_the_least_scopes_and_the_guards_port
     assert journal == config.GPUSwarmSpawner.dashboard_dir  # what the spawners write
     roles = {r["name"]: r for r in config.JupyterHub.load_roles}
     assert roles["dashboard"]["scopes"] == ["list:users", "read:users:activity", "read:servers"]
+    assert roles["prometheus"]["scopes"] == ["read:metrics"]  # /hub/metrics, nothing else
+    assert services["prometheus"]["api_token"] == "m" * 32
 
 
 def test_the_old_name_of_slices_per_server_still_reaches_the_spawner(hub_config):

@@ -333,12 +333,21 @@ def test_placeholders_that_do_not_matter_for_the_setup_are_let_through():
         ({"GPUHUB_ENVIRONMENTS": "A=x:1 A=y:2"}, "'A' is listed twice"),
         ({"GPUHUB_SPAWNER": "stock"}, "GPUHUB_SPAWNER is 'stock'; write one of: gpu, stock-swarm"),
         ({"GPUHUB_SPAWNER": "stock-swarm"}, "GPUHUB_NAMED_SLOTS is empty; name the slot kind"),
+        ({"GPUHUB_METRICS_RETENTION": "4 days"}, "GPUHUB_METRICS_RETENTION is '4 days'; write a"),
+        ({"GPUHUB_METRICS_RETENTION": "96"}, "GPUHUB_METRICS_RETENTION is '96'"),
+        ({"GPUHUB_METRICS_INTERVAL": ""}, "GPUHUB_METRICS_INTERVAL is ''"),
+        ({"GPUHUB_METRICS_INTERVAL": "-15s"}, "GPUHUB_METRICS_INTERVAL is '-15s'"),
     ],
 )
 def test_each_problem_is_one_line_naming_the_key(base, changes, key):
     found = problems(github(base, **changes), exists=lambda path: path == "/k")
     assert len(found) == 1, found
     assert key in found[0]
+
+
+@pytest.mark.parametrize("value", ["30s", "12h", "4d", "2w", "1h30m"])
+def test_metrics_durations_take_prometheus_forms(base, value):
+    assert problems(github(base, GPUHUB_METRICS_RETENTION=value)) == []
 
 
 @pytest.mark.parametrize("value", ["", "0", "256", "4096"])
