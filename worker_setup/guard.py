@@ -54,6 +54,14 @@ log = logging.getLogger("gpu-guard")
 NOTICES_FILE = "/tmp/gpuhub-guard/notices.json"
 #: How many notices the file keeps.
 NOTICES_KEPT = 20
+#: Where a participant's own GPU figures go, beside the notices (their JupyterLab status bar
+#: and gpu-info read it; images/singleuser/gpuhub_notices/usage.py is its reader).
+USAGE_FILE = "/tmp/gpuhub-guard/usage.json"
+#: The figures are written again at least this often (the page tells fresh from stale by it),
+#: and at once when they change by more than these steps.
+USAGE_REFRESH_S = 30.0
+USAGE_STEP_MB = 64
+USAGE_STEP_PERCENT = 5
 #: How often the slices the engine advertises are read again, in seconds.
 ADVERTISED_MAX_AGE_S = 60.0
 MiB = 1024 * 1024
@@ -261,13 +269,51 @@ def send_signal(pid: int, sig: int) -> bool:
     return True
 
 
-def write_into(root: str, text: str) -> None:
-    """Write ``text`` to NOTICES_FILE under a container's root (``/proc/PID/root``), atomically.
+def usage_record(
+    server: Server, reading: policy.Reading, gpus: Mapping[str, telemetry.GPUStats], now: float
+) -> dict:
+    """What ``USAGE_FILE`` says to the participant of ``server``: their processes' GPU memory
+    against their budget, and their GPU's figures (shared by the holders of its slices)."""
+    used = sum(
+        p.used_mb
+        for p in reading.processes
+        if p.owner == server.owner and p.gpu_uuid == server.gpu_uuid
+    )
+    gpu = gpus.get(server.gpu_uuid)
+    return {
+        "time": now,
+        "gpu": server.gpu_uuid,
+        "used_mb": used,
+        "budget_mb": server.budget_mb,
+        "gpu_utilization": gpu.utilization_percent if gpu else None,
+        "gpu_memory_used_mb": gpu.memory_used_mb if gpu else None,
+        "gpu_memory_total_mb": gpu.memory_total_mb if gpu else None,
+    }
+
+
+def usage_changed(last: dict | None, new: dict) -> bool:
+    """Whether ``new`` is worth writing over ``last`` (the previous one written)."""
+    if last is None or new["time"] - last["time"] >= USAGE_REFRESH_S:
+        return True
+    if (last["gpu"], last["budget_mb"]) != (new["gpu"], new["budget_mb"]):
+        return True
+    if abs(new["used_mb"] - last["used_mb"]) >= USAGE_STEP_MB:
+        return True
+    util = (last["gpu_utilization"], new["gpu_utilization"])
+    return (
+        None not in util
+        and abs(util[1] - util[0]) >= USAGE_STEP_PERCENT
+        or ((util[0] is None) != (util[1] is None))
+    )
+
+
+def write_into(root: str, text: str, path: str = NOTICES_FILE) -> None:
+    """Write ``text`` to ``path`` under a container's root (``/proc/PID/root``), atomically.
 
     The participant owns that file system: every step below its root is opened relative to the
     last without following symbolic links, so a link they plant (``/tmp/gpuhub-guard`` pointing
     at the host's /etc, say) fails the write instead of redirecting it."""
-    folder_path, name = os.path.split(NOTICES_FILE)
+    folder_path, name = os.path.split(path)
     directory = os.O_RDONLY | os.O_DIRECTORY
     fds = [os.open(root, directory)]  # the magic link: followed on purpose, into the container
     try:
@@ -337,6 +383,7 @@ class Guard:
         self.errors: dict[str, int] = {}  # kind -> count
         self._containers: dict[tuple[int, int | None], str | None] = {}
         self._notices: dict[str, list[dict]] = {}  # container -> its notices, newest last
+        self._usage: dict[str, dict] = {}  # container -> the figures last written into it
         self._pending_kill: dict[int, tuple[int | None, float]] = {}  # pid -> start, when
         self._starts: dict[int, int | None] = {}  # this round's GPU pids -> their start time
         self._said: set[str] = set()  # problems logged while they last
@@ -377,6 +424,8 @@ class Guard:
                     log.info("%s is back within budget", owner)
                     self._notify(by_owner[owner], ok_notice(owner, wall_now))
         self._finish_kills(now)
+        if done.reading is not None:
+            self._share_usage(done, wall_now)
         with self.lock:
             self.last = done
         return done
@@ -540,17 +589,36 @@ class Guard:
             key = (server.user, server.gpu_uuid)
             counter[key] = counter.get(key, 0) + 1
 
+    def _share_usage(self, done: Round, wall_now: float) -> None:
+        """Each participant's own figures into their container (``USAGE_FILE``), when they
+        changed or are about to go stale."""
+        gpus = {g.uuid: g for g in done.snapshot.gpus}
+        for container in set(self._usage) - set(done.servers):
+            del self._usage[container]  # stopped: forgotten
+        for container, server in done.servers.items():
+            record = usage_record(server, done.reading, gpus, wall_now)
+            if not usage_changed(self._usage.get(container), record):
+                continue
+            if self._write(server, json.dumps(record), USAGE_FILE, "usage"):
+                self._usage[container] = record
+
+    def _write(self, server: Server, text: str, path: str, what: str) -> bool:
+        """``text`` into ``path`` in the server's container; False when it could not be."""
+        try:
+            pid = self.engine.container_pid(server.container)
+            if not pid:
+                return False  # it has just stopped
+            write_into(str(self.proc.root / str(pid) / "root"), text, path)
+        except (EngineUnavailable, OSError) as e:
+            self._problem(what, f"{what} to {server.owner}: {e}")
+            return False
+        return True
+
     def _notify(self, server: Server, notice: dict) -> None:
         """Write the participant's notices into their container's file system."""
         kept = self._notices.setdefault(server.container, [])
         kept[:] = [n for n in kept if n["id"] != notice["id"]][-(NOTICES_KEPT - 1) :] + [notice]
-        try:
-            pid = self.engine.container_pid(server.container)
-            if not pid:
-                return  # it has just stopped
-            write_into(str(self.proc.root / str(pid) / "root"), json.dumps({"notices": kept}))
-        except (EngineUnavailable, OSError) as e:
-            self._problem("notice", f"notice to {server.owner}: {e}")
+        self._write(server, json.dumps({"notices": kept}), NOTICES_FILE, "notice")
 
     # -- running --
 

@@ -283,6 +283,15 @@ def test_the_participant_sees_the_warning_and_the_stop_in_jupyterlab(
         assert "Your processes use 9.8 GB of GPU memory; your budget is 8.0 GB" in (
             warning.first.inner_text()
         )
+        # her own figures in JupyterLab's status bar, from the guard, marked over budget
+        usage = page.locator("#gpuhub-gpu-usage")
+        page.wait_for_function(
+            "() => (document.getElementById('gpuhub-gpu-usage') || {}).innerText"
+            "?.includes('over budget')",
+            timeout=30_000,
+        )
+        assert usage.inner_text().startswith("GPU 9.8 / 8.0 GB"), usage.inner_text()
+        page.screenshot(path=str(ARTIFACTS / "guard-status-bar.png"))
         stop = page.locator(".Toastify__toast", has_text="A process of yours was stopped")
         stop.first.wait_for(timeout=(GRACE + 30) * 1000)
         print(f"notebook cell -> stop on her page: {time.monotonic() - t0:.1f} s")
@@ -307,6 +316,13 @@ def test_the_participant_sees_the_warning_and_the_stop_in_jupyterlab(
         rows = hers.top(ps_args="-eo pid,args")["Processes"]
         assert not [row for row in rows if row[-1] == "sleep 100002"], rows
         assert page.locator(".jp-LabShell").is_visible()
+        # within her budget again: the status bar says so
+        page.wait_for_function(
+            "() => !(document.getElementById('gpuhub-gpu-usage') || {}).innerText"
+            "?.includes('over budget')",
+            timeout=30_000,
+        )
+        assert "/ 8.0 GB" in usage.inner_text(), usage.inner_text()
 
         # the organizer's dashboard: her warning and stop, her memory on fresh3's GPU, and the
         # paused machines marked as not taking servers

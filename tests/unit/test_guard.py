@@ -186,6 +186,34 @@ def test_servers_come_from_the_labels_and_odd_labels_are_said():
     ]
 
 
+# ---- each participant's own figures -------------------------------------------------------
+
+
+def figures(machine, pid):
+    path = machine.root / str(pid) / "root/tmp/gpuhub-guard/usage.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def test_each_participant_gets_their_own_figures_written_when_they_change(machine):
+    guard, clock = make_guard(machine, mode="warn")
+    guard.round()
+    alice, bob = figures(machine, 11), figures(machine, 22)
+    assert (alice["gpu"], alice["used_mb"], alice["budget_mb"]) == (GPU0, 10_000, 8192)
+    assert alice["gpu_memory_total_mb"] > 0 and alice["time"] == 1_700_000_000.0 + clock.now
+    assert bob["used_mb"] == 2000  # the host's 500 MiB are nobody's, not in anyone's figures
+    first = alice["time"]
+    clock.now += 5
+    guard.round()
+    assert figures(machine, 11)["time"] == first  # unchanged: not written again
+    clock.now += guard_module.USAGE_REFRESH_S
+    guard.round()
+    assert figures(machine, 11)["time"] > first  # written again before it goes stale
+    guard.nvml = FakeNVML(fixture([p for p in OVER if p["pid"] != 101]))
+    clock.now += 5
+    guard.round()
+    assert figures(machine, 11)["used_mb"] == 1000  # her big process ended: said at once
+
+
 # ---- warn and enforce ---------------------------------------------------------------------
 
 
@@ -203,8 +231,8 @@ def test_warn_mode_tells_the_participant_over_budget_and_never_stops(machine, ca
     )
     assert "will be stopped" not in warning["message"]
     assert guard.engine.notices(BOB) == []
-    # written once, into her container's file system only
-    notices = list(machine.root.glob("*/root/tmp/gpuhub-guard/*"))
+    # written once, into her container's file system only (everyone gets their figures)
+    notices = list(machine.root.glob("*/root/tmp/gpuhub-guard/notices.json"))
     assert notices == [machine.root / "11/root/tmp/gpuhub-guard/notices.json"]
     assert guard.warnings == {("alice", GPU0): 1}
     # the host's process: reported once, never touched

@@ -32,6 +32,10 @@ spec = importlib.util.spec_from_file_location("gpuhub_notices_reader", PACKAGE /
 notices = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(notices)
 
+spec = importlib.util.spec_from_file_location("gpuhub_usage_reader", PACKAGE / "usage.py")
+usage = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(usage)
+
 NOW = 1_732_350_000.0
 
 
@@ -179,18 +183,77 @@ def test_gpu_info_shows_the_last_three_of_the_last_hour_or_else_the_last_one():
     assert notices.recent([], NOW) == []
 
 
+# --- the participant's own GPU figures (usage.json) -----------------------------------------------
+
+FIGURES = {"time": NOW, "gpu": "GPU-a", "used_mb": 2150, "budget_mb": 8192, "gpu_utilization": 45.0,
+           "gpu_memory_used_mb": 30500, "gpu_memory_total_mb": 81559}  # fmt: skip
+
+
+def test_the_figures_read_as_the_guard_writes_them():
+    assert usage.parse_usage(json.dumps({**FIGURES, "colour": "red"})) == {
+        **FIGURES, "used_mb": 2150.0, "budget_mb": 8192.0, "gpu_memory_used_mb": 30500.0,
+        "gpu_memory_total_mb": 81559.0, "time": NOW}  # fmt: skip
+    no_gpu_figures = {**FIGURES, "budget_mb": None, "gpu_utilization": None}
+    assert usage.parse_usage(json.dumps(no_gpu_figures))["gpu_utilization"] is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "not json",
+        "[1]",
+        "null",
+        json.dumps({**FIGURES, "gpu": ""}),
+        json.dumps({k: v for k, v in FIGURES.items() if k != "used_mb"}),
+        json.dumps({**FIGURES, "used_mb": -1}),
+        json.dumps({**FIGURES, "used_mb": "2150"}),
+        json.dumps({**FIGURES, "time": True}),
+        json.dumps({**FIGURES, "budget_mb": 0}),
+        json.dumps({**FIGURES, "gpu_utilization": 150}),
+        json.dumps({**FIGURES, "used_mb": float("nan")}),  # json writes NaN, and reads it back
+        "[" * 100_000,  # nested beyond the parser
+    ],
+)
+def test_anything_else_in_the_usage_file_is_no_figures(text):
+    assert usage.parse_usage(text) is None
+
+
+def test_the_usage_file_missing_or_oversized_is_no_figures(tmp_path):
+    assert usage.read_usage(str(tmp_path / "missing.json")) is None
+    big = tmp_path / "usage.json"
+    big.write_text(json.dumps({**FIGURES, "pad": "x" * usage.MAX_BYTES}))
+    assert usage.read_usage(str(big)) is None
+    big.write_text(json.dumps(FIGURES))
+    assert usage.read_usage(str(big))["used_mb"] == 2150
+
+
+def test_the_figures_in_words_over_budget_and_stale():
+    assert usage.describe(usage.parse_usage(json.dumps(FIGURES)), NOW + 5) == (
+        "GPU memory in use: 2.1 GB of your 8.0 GB budget (26%); the GPU is 45% busy (all its users)"
+    )
+    over = usage.parse_usage(json.dumps({**FIGURES, "used_mb": 10_000}))
+    assert "(122%): OVER BUDGET" in usage.describe(over, NOW)
+    assert usage.describe(over, NOW + usage.STALE_S + 1) == ""  # the guard went quiet
+    assert usage.describe(None, NOW) == ""
+
+
 # --- gpu-info and python3 -m gpuhub_notices ----------------------------------------------------
 
 
-def run_gpu_info(tmp_path, file_text: str | None) -> subprocess.CompletedProcess:
+def run_gpu_info(
+    tmp_path, file_text: str | None, usage_text: str = ""
+) -> subprocess.CompletedProcess:
     stubs = tmp_path / "bin"
     stubs.mkdir()
     (stubs / "python3").symlink_to(sys.executable)
     path = tmp_path / "notices.json"
     if file_text is not None:
         path.write_text(file_text)
+    (tmp_path / "usage.json").write_text(usage_text)
     env = {"PATH": f"{stubs}:/usr/bin:/bin", "PYTHONPATH": str(SINGLEUSER), "GPU_UUID": "GPU-x",
-           "GPUHUB_NOTICES_FILE": str(path), "TZ": "UTC"}  # fmt: skip
+           "GPUHUB_NOTICES_FILE": str(path), "GPUHUB_USAGE_FILE": str(tmp_path / "usage.json"),
+           "TZ": "UTC"}  # fmt: skip
     return subprocess.run(
         ["sh", str(SINGLEUSER / "gpu-info")], env=env, capture_output=True, text=True, timeout=60
     )
@@ -208,6 +271,13 @@ def test_gpu_info_prints_the_latest_notices(tmp_path):
     assert out.index("warning: Over your budget") < out.index("error: Stopped pid 1234")
     assert "You use 9.2 GB of GPU memory" in out
     assert all(len(line) <= 100 for line in out.splitlines())  # the long message is wrapped
+
+
+def test_gpu_info_says_how_much_gpu_memory_the_participant_uses_now(tmp_path):
+    figures = json.dumps({**FIGURES, "time": time.time() - 5})
+    result = run_gpu_info(tmp_path, None, figures)
+    assert result.returncode == 0, result.stderr
+    assert "GPU memory in use: 2.1 GB of your 8.0 GB budget (26%)" in result.stdout
 
 
 @pytest.mark.parametrize("file_text", [None, "not JSON", '{"notices": []}'])
@@ -253,6 +323,9 @@ def test_the_handler_is_authenticated_authorized_and_not_activity():
     assert re.search(r"^    _track_activity = False$", source, re.M)
     assert re.search(r'^    auth_resource = "\w+"$', source, re.M)
     assert '"gpuhub", "notices"' in source
+    usage_get = re.search(r"class UsageHandler.*?((?:    @.*\n)+)    async def get", source, re.S)
+    assert usage_get and usage_get.group(1).split() == ["@web.authenticated", "@authorized"]
+    assert '"gpuhub", "usage"' in source
 
 
 # --- the lab extension: what JupyterLab's loader relies on -------------------------------------

@@ -1,4 +1,5 @@
-"""``GET <base_url>gpuhub/notices``: the GPU guard's notices, for the lab extension to poll."""
+"""``GET <base_url>gpuhub/notices``: the GPU guard's notices, and ``GET <base_url>gpuhub/usage``:
+the participant's own GPU figures, for the lab extension to poll."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from traitlets import Unicode, default
 from traitlets.config import Configurable
 
 from .notices import notices_path, read_notices
+from .usage import STALE_S, read_usage, usage_path
 
 
 class GPUHubNotices(Configurable):
@@ -49,11 +51,28 @@ class NoticesHandler(APIHandler):
         self.finish(json.dumps({"notices": notices, "now": time.time()}))
 
 
+class UsageHandler(APIHandler):
+    """``{"usage": {...} or null, "now": <seconds>, "stale_s": 60}``: the figures the guard
+    last wrote (``usage.py``); null where there are none. Polled like the notices."""
+
+    auth_resource = "gpuhub_notices"
+    _track_activity = False
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        usage = await asyncio.to_thread(read_usage, self.settings["gpuhub_usage_file"])
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps({"usage": usage, "now": time.time(), "stale_s": STALE_S}))
+
+
 def setup_handlers(serverapp) -> None:
     """Route ``<base_url>gpuhub/notices`` to the notices of the configured file."""
     web_app = serverapp.web_app
     notices_file = GPUHubNotices(parent=serverapp).notices_file
     web_app.settings["gpuhub_notices_file"] = notices_file
+    web_app.settings["gpuhub_usage_file"] = usage_path()
     route = url_path_join(web_app.settings["base_url"], "gpuhub", "notices")
-    web_app.add_handlers(".*$", [(route, NoticesHandler)])
+    usage = url_path_join(web_app.settings["base_url"], "gpuhub", "usage")
+    web_app.add_handlers(".*$", [(route, NoticesHandler), (usage, UsageHandler)])
     serverapp.log.info("gpuhub_notices: %s serves the notices in %s", route, notices_file)

@@ -12,7 +12,10 @@
  *   result is the module, whose plugins are its `default` where it has an own `__esModule`
  *   property, else the module itself (an array or one plugin).
  * The plugin needs no token: it polls the server extension gpuhub_notices
- * (<base_url>gpuhub/notices) and calls JupyterLab's notification commands.
+ * (<base_url>gpuhub/notices) and calls JupyterLab's notification commands; and it shows the
+ * participant's own GPU figures (<base_url>gpuhub/usage: their GPU memory against their budget,
+ * the GPU's utilisation) as an item of JupyterLab's status bar, placed there by hand (no
+ * imports: no IStatusBar token) and put back should the bar be redrawn without it.
  *
  * The file name carries the first 20 hex digits of the SHA-256 of this file, so that no
  * browser keeps an old copy: after any change, rename it and package.json's _build.load
@@ -86,9 +89,63 @@
     ok.focus();
   }
 
+  var GiB = 1024;
+
+  /** The status bar item of the GPU figures, made (again) where the bar has none. */
+  function usageItem() {
+    var item = document.getElementById('gpuhub-gpu-usage');
+    if (item) {
+      return item;
+    }
+    var bar = document.querySelector('#jp-main-statusbar .jp-StatusBar-Left');
+    if (!bar) {
+      return null;
+    }
+    item = element('div', 'jp-StatusBar-Item gpuhub-usage');
+    item.id = 'gpuhub-gpu-usage';
+    item.hidden = true;
+    item.appendChild(element('span', 'jp-StatusBar-TextItem'));
+    bar.appendChild(item);
+    return item;
+  }
+
+  /** "GPU 2.1 / 8.0 GB · 45%": the participant's GPU memory against their budget, and how
+   * busy their GPU is (all its users together); hidden while there are no current figures. */
+  function showUsage(data) {
+    var item = usageItem();
+    if (!item) {
+      return;
+    }
+    var usage = data && data.usage;
+    var stale = typeof data.stale_s === 'number' ? data.stale_s : 60;
+    if (!usage || !(data.now - usage.time <= stale)) {
+      item.hidden = true;
+      return;
+    }
+    var used = (usage.used_mb / GiB).toFixed(1);
+    var text = 'GPU ' + used + (usage.budget_mb ? ' / ' + (usage.budget_mb / GiB).toFixed(1) : '') + ' GB';
+    var title = 'Your GPU memory: ' + used + ' GB';
+    if (usage.budget_mb) {
+      title += ' of your ' + (usage.budget_mb / GiB).toFixed(1) + ' GB budget';
+    }
+    if (usage.gpu_utilization !== null && usage.gpu_utilization !== undefined) {
+      text += ' \u00b7 ' + Math.round(usage.gpu_utilization) + '%';
+      title += '. The GPU is ' + Math.round(usage.gpu_utilization) + '% busy (everyone on it).';
+    }
+    var over = Boolean(usage.budget_mb) && usage.used_mb > usage.budget_mb;
+    item.firstChild.textContent = text + (over ? ' over budget' : '');
+    item.title = title;
+    item.style.color = over ? 'var(--jp-error-color1, #d32f2f)' : '';
+    item.style.fontWeight = over ? 'bold' : '';
+    item.dataset.usedMb = String(usage.used_mb);
+    item.dataset.budgetMb = usage.budget_mb ? String(usage.budget_mb) : '';
+    item.hidden = false;
+  }
+
   function activate(app) {
     var settings = app.serviceManager.serverSettings;
     var url = settings.baseUrl + 'gpuhub/notices';
+    var usageUrl = settings.baseUrl + 'gpuhub/usage';
     // {notice id: its time}: shown in some page of this server in this browser
     var key = 'gpuhub-notices:shown:' + settings.baseUrl;
     // {notice id: {id: notification id, text, sticky}}: notifications of this page
@@ -212,6 +269,10 @@
               var now = typeof data.now === 'number' ? data.now : Date.now() / 1000;
               await show(data.notices, now);
             }
+          }
+          var usage = await fetch(usageUrl, init);
+          if (usage.ok) {
+            showUsage(await usage.json());
           }
         }
       } catch (error) {
