@@ -161,16 +161,6 @@ def test_the_line_serves_in_order_skips_who_left_and_keeps_who_closed_the_page(
     # the organizer's view: make status lists the line in order
     status = deploy("status").split("Waiting line (6)", 1)[1].splitlines()
     assert [row.split()[1] for row in status[2:8]] == [W[i] for i in (1, 2, 3, 5, 6, 7)], status
-    # ... and so does the dashboard, with the 18 servers under their GPUs and every slice used
-    dashboard = open_dashboard(browser, hub)
-    rows = dashboard.locator("#line-table tbody tr")
-    rows.nth(5).wait_for(timeout=15_000)
-    shown = rows.evaluate_all("rows => rows.map(r => r.cells[1].innerText)")
-    assert shown == [W[i] for i in (1, 2, 3, 5, 6, 7)], shown
-    assert dashboard.locator("[data-machine] [data-user]").count() == 18
-    assert "18 / 18" in dashboard.inner_text("#totals")
-    dashboard.screenshot(path=str(ARTIFACTS / "dashboard-line.png"), full_page=True)
-    dashboard.context.close()
     # the line is full: the next is told so at once
     t0 = time.monotonic()
     r = hub.api("POST", f"/users/{W[8]}/server", json={"line": "join"})
@@ -178,6 +168,20 @@ def test_the_line_serves_in_order_skips_who_left_and_keeps_who_closed_the_page(
     assert r.status_code == 503, r.text
     assert "the waiting line is full (6 are waiting)" in r.json()["message"], r.text
     assert elapsed < 2, f"line-full refusal took {elapsed:.2f} s"
+    # the dashboard shows the line too, with the 18 servers under their GPUs, every slice used
+    dashboard = open_dashboard(browser, hub)
+    rows = dashboard.locator("#line-table tbody tr")
+    rows.nth(5).wait_for(timeout=15_000)
+    shown = rows.evaluate_all("rows => rows.map(r => r.cells[1].innerText)")
+    assert shown == [W[i] for i in (1, 2, 3, 5, 6, 7)], shown
+    assert dashboard.locator("[data-machine] [data-user]").count() == 18
+    assert "18 / 18" in dashboard.inner_text("#totals")
+    # ... and the refusal, with what the 8th was told
+    refusal = dashboard.locator("#problems-table tbody tr", has_text=W[8]).first
+    refusal.wait_for(timeout=15_000)
+    assert "the waiting line is full" in refusal.inner_text(), refusal.inner_text()
+    dashboard.screenshot(path=str(ARTIFACTS / "dashboard-line.png"), full_page=True)
+    dashboard.context.close()
 
     # servers stop one by one: the next in line starts each time, in order
     for stopped, served in zip(RUNNING, [W[1], W[2], W[3], W[5], W[6], W[7]]):
