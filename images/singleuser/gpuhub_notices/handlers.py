@@ -33,41 +33,50 @@ class GPUHubNotices(Configurable):
         return notices_path()
 
 
-class NoticesHandler(APIHandler):
-    """``{"notices": [...], "now": <seconds since the epoch>}``; ``{"notices": []}`` where the
-    file is missing or invalid. ``now`` is this machine's clock, which the guard's ``time``
-    shares: the page measures a notice's age with it, not with the browser's clock."""
+class GuardFileHandler(APIHandler):
+    """A file the GPU guard writes into this container, read for the page (``answer``)."""
 
     auth_resource = "gpuhub_notices"
     # every open page asks every 5 s: that is nobody at work, and must not keep the server
     # from the idle culler
     _track_activity = False
+    setting = ""  # the web app's setting that holds the file's path
+
+    def answer(self, path: str) -> dict:
+        raise NotImplementedError
 
     @web.authenticated
     @authorized
     async def get(self):
-        notices = await asyncio.to_thread(read_notices, self.settings["gpuhub_notices_file"])
+        body = await asyncio.to_thread(self.answer, self.settings[self.setting])
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps({"notices": notices, "now": time.time()}))
+        self.finish(json.dumps(body))
 
 
-class UsageHandler(APIHandler):
+class NoticesHandler(GuardFileHandler):
+    """``{"notices": [...], "now": <seconds since the epoch>}``; ``{"notices": []}`` where the
+    file is missing or invalid. ``now`` is this machine's clock, which the guard's ``time``
+    shares: the page measures a notice's age with it, not with the browser's clock."""
+
+    setting = "gpuhub_notices_file"
+
+    def answer(self, path: str) -> dict:
+        return {"notices": read_notices(path), "now": time.time()}
+
+
+class UsageHandler(GuardFileHandler):
     """``{"usage": {...} or null, "now": <seconds>, "stale_s": 60}``: the figures the guard
-    last wrote (``usage.py``); null where there are none. Polled like the notices."""
+    last wrote (``usage.py``); null where there are none."""
 
-    auth_resource = "gpuhub_notices"
-    _track_activity = False
+    setting = "gpuhub_usage_file"
 
-    @web.authenticated
-    @authorized
-    async def get(self):
-        usage = await asyncio.to_thread(read_usage, self.settings["gpuhub_usage_file"])
-        self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps({"usage": usage, "now": time.time(), "stale_s": STALE_S}))
+    def answer(self, path: str) -> dict:
+        return {"usage": read_usage(path), "now": time.time(), "stale_s": STALE_S}
 
 
 def setup_handlers(serverapp) -> None:
-    """Route ``<base_url>gpuhub/notices`` to the notices of the configured file."""
+    """Route ``<base_url>gpuhub/notices`` to the notices of the configured file, and
+    ``<base_url>gpuhub/usage`` to the participant's figures."""
     web_app = serverapp.web_app
     notices_file = GPUHubNotices(parent=serverapp).notices_file
     web_app.settings["gpuhub_notices_file"] = notices_file

@@ -109,7 +109,7 @@
     return item;
   }
 
-  /** "GPU 2.1 / 8.0 GB · 45%": the participant's GPU memory against their budget, and how
+  /** "GPU 2.1 / 8.0 GB · 45% busy": the participant's GPU memory against their budget, and how
    * busy their GPU is (all its users together); hidden while there are no current figures. */
   function showUsage(data) {
     var item = usageItem();
@@ -128,12 +128,15 @@
     if (usage.budget_mb) {
       title += ' of your ' + (usage.budget_mb / GiB).toFixed(1) + ' GB budget';
     }
+    var over = Boolean(usage.budget_mb) && usage.used_mb > usage.budget_mb;
+    if (over) {
+      text += ' over budget';
+    }
     if (usage.gpu_utilization !== null && usage.gpu_utilization !== undefined) {
-      text += ' \u00b7 ' + Math.round(usage.gpu_utilization) + '%';
+      text += ' \u00b7 ' + Math.round(usage.gpu_utilization) + '% busy';
       title += '. The GPU is ' + Math.round(usage.gpu_utilization) + '% busy (everyone on it).';
     }
-    var over = Boolean(usage.budget_mb) && usage.used_mb > usage.budget_mb;
-    item.firstChild.textContent = text + (over ? ' over budget' : '');
+    item.firstChild.textContent = text;
     item.title = title;
     item.style.color = over ? 'var(--jp-error-color1, #d32f2f)' : '';
     item.style.fontWeight = over ? 'bold' : '';
