@@ -45,7 +45,7 @@ def test_stack_services_run_with_dnsrr_and_the_network_anchor(hub, client):
         s.name: s
         for s in client.services.list(filters={"label": f"com.docker.stack.namespace={hub.stack}"})
     }
-    names = ("hub", "proxy", "net-anchor", "tutorial-sync")
+    names = ("hub", "proxy", "net-anchor", "tutorial-sync", "prometheus")
     assert set(services) == {f"{hub.stack}_{n}" for n in names}
     for service in services.values():
         assert service.attrs["Spec"]["EndpointSpec"]["Mode"] == "dnsrr"
