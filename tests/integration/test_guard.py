@@ -337,6 +337,20 @@ def test_the_participant_sees_the_warning_and_the_stop_in_jupyterlab(
         for other in others:
             card = dashboard.locator(f'[data-machine="{other}"]')
             assert "not taking servers (ready, pause)" in card.inner_text()
+        # Prometheus scraped this machine's guard (found through Swarm's nodes): its GPU
+        # memory is plotted, with the 10000 MiB her process held among the points
+        memory = dashboard.locator(f'[data-plot="memory"] polyline[data-series="{MACHINE}"]')
+        memory.wait_for(state="attached", timeout=90_000)
+        assert int(memory.get_attribute("data-points")) >= 2
+        dashboard.wait_for_function(
+            """machine => {
+                const line = document.querySelector(
+                    `[data-plot="memory"] polyline[data-series="${machine}"]`);
+                return line && Number(line.dataset.max) >= 9.7;
+            }""",
+            arg=MACHINE,
+            timeout=60_000,
+        )
         dashboard.screenshot(path=str(ARTIFACTS / "dashboard-guard.png"), full_page=True)
         dashboard.context.close()
     finally:
