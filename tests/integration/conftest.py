@@ -1,6 +1,7 @@
 import os
 import subprocess
 
+import docker
 import pytest
 
 from .hub import BED, BED_HOST, REPO, Hub, deploy, dump_logs, hub_url, settings, state_file
@@ -75,7 +76,13 @@ def hub_settings():
 
 @pytest.fixture(scope="session")
 def hub(hub_settings):
-    """The stack under test, deployed once for the session and removed afterwards."""
+    """The stack under test, deployed once for the session and removed afterwards. One that an
+    interrupted run left behind (its servers holding slices, its users in the database) is
+    removed first, unless it is kept on purpose (GPUHUB_TEST_KEEP_STACK=1)."""
+    stack = hub_settings["GPUHUB_STACK"]
+    left = docker.from_env().services.list(filters={"label": f"com.docker.stack.namespace={stack}"})
+    if left and os.environ.get("GPUHUB_TEST_KEEP_STACK") != "1":
+        deploy("down", "--purge")
     deploy("stack")
     port = hub_settings["GPUHUB_HTTP_PORT"]
     yield Hub(
