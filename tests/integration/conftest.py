@@ -80,7 +80,11 @@ def hub(hub_settings):
     interrupted run left behind (its servers holding slices, its users in the database) is
     removed first, unless it is kept on purpose (GPUHUB_TEST_KEEP_STACK=1)."""
     stack = hub_settings["GPUHUB_STACK"]
-    left = docker.from_env().services.list(filters={"label": f"com.docker.stack.namespace={stack}"})
+    services = docker.from_env().services
+    left = [
+        *services.list(filters={"label": f"com.docker.stack.namespace={stack}"}),
+        *services.list(filters={"label": f"gpu-jupyterhub.stack={stack}"}),  # its servers
+    ]
     if left and os.environ.get("GPUHUB_TEST_KEEP_STACK") != "1":
         deploy("down", "--purge")
     deploy("stack")
