@@ -331,25 +331,28 @@ def test_the_participant_sees_the_warning_and_the_stop_in_jupyterlab(
         guard_row.wait_for(timeout=30_000)
         _, _, warnings, stops = guard_row.evaluate("r => [...r.cells].map(c => c.innerText)")
         assert int(warnings) >= 1 and int(stops) >= 1, (warnings, stops)
-        hers = dashboard.locator(f'[data-machine="{MACHINE}"] [data-user="{user}"]')
-        hers.wait_for(timeout=15_000)
-        assert "/ 8.0 GB" in hers.inner_text(), hers.inner_text()
+        # (the page redraws every 2 s: a guard that missed one read under load is read again)
+        hers = f'[data-machine="{MACHINE}"] [data-user="{user}"]'
+        dashboard.wait_for_function(
+            "sel => (document.querySelector(sel) || {}).innerText?.includes('/ 8.0 GB')",
+            arg=hers,
+            timeout=30_000,
+        )
         for other in others:
             card = dashboard.locator(f'[data-machine="{other}"]')
             assert "not taking servers (ready, pause)" in card.inner_text()
         # Prometheus scraped this machine's guard (found through Swarm's nodes): its GPU
         # memory is plotted, with the 10000 MiB her process held among the points
-        memory = dashboard.locator(f'[data-plot="memory"] polyline[data-series="{MACHINE}"]')
-        memory.wait_for(state="attached", timeout=90_000)
-        assert int(memory.get_attribute("data-points")) >= 2
+        # (plots are redrawn every 15 s: a machine that joined minutes ago gains points)
         dashboard.wait_for_function(
             """machine => {
                 const line = document.querySelector(
                     `[data-plot="memory"] polyline[data-series="${machine}"]`);
-                return line && Number(line.dataset.max) >= 9.7;
+                return line && Number(line.dataset.points) >= 2
+                    && Number(line.dataset.max) >= 9.7;
             }""",
             arg=MACHINE,
-            timeout=60_000,
+            timeout=120_000,
         )
         dashboard.screenshot(path=str(ARTIFACTS / "dashboard-guard.png"), full_page=True)
         dashboard.context.close()
