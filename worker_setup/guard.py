@@ -299,12 +299,10 @@ def usage_changed(last: dict | None, new: dict) -> bool:
         return True
     if abs(new["used_mb"] - last["used_mb"]) >= USAGE_STEP_MB:
         return True
-    util = (last["gpu_utilization"], new["gpu_utilization"])
-    return (
-        None not in util
-        and abs(util[1] - util[0]) >= USAGE_STEP_PERCENT
-        or ((util[0] is None) != (util[1] is None))
-    )
+    before, now = last["gpu_utilization"], new["gpu_utilization"]
+    if before is None or now is None:
+        return (before is None) != (now is None)  # the figure appeared or went away
+    return abs(now - before) >= USAGE_STEP_PERCENT
 
 
 def write_into(root: str, text: str, path: str = NOTICES_FILE) -> None:
