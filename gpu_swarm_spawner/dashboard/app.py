@@ -96,11 +96,28 @@ class Reader:
 class PageHandler(HubOAuthenticated, web.RequestHandler):
     @web.authenticated
     def get(self):
-        self.render("dashboard.html", user=self.current_user["name"])
+        # The page's data calls send the token back: a browser on HTTPS or on localhost marks
+        # them as fetches (Sec-Fetch-Mode: cors), and JupyterHub accepts its login cookie on
+        # those only with the XSRF token.
+        self.render("dashboard.html", user=self.current_user["name"], xsrf=self.xsrf_token)
 
 
-class StateHandler(HubOAuthenticated, web.RequestHandler):
-    @web.authenticated
+class DataHandler(HubOAuthenticated, web.RequestHandler):
+    """A data call of the page: JSON, and a signed-out caller gets a JSON 403 saying what to do,
+    not the login redirect a page gets (which a fetch would follow in circles)."""
+
+    def prepare(self):
+        if self.current_user is None:
+            raise web.HTTPError(403, "Not signed in as an admin: reload the page to sign in.")
+
+    def write_error(self, status_code, **kwargs):
+        exc = kwargs.get("exc_info", (None, None))[1]
+        reason = getattr(exc, "log_message", None) or self._reason
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": reason}))
+
+
+class StateHandler(DataHandler):
     async def get(self):
         try:
             state = await self.settings["reader"].state()
@@ -113,10 +130,9 @@ class StateHandler(HubOAuthenticated, web.RequestHandler):
         self.finish(json.dumps(state))
 
 
-class SeriesHandler(HubOAuthenticated, web.RequestHandler):
+class SeriesHandler(DataHandler):
     """The plots over the last ``hours`` (8 unless asked), from Prometheus."""
 
-    @web.authenticated
     async def get(self):
         try:
             hours = min(max(float(self.get_argument("hours", "8")), 0.1), 24 * 14)

@@ -4,6 +4,9 @@ The page itself, admins-only, is tested in Chromium on the bed."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+
 import pytest
 
 from gpu_swarm_spawner import guards
@@ -215,9 +218,9 @@ def test_the_plots_span_what_prometheus_holds_at_its_scrape_interval():
     assert model.step_for(600, least=5) == 5 and model.step_for(8 * 3600, least=5) == 120
 
 
-async def test_the_metrics_need_the_metrics_token():
-    """Participants' servers share the hub's network: without the token, no figures."""
-    from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+@contextlib.contextmanager
+def dashboard_served(metrics_token=""):
+    """The dashboard's app on a loopback port; yields its base URL."""
     from tornado.httpserver import HTTPServer
     from tornado.netutil import bind_sockets
 
@@ -227,17 +230,48 @@ async def test_the_metrics_need_the_metrics_token():
         async def state(self):
             return build()
 
-    server = HTTPServer(make_app(Reader(), "/services/dashboard/", None, "s3cret"))
+    server = HTTPServer(make_app(Reader(), "/services/dashboard/", None, metrics_token))
     (sock,) = bind_sockets(0, "127.0.0.1")
     server.add_sockets([sock])
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/services/dashboard/metrics"
-    client = AsyncHTTPClient()
     try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/services/dashboard/"
+    finally:
+        server.stop()
+
+
+async def test_the_metrics_need_the_metrics_token():
+    """Participants' servers share the hub's network: without the token, no figures."""
+    from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+    client = AsyncHTTPClient()
+    with dashboard_served("s3cret") as base:
+        url = base + "metrics"
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             with pytest.raises(HTTPClientError) as refused:
                 await client.fetch(url, headers=headers)
             assert refused.value.code == 403
         answer = await client.fetch(url, headers={"Authorization": "Bearer s3cret"})
         assert b"gpuhub_slices_used" in answer.body
-    finally:
-        server.stop()
+
+
+async def test_data_calls_without_a_login_get_a_json_403_not_the_login_redirect(monkeypatch):
+    """The page is sent to the hub's login; its data calls (fetches) must not be, or a fetch
+    whose cookie is not accepted follows redirects in circles and the page draws nothing."""
+    from tornado.httpclient import AsyncHTTPClient
+
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "t")
+    monkeypatch.setenv("JUPYTERHUB_CLIENT_ID", "service-dashboard")
+    monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:1/hub/api")
+    client = AsyncHTTPClient()
+    with dashboard_served() as base:
+        page = await client.fetch(base, follow_redirects=False, raise_error=False)
+        assert page.code == 302 and "/hub/api/oauth2/authorize" in page.headers["Location"]
+        for call in ("api/state", "api/series?hours=8"):
+            answer = await client.fetch(
+                base + call,
+                headers={"Sec-Fetch-Mode": "cors", "Cookie": "jupyterhub-services-dashboard=x"},
+                follow_redirects=False,
+                raise_error=False,
+            )
+            assert answer.code == 403, call
+            assert "reload the page" in json.loads(answer.body)["error"]
