@@ -54,10 +54,13 @@ test:  ## the whole test suite: sets up its own test bed, then unit, integration
 bench:  ## benchmarks against stock dockerspawner.SwarmSpawner and bare Swarm (prints figures)
 	bash tests/bench/run.sh
 
+bench-scale:  ## 500 participants on a bed of 10 GPU machines (stand-in servers), against stock SwarmSpawner (prints figures)
+	bash tests/bench/scale.sh $(ARGS)
+
 unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 	bash tests/run.sh unit
 
 lint:  ## ruff lint + format check
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
-.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check bench-join test bench unit lint
+.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check bench-join test bench bench-scale unit lint

@@ -40,6 +40,7 @@ from . import inventory, line, placement
 from .contract import KIND_PREFIXES
 from .inventory import GPU, Claim
 from .placement import Request
+from .tasks import newest
 
 #: Reads the swarm: ``(nodes, tasks)`` as ``docker.APIClient.nodes()`` / ``.tasks()`` return them.
 ReadSwarm = Callable[[], Awaitable[tuple[list[dict], list[dict]]]]
@@ -83,6 +84,7 @@ class GPUBroker:
         self._claims: dict[Hashable, Claim] = {}
         self._read: asyncio.Future | None = None
         self._read_started = 0.0
+        self._polled: tuple | None = None  # (the read, its tasks by service, its nodes by ID)
         # the waiting line
         self.line_interval = 2.0  # seconds between reads of the swarm while anyone waits
         self._line: list[line.Entry] = []
@@ -123,6 +125,31 @@ class GPUBroker:
             self._read_started = loop.time()
         # shielded: a spawn cancelled while waiting does not cancel the read others share
         return await asyncio.shield(shared)
+
+    async def recent_read(
+        self, read: ReadSwarm, max_age: float
+    ) -> tuple[dict[str, dict], dict[str, dict]]:
+        """The servers' view for polling: ``({service ID: its newest task}, {node ID: node})``
+        from the latest read of the swarm when it began less than ``max_age`` seconds ago,
+        else from a new (shared) read. Indexed once per read, however many servers poll."""
+        loop = asyncio.get_running_loop()
+        latest = self._read
+        fresh = (
+            latest is not None
+            and latest.done()
+            and not latest.cancelled()
+            and latest.exception() is None
+            and loop.time() - self._read_started < max_age
+        )
+        result = latest.result() if fresh else await self.read_swarm(read)
+        if self._polled is None or self._polled[0] is not result:
+            nodes, all_tasks = result
+            by_service: dict[str, list[dict]] = {}
+            for task in all_tasks:
+                by_service.setdefault(task.get("ServiceID", ""), []).append(task)
+            latest_tasks = {sid: newest(found) for sid, found in by_service.items()}
+            self._polled = (result, latest_tasks, {n["ID"]: n for n in nodes})
+        return self._polled[1], self._polled[2]
 
     def _inventory(self, nodes: list[dict], tasks: list[dict]) -> list[GPU]:
         claims = list(self._claims.values())

@@ -323,7 +323,9 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             else:
                 started = await self._start_on_a_gpu()
         except NoGPUSliceAvailable as e:
-            self._record("refused", reason=e.jupyterhub_message)
+            seconds = round(time.monotonic() - t0, 2)
+            self.log.info("%s refused after %.2f s in the spawner", self._log_name, seconds)
+            self._record("refused", reason=e.jupyterhub_message, seconds=seconds)
             raise
         except Exception as e:
             message, _ = format_exception(e, only_jupyterhub=True)
@@ -638,10 +640,31 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
 
         Swarm leaves the task of a vanished node "running" and queues a replacement that can
         never be placed (its GPU lived on that node); both mean the user should start again.
+
+        A recent read of the swarm shared by all servers (``poll_read_max_age``) answers
+        "running" without a Docker call of this server's own; any other answer is checked
+        with its own calls (the service's tasks, then its node).
         """
+        if self.poll_read_max_age and self.object_id:
+            by_service, nodes = await self.broker.recent_read(
+                self._read_swarm, self.poll_read_max_age
+            )
+            task = by_service.get(self.object_id)
+            node = nodes.get((task or {}).get("NodeID") or "")
+            ready = node and node.get("Status", {}).get("State") == "ready"
+            if ready and self._poll_status(task, node) is None:
+                return None
         task = await self.get_task()
         if not task:
             return 0
+        status = self._poll_status(task, None)
+        if status is None and task.get("NodeID"):
+            status = self._poll_status(task, await self.docker("inspect_node", task["NodeID"]))
+        return status
+
+    def _poll_status(self, task: dict, node: dict | None):
+        """What ``poll`` answers for the server's ``task`` on ``node`` (None: not read yet):
+        None while it runs (or starts) where the hub routes to it, else why not."""
         reading = tasks.read_task(task, self.network_name)
         if reading.phase is Phase.UNPLACEABLE:
             return f"cannot be placed: {reading.detail}"
@@ -653,17 +676,15 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         if by_address and address and routed and routed not in (address, self.service_name):
             # Swarm replaced the container (it crashed): the hub's route points at the old one
             return f"the server's container was replaced (now at {address}, routed to {routed})"
-        if reading.node_id:
-            node = await self.docker("inspect_node", reading.node_id)
-            node_state = node.get("Status", {}).get("State")
-            if node_state != "ready":
-                self.log.warning(
-                    "Server %s is on node %s, which is %s: reporting it stopped",
-                    self._log_name,
-                    node.get("Description", {}).get("Hostname", reading.node_id[:7]),
-                    node_state,
-                )
-                return f"node {node_state}"
+        node_state = (node or {}).get("Status", {}).get("State", "ready")
+        if node_state != "ready":
+            self.log.warning(
+                "Server %s is on node %s, which is %s: reporting it stopped",
+                self._log_name,
+                node.get("Description", {}).get("Hostname", reading.node_id[:7]),
+                node_state,
+            )
+            return f"node {node_state}"
         return None
 
     # ---- choosing a GPU --------------------------------------------------------------------

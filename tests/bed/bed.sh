@@ -29,7 +29,9 @@
 #   tests/bed/bed.sh image-tar NAME  `make image-tar` here, the file copied to NAME's /root
 #   tests/bed/bed.sh remove NAME     take machine NAME (wN or freshN) out of the swarm, remove it
 #
-# Settings: GPUHUB_BED_GPUS (simulated GPUs per worker, 2), GPUHUB_SLICES_PER_GPU (3).
+# Settings: GPUHUB_BED_GPUS (simulated GPUs per worker, 2), GPUHUB_SLICES_PER_GPU (3),
+# GPUHUB_SIMULATE_IF_NO_GPU (the manager's simulated GPUs; 0: none, it runs only the hub),
+# GPUHUB_SINGLEUSER_IMAGE (the image the workers get from the manager).
 set -euo pipefail
 BED_DIR=$(cd "$(dirname "$0")" && pwd)
 while IFS='=' read -r key value; do
@@ -349,7 +351,8 @@ up() {
     iptables:iptables nsenter:util-linux chromium:chromium docker:docker.io dockerd:docker.io
   ensure_venv test
   ensure_manager
-  deploy gpu-slices
+  # GPUHUB_SIMULATE_IF_NO_GPU=0: a manager with no GPU slices (it runs only the hub)
+  if [ "${GPUHUB_SIMULATE_IF_NO_GPU:-}" = 0 ]; then deploy gpu-slices --optional; else deploy gpu-slices; fi
   deploy swarm
   deploy images
   ensure_machine_image

@@ -56,8 +56,8 @@ class FakeDockerSpawner(GPUSwarmSpawner):
             return self.nodes
         if method == "tasks":
             wanted = (kwargs.get("filters") or {}).get("service")
-            if wanted is None:
-                return self.tasks
+            if wanted is None:  # the fixture's tasks, and those of the services made
+                return self.tasks + [s["task"] for s in self.services.values()]
             return [s["task"] for s in self.services.values() if wanted in (s["ID"], s["name"])]
         if method == "create_service":
             return self._create_service(kwargs)

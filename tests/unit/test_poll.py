@@ -1,0 +1,94 @@
+"""Polling running servers (``GPUSwarmSpawner.poll``): a recent read of the swarm shared by all
+servers answers "running" without Docker calls of each server's own; anything else is checked
+with the server's own calls. Against the fake swarm of tests/unit/fake_docker.py."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from .clusters import node
+from .fake_docker import make_fake
+
+OWN_CALLS = ("inspect_service", "inspect_node")
+
+
+async def running_server(**kwargs):
+    """A spawner whose server's service runs on node n1 (ready), as after its start."""
+    spawner = make_fake(**kwargs)
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
+    spawner.gpu_uuid, spawner.slices_held = "GPU-a0", 1
+    spawner.object_id = (await spawner.create_object())["ID"]
+    spawner.server = SimpleNamespace(ip=spawner.task_address)
+    spawner.calls.clear()
+    return spawner
+
+
+def own_calls(spawner) -> list:
+    """Calls about this server alone: its service, its node, its tasks by service."""
+    return [
+        (name, args, kwargs)
+        for name, args, kwargs in spawner.calls
+        if name in OWN_CALLS or (name == "tasks" and (kwargs.get("filters") or {}).get("service"))
+    ]
+
+
+async def test_running_servers_are_polled_from_one_shared_read():
+    spawner = await running_server()
+    for _ in range(5):
+        assert await spawner.poll() is None
+    assert own_calls(spawner) == []
+    assert len(spawner.called("tasks")) == 1 and len(spawner.called("nodes")) == 1
+
+
+async def test_without_the_shared_read_each_poll_makes_its_own_calls():
+    spawner = await running_server(poll_read_max_age=0)
+    for _ in range(3):
+        assert await spawner.poll() is None
+    assert len(own_calls(spawner)) >= 3 * 2  # its service, its tasks, its node: every time
+    assert spawner.called("nodes") == []
+
+
+async def test_a_read_without_the_server_is_not_taken_for_its_answer():
+    """A read from before the service existed does not list its task: the server's own calls
+    answer, not "stopped"."""
+    spawner = await running_server()
+    (service_id,) = spawner.services
+    service = spawner.services.pop(service_id)
+    await spawner.broker.read_swarm(spawner._read_swarm)
+    spawner.services[service_id] = service
+    spawner.calls.clear()
+    assert await spawner.poll() is None
+    assert [name for name, _, _ in own_calls(spawner)][:1] == ["inspect_service"]
+
+
+async def test_a_server_whose_task_ended_is_checked_with_its_own_calls():
+    spawner = await running_server(poll_read_max_age=0.05)
+    assert await spawner.poll() is None
+    (service,) = spawner.services.values()
+    service["task"]["Status"] = {"State": "failed", "Err": "task: non-zero exit (137)"}
+    await asyncio.sleep(0.1)  # the shared read is too old now
+    assert await spawner.poll() == "task failed: task: non-zero exit (137)"
+    assert [name for name, _, _ in own_calls(spawner)][:1] == ["inspect_service"]
+
+
+async def test_a_server_on_a_node_that_is_down_or_gone_is_checked_with_its_own_calls():
+    for nodes, expected in (
+        ([node("n1", "alpha", {"GPU-a0": 3}, state="down")], "node down"),
+        ([], None),  # gone from the read: its own inspect_node is asked (the fake still has it)
+    ):
+        spawner = await running_server()
+        listed = spawner.nodes
+        spawner.nodes = nodes
+        await spawner.broker.read_swarm(spawner._read_swarm)
+        spawner.nodes = nodes or listed
+        assert await spawner.poll() == expected
+        assert "inspect_node" in [name for name, _, _ in own_calls(spawner)]
+
+
+async def test_a_stopped_server_makes_no_shared_read():
+    spawner = await running_server()
+    spawner.object_id = ""  # stopped: the hub may still poll it
+    spawner.services.clear()
+    assert await spawner.poll() == 0
+    assert spawner.called("nodes") == []
