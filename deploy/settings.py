@@ -645,6 +645,7 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
         errors.append(f"GPUHUB_HOSTNAME is {host!r}; write a DNS name or an IP address")
     if not _STACK.match(settings.get("GPUHUB_STACK", "")):
         errors.append("GPUHUB_STACK: use lower-case letters, digits, - and _")
+    errors += _subnet(settings.get("GPUHUB_NETWORK_SUBNET", ""))
     errors += _choice(settings, "GPUHUB_PLACEMENT", ("spread", "pack"))
     errors += _choice(settings, "GPUHUB_SPAWNER", ("gpu", "stock-swarm"))
     if settings.get("GPUHUB_SPAWNER") == "stock-swarm" and not settings.get("GPUHUB_NAMED_SLOTS"):
@@ -669,6 +670,25 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
         except ValueError as e:
             errors.append(f"GPUHUB_TUTORIAL_REPOS: {e}")
     return errors
+
+
+def _subnet(value: str) -> list[str]:
+    """GPUHUB_NETWORK_SUBNET: empty, or a private IPv4 range with room for servers."""
+    if not value:
+        return []
+    try:
+        network = ipaddress.ip_network(value, strict=True)
+    except ValueError as e:
+        return [
+            f"GPUHUB_NETWORK_SUBNET is {value!r} ({e}); write an address range such as "
+            "10.120.0.0/20, or leave it empty"
+        ]
+    if network.version != 4 or not network.is_private or network.prefixlen > 28:
+        return [
+            f"GPUHUB_NETWORK_SUBNET is {value!r}; write a private IPv4 range of /28 or larger "
+            "(one address per server), such as 10.120.0.0/20"
+        ]
+    return []
 
 
 #: A Prometheus duration (its --storage.tsdb.retention.time and scrape_interval), e.g. 4d, 1h30m
@@ -934,6 +954,7 @@ class Config:
     stack: str = field(init=False)
     http_port: int = field(init=False)
     network: str = field(init=False)
+    network_subnet: str = field(init=False)
     base_image: str = field(init=False)
     hub_image: str = field(init=False)
     singleuser_image: str = field(init=False)

@@ -62,6 +62,8 @@ def stack_files(config: Config, registry: bool = False) -> list[Path]:
         files.append("stack.github.yml")
     if registry:
         files.append("stack.registry.yml")
+    if config.network_subnet:
+        files.append("stack.subnet.yml")
     return [DEPLOY_DIR / name for name in files]
 
 

@@ -135,6 +135,10 @@ def default_advertise_addr() -> str:
             return "127.0.0.1"
 
 
+#: The size of the networks a swarm initialised here gives (its servers' network among them)
+SUBNET_SIZE = 20
+
+
 def ensure_swarm(client, log: Log, environ: Mapping[str, str] = os.environ) -> str:
     """This engine is a swarm manager (a single-node swarm is initialised when it is in none,
     advertised on GPUHUB_ADVERTISE_ADDR or the default route's address). Returns the address
@@ -145,7 +149,11 @@ def ensure_swarm(client, log: Log, environ: Mapping[str, str] = os.environ) -> s
         addr = environ.get("GPUHUB_ADVERTISE_ADDR") or default_advertise_addr()
         log(f"initialising a swarm on {addr}")
         try:
-            client.swarm.init(advertise_addr=addr)
+            # networks of /20 (about 4000 addresses, one per server) from Docker's own pool,
+            # where Docker's default /24 holds about 250 servers
+            client.swarm.init(
+                advertise_addr=addr, default_addr_pool=["10.0.0.0/8"], subnet_size=SUBNET_SIZE
+            )
         except APIError as e:
             raise DeployError(
                 f"docker swarm init failed ({e.explanation}); set GPUHUB_ADVERTISE_ADDR to this "

@@ -155,6 +155,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     _configured_start_timeout = None  # start_timeout as configured (the server's own start)
     _cancelled_in_line = False  # this spawn ended in the line, cancelled (left, or hub stopping)
     _waited = None  # seconds this spawn waited in line before its slices (None: it did not)
+    _refused = False  # this spawn was refused before any service was made (or left)
 
     @property
     def broker(self) -> broker.GPUBroker:
@@ -316,6 +317,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.line_lost = 0  # a new start: the message about a line lost to a restart goes
         self._cancelled_in_line = False
         self._waited = None
+        self._refused = False
         t0 = time.monotonic()
         try:
             if self.cpu_only_requested:
@@ -326,6 +328,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             seconds = round(time.monotonic() - t0, 2)
             self.log.info("%s refused after %.2f s in the spawner", self._log_name, seconds)
             self._record("refused", reason=e.jupyterhub_message, seconds=seconds)
+            self._refused = not self.object_id  # no service made or left: poll knows it
             raise
         except Exception as e:
             message, _ = format_exception(e, only_jupyterhub=True)
@@ -644,7 +647,12 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         A recent read of the swarm shared by all servers (``poll_read_max_age``) answers
         "running" without a Docker call of this server's own; any other answer is checked
         with its own calls (the service's tasks, then its node).
+
+        A refused spawn has no service: JupyterHub's clean-up polls it, and the answer needs
+        no Docker call (which would wait behind the calls of the servers that did fit).
         """
+        if self._refused and not self.object_id:
+            return 0
         if self.poll_read_max_age and self.object_id:
             by_service, nodes = await self.broker.recent_read(
                 self._read_swarm, self.poll_read_max_age

@@ -143,6 +143,7 @@ class FakeSwarm:
 
     def init(self, advertise_addr=None, **kwargs):
         self.engine.changes.append(("swarm init", advertise_addr))
+        self.engine.swarm_init_options = kwargs
         if self.engine.swarm_init_fails:
             raise _refused(self.engine.swarm_init_fails)
         self.engine.swarm_state = {

@@ -93,6 +93,8 @@ def test_a_swarm_is_initialised_once(fake, said):
     environ = {"GPUHUB_ADVERTISE_ADDR": "10.0.0.5"}
     assert steps.ensure_swarm(fake, said.log, environ) == "10.0.0.5"
     assert fake.changes == [("swarm init", "10.0.0.5")]
+    # its networks hold thousands of servers (Docker's default /24: about 250)
+    assert fake.swarm_init_options["subnet_size"] == 20
     assert said.lines() == ["initialising a swarm on 10.0.0.5"]
     said.clear()
     assert steps.ensure_swarm(fake, said.log, environ) == "10.0.0.5"

@@ -92,3 +92,26 @@ async def test_a_stopped_server_makes_no_shared_read():
     spawner.services.clear()
     assert await spawner.poll() == 0
     assert spawner.called("nodes") == []
+
+
+async def test_a_refused_spawn_is_polled_without_docker_calls():
+    """JupyterHub polls a spawn that failed before it answers the participant: for a refusal
+    that poll must not wait behind the Docker calls of the servers that did fit."""
+    import pytest
+
+    from gpu_swarm_spawner.spawner import NoGPUSliceAvailable
+
+    from .clusters import task
+
+    spawner = make_fake(inventory_max_age=0)  # the second start reads the swarm afresh
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 1})]
+    spawner.tasks = [task("n1", {"GPU-a0": 1})]  # its one slice is taken
+    with pytest.raises(NoGPUSliceAvailable):
+        await spawner.start()
+    spawner.calls.clear()
+    assert await spawner.poll() == 0
+    assert spawner.calls == []
+    # the next start is a new spawn: a service it makes is polled as any other
+    spawner.tasks = []
+    await spawner.start()
+    assert await spawner.poll() is None
