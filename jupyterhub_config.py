@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from deploy.settings import from_environment
-from gpu_swarm_spawner import HUB_TEMPLATES, contract
+from gpu_swarm_spawner import HUB_TEMPLATES, contract, hubdb
 
 c = get_config()  # noqa: F821  (provided by JupyterHub)
 cfg = from_environment(os.environ)
@@ -28,6 +28,7 @@ def secret(name):
 c.JupyterHub.hub_bind_url = "http://0.0.0.0:8081"
 c.JupyterHub.hub_connect_url = "http://hub:8081"  # the hub's name on the overlay network
 c.JupyterHub.db_url = f"sqlite:///{DATA}/jupyterhub.sqlite"
+hubdb.use_write_ahead_log()  # a spawn's commits no longer wait for the disk (hubdb.py)
 c.JupyterHub.cookie_secret_file = str(DATA / "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = str(DATA / "jupyterhub.pid")
 c.ConfigurableHTTPProxy.should_start = False  # the proxy is its own service

@@ -32,12 +32,23 @@ def gpu_reservations(service) -> dict[str, int]:
     }
 
 
+WAL_MODE = (
+    "import sqlite3, sys; "
+    "print(sqlite3.connect(sys.argv[1]).execute('PRAGMA journal_mode').fetchone()[0])"
+)
+
+
 def test_hub_serves_its_api_and_login_page(hub):
     r = hub.api("GET", "/")
     assert r.status_code == 200 and "version" in r.json()
     page = hub.session.get(f"{hub.url}/hub/login", timeout=30)
     assert page.status_code == 200
     assert "simulated" in page.text, "the demo must say its GPU slices are simulated"
+    # its database keeps a write-ahead log (hubdb.py): the mode is stored in the file
+    mode = container_of(f"{hub.stack}_hub").exec_run(
+        ["python3", "-c", WAL_MODE, "/srv/jupyterhub/data/jupyterhub.sqlite"]
+    )
+    assert mode.output.decode().strip() == "wal", mode.output
 
 
 def test_stack_services_run_with_dnsrr_and_the_network_anchor(hub, client):

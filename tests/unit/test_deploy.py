@@ -742,6 +742,18 @@ def test_make_demo_twice(tmp_path, machine, capsys):
         assert says in again
 
 
+def test_a_network_subnet_setting_deploys_the_subnet_overlay(tmp_path, machine):
+    environ = environ_for(
+        tmp_path, GPUHUB_ADVERTISE_ADDR="10.0.0.5", GPUHUB_NETWORK_SUBNET="10.120.0.0/20"
+    )
+    assert cli.main(["demo"], environ) == 0
+    (deploy,) = machine.deploys
+    assert deploy["files"] == ["stack.yml", "stack.http.yml", "stack.subnet.yml"]
+    assert deploy["env"]["GPUHUB_NETWORK_SUBNET"] == "10.120.0.0/20"
+    overlay = (REPO / "deploy" / "stack.subnet.yml").read_text()
+    assert "subnet: ${GPUHUB_NETWORK_SUBNET}" in overlay
+
+
 def test_make_demo_that_stops_after_deploying_says_how_to_remove_it(
     tmp_path, machine, monkeypatch, capsys
 ):

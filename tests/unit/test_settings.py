@@ -337,6 +337,13 @@ def test_placeholders_that_do_not_matter_for_the_setup_are_let_through():
         ({"GPUHUB_METRICS_RETENTION": "96"}, "GPUHUB_METRICS_RETENTION is '96'"),
         ({"GPUHUB_METRICS_INTERVAL": ""}, "GPUHUB_METRICS_INTERVAL is ''"),
         ({"GPUHUB_METRICS_INTERVAL": "-15s"}, "GPUHUB_METRICS_INTERVAL is '-15s'"),
+        ({"GPUHUB_NETWORK_SUBNET": "10.120.0.1/20"}, "has host bits set"),
+        ({"GPUHUB_NETWORK_SUBNET": "10.120.0.0"}, "of /28 or larger"),
+        ({"GPUHUB_NETWORK_SUBNET": "10.120.0.0/29"}, "of /28 or larger"),
+        ({"GPUHUB_NETWORK_SUBNET": "8.8.0.0/16"}, "a private IPv4 range"),
+        ({"GPUHUB_NETWORK_SUBNET": "fd00::/64"}, "a private IPv4 range"),
+        ({"GPUHUB_NETWORK_SUBNET": "10.120.0.0/20 "}, "GPUHUB_NETWORK_SUBNET is '10.120.0.0/20 '"),
+        ({"GPUHUB_NETWORK_SUBNET": "big"}, "write an address range such as 10.120.0.0/20"),
     ],
 )
 def test_each_problem_is_one_line_naming_the_key(base, changes, key):
@@ -348,6 +355,11 @@ def test_each_problem_is_one_line_naming_the_key(base, changes, key):
 @pytest.mark.parametrize("value", ["30s", "12h", "4d", "2w", "1h30m"])
 def test_metrics_durations_take_prometheus_forms(base, value):
     assert problems(github(base, GPUHUB_METRICS_RETENTION=value)) == []
+
+
+@pytest.mark.parametrize("value", ["", "10.120.0.0/20", "192.168.64.0/22", "172.20.0.0/16"])
+def test_the_network_subnet_is_empty_or_a_private_range(base, value):
+    assert problems(github(base, GPUHUB_NETWORK_SUBNET=value)) == []
 
 
 @pytest.mark.parametrize("value", ["", "0", "256", "4096"])
