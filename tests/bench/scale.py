@@ -54,12 +54,15 @@ bench.VARIANTS["scale-gpu"] = {
     "STACK": "bench-scale",
     "HTTP_PORT": "18600",
     "NETWORK": "bench-scale",
+    # room for 500 servers (a swarm made before its pool was /20 gives /24: about 250)
+    "NETWORK_SUBNET": "10.210.0.0/20",
 }
 bench.VARIANTS["scale-stock"] = {
     **SCALE,
     "STACK": "bench-scale-stock",
     "HTTP_PORT": "18700",
     "NETWORK": "bench-scale-stock",
+    "NETWORK_SUBNET": "10.211.0.0/20",
     "SPAWNER": "stock-swarm",
 }
 PAGE = 200  # JupyterHub's largest page of users (api_page_max_limit)
