@@ -28,6 +28,8 @@ _TEST_STACK["WAITING_LINE"] = "offer"
 _TEST_STACK["LINE_MAX_LENGTH"] = "6"
 # Prometheus scrapes every 5 s: the dashboard's plots have points within the test
 _TEST_STACK["METRICS_INTERVAL"] = "5s"
+# the servers' network in a range of its own (deploy/stack.subnet.yml)
+_TEST_STACK["NETWORK_SUBNET"] = "10.213.0.0/22"
 _TEST_STACK["CONFIG"] = "none"  # an organizer's ./config.env is not the test stack's
 for _name, _value in _TEST_STACK.items():
     os.environ[f"GPUHUB_{_name}"] = os.environ.get(f"GPUHUB_TEST_{_name}", _value)

@@ -51,7 +51,7 @@ def test_hub_serves_its_api_and_login_page(hub):
     assert mode.output.decode().strip() == "wal", mode.output
 
 
-def test_stack_services_run_with_dnsrr_and_the_network_anchor(hub, client):
+def test_stack_services_run_with_dnsrr_and_the_network_anchor(hub, hub_settings, client):
     services = {
         s.name: s
         for s in client.services.list(filters={"label": f"com.docker.stack.namespace={hub.stack}"})
@@ -61,6 +61,10 @@ def test_stack_services_run_with_dnsrr_and_the_network_anchor(hub, client):
     for service in services.values():
         assert service.attrs["Spec"]["EndpointSpec"]["Mode"] == "dnsrr"
     assert "Global" in services[f"{hub.stack}_net-anchor"].attrs["Spec"]["Mode"]
+    # the servers' network, by its own name, in the range the settings give it
+    network = client.networks.get(hub_settings["GPUHUB_NETWORK"])
+    assert [c["Subnet"] for c in network.attrs["IPAM"]["Config"]] == ["10.213.0.0/22"]
+    assert network.attrs["Driver"] == "overlay" and network.attrs["Attachable"]
 
 
 def test_server_holds_exactly_one_gpu_slice_and_is_removed_on_stop(hub, hub_settings, client):
