@@ -402,6 +402,7 @@ def with_all_running(hub: Hub, users: list[str], extra: str, poll_interval: floa
 def run_variant(variant: str, n: int, only: str | None) -> dict:
     name = "GPUSwarmSpawner" if variant == "scale-gpu" else "stock SwarmSpawner"
     print(f"\n== {name} ({bench.VARIANTS[variant]['STACK']}) ==", flush=True)
+    bench.remove(variant)  # what an interrupted run left on the manager (it keeps its data)
     hub = bench.deploy(variant)
     users, extra = users_of(n), "scale-extra"
     create_users(hub, [*users, extra])
