@@ -272,6 +272,24 @@ def refusal_times(hub: Hub, user: str, repeats: int = 5) -> list[tuple[float, st
     return times
 
 
+def refused_burst(hub: Hub, size: int = 100) -> dict:
+    """``size`` more participants at once (JupyterHub's concurrent_spawn_limit) while every
+    slice is taken: seconds until each is told."""
+    extras = [f"scale-more-{i:03d}" for i in range(size)]
+    create_users(hub, extras)
+    crowd = Crowd(hub, size)
+    try:
+        crowd.send(extras)
+        crowd.wait(extras, timeout=120)
+    finally:
+        crowd.close()
+    return {
+        "refused": [t for t, _ in crowd.refused.values()],
+        "started": len(crowd.ready),
+        "reasons": collections.Counter(r[:40] for _, r in crowd.refused.values()).most_common(2),
+    }
+
+
 def api_latency(hub: Hub, one: str, repeats: int = 100) -> dict[str, list[float]]:
     """Seconds per hub API call, sequentially: all users (the first page) and one user."""
     result: dict[str, list[float]] = {"GET /users": [], f"GET /users/{one}": []}
@@ -395,6 +413,7 @@ def with_all_running(hub: Hub, users: list[str], extra: str, poll_interval: floa
     time.sleep(2 * poll_interval)  # two poll cycles, nothing else asked of the hub
     figures["idle"] = meter.read()
     figures["refusal"] = refusal_times(hub, extra)
+    figures["refused_burst"] = refused_burst(hub)
     figures["api"] = api_latency(hub, users[len(users) // 2])
     return figures
 
@@ -435,6 +454,12 @@ def run_variant(variant: str, n: int, only: str | None) -> dict:
             )
             for seconds, outcome in f["refusal"]:
                 print(f"  participant {n + 1}: {seconds:.2f} s  {outcome}", flush=True)
+            b = f["refused_burst"]
+            print(
+                f"  {len(b['refused'])} more at once, all refused: {fmt(b['refused'])}, max "
+                f"{max(b['refused'], default=0):.2f} s ({b['started']} started; {b['reasons']})",
+                flush=True,
+            )
             for call, times in f["api"].items():
                 print(
                     f"  {call:22s} p50 {1000 * statistics.median(times):6.1f} ms  "
