@@ -6,15 +6,18 @@
 5.   tutorials: git push until readable in a running server (webhook, polling, the original
      workshop's pull in place).
 6.   the waiting line: a slice freed until the next in line's server is ready (tests/bench/line.py).
+7.   refusals (--only refusals): the crowd on the GPU hub alone, repeated; when those who do
+     not fit are told, and the spawner's own part of it.
 
     python -m tests.bench.bench [--repeats 10] [--crowd 50]
-                                [--only single|crowd|join|tutorials|line]
+                                [--only single|crowd|join|tutorials|line|refusals]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -457,6 +460,32 @@ def spawns(args, slices: int) -> None:
     summary(single, crowds, args.crowd)
 
 
+def refusal_rounds(size: int, rounds: int) -> None:
+    """The crowd on the GPU hub alone, ``rounds`` times: when those who do not fit are told,
+    as the client sees it, and the spawner's own part (its "refused after" log lines)."""
+    print(f"\n7. refusals: {size} at once on the GPU hub alone, {rounds} rounds")
+    hub = deploy("gpu")
+    service = f"{hub.stack}_hub"
+    try:
+        for n in range(1, rounds + 1):
+            wait_quiet()
+            since = int(time.time())
+            result = crowd(hub, size, timeout=150)
+            (hub_service,) = docker.from_env().services.list(filters={"name": service})
+            log = b"".join(hub_service.logs(stdout=True, stderr=True, since=since)).decode()
+            own = [float(x) for x in re.findall(r"refused after ([0-9.]+) s in the spawner", log)]
+            refused = result["refused"]
+            print(
+                f"  round {n}: {len(result['ready'])} ready, {len(refused)} refused in "
+                f"p50 {statistics.median(refused) if refused else 0:.2f} s, max "
+                f"{max(refused, default=0):.2f} s; the spawner's part: max "
+                f"{max(own, default=0):.2f} s",
+                flush=True,
+            )
+    finally:
+        remove("gpu")
+
+
 def joins() -> None:
     print("\n4. a fresh GPU machine runs the join line: until its slices are usable")
     times = bench_join(3)
@@ -504,7 +533,7 @@ def main() -> None:
     parser.add_argument("--crowd", type=int, default=50)
     parser.add_argument(
         "--only",
-        choices=("single", "crowd", "join", "tutorials", "line"),
+        choices=("single", "crowd", "join", "tutorials", "line", "refusals"),
         help="run one part only (while working on it)",
     )
     args = parser.parse_args()
@@ -520,6 +549,8 @@ def main() -> None:
         tutorials()
     if args.only in (None, "line"):
         waiting_line(args.repeats)
+    if args.only == "refusals":
+        refusal_rounds(args.crowd, args.repeats)
 
 
 def summary(single: dict[str, list[float]], crowds: dict, size: int) -> None:
