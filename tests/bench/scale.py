@@ -263,7 +263,12 @@ def refusal_times(hub: Hub, user: str, repeats: int = 5) -> list[tuple[float, st
                 if server is None or server.get("ready") or time.monotonic() - t0 > 120:
                     break
                 time.sleep(0.05)
-            outcome = "STARTED (a slice was free)" if server else "refused after accepting"
+            if server and server.get("ready"):
+                outcome = "STARTED (a slice was free)"
+            elif server:
+                outcome = "not told within 120 s (its start still pending)"
+            else:
+                outcome = "refused after accepting"
             if server:
                 hub.stop(user)
         else:
@@ -286,6 +291,7 @@ def refused_burst(hub: Hub, size: int = 100) -> dict:
     return {
         "refused": [t for t, _ in crowd.refused.values()],
         "started": len(crowd.ready),
+        "untold": size - len(crowd.refused) - len(crowd.ready),
         "reasons": collections.Counter(r[:40] for _, r in crowd.refused.values()).most_common(2),
     }
 
@@ -456,8 +462,10 @@ def run_variant(variant: str, n: int, only: str | None) -> dict:
                 print(f"  participant {n + 1}: {seconds:.2f} s  {outcome}", flush=True)
             b = f["refused_burst"]
             print(
-                f"  {len(b['refused'])} more at once, all refused: {fmt(b['refused'])}, max "
-                f"{max(b['refused'], default=0):.2f} s ({b['started']} started; {b['reasons']})",
+                f"  {len(b['refused']) + b['started'] + b['untold']} more at once: "
+                f"{len(b['refused'])} refused in {fmt(b['refused'])}, max "
+                f"{max(b['refused'], default=0):.2f} s; {b['started']} started, {b['untold']} "
+                f"not told within 120 s ({b['reasons']})",
                 flush=True,
             )
             for call, times in f["api"].items():
