@@ -226,10 +226,12 @@ class Crowd:
 
 
 def stop_all(hub: Hub, users: list[str]) -> float:
-    """Every server stopped (50 DELETEs at a time); seconds until the hub lists none."""
+    """Every server stopped, ``users``' and any other the hub lists (50 DELETEs at a time);
+    seconds until the hub lists none."""
     t0 = time.monotonic()
+    everyone = sorted(set(users) | set(servers(hub)))
     with ThreadPoolExecutor(50) as pool:
-        list(pool.map(lambda u: hub.api("DELETE", f"/users/{u}/server"), users))
+        list(pool.map(lambda u: hub.api("DELETE", f"/users/{u}/server"), everyone))
     deadline = t0 + 600
     while servers(hub) and time.monotonic() < deadline:
         time.sleep(1)
