@@ -684,7 +684,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         if by_address and address and routed and routed not in (address, self.service_name):
             # Swarm replaced the container (it crashed): the hub's route points at the old one
             return f"the server's container was replaced (now at {address}, routed to {routed})"
-        node_state = (node or {}).get("Status", {}).get("State", "ready")
+        node_state = node.get("Status", {}).get("State") if node is not None else "ready"
         if node_state != "ready":
             self.log.warning(
                 "Server %s is on node %s, which is %s: reporting it stopped",
