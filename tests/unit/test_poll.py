@@ -115,3 +115,9 @@ async def test_a_refused_spawn_is_polled_without_docker_calls():
     spawner.tasks = []
     await spawner.start()
     assert await spawner.poll() is None
+
+
+async def test_a_node_that_reports_no_state_is_not_taken_for_ready():
+    spawner = await running_server(poll_read_max_age=0)
+    spawner.nodes = [{"ID": "n1", "Description": {"Hostname": "alpha"}}]
+    assert await spawner.poll() == "node None"
