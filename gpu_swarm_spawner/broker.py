@@ -106,20 +106,25 @@ class GPUBroker:
 
     # ---- reading the swarm ----------------------------------------------------------------
 
-    def _shared_read(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future | None:
-        """A read of the swarm a spawn may share: one in flight, or one that succeeded less
-        than ``max_age`` ago; None when a new read is needed."""
+    def _shared_read(
+        self, loop: asyncio.AbstractEventLoop, max_age: float
+    ) -> asyncio.Future | None:
+        """A read of the swarm (a future) a caller may share: one in flight, or one that
+        succeeded less than ``max_age`` ago; None when a new read is needed."""
         read = self._read
         if read is None or not read.done():
             return read
-        if read.cancelled() or read.exception() or loop.time() - self._read_started >= self.max_age:
+        if read.cancelled() or read.exception() or loop.time() - self._read_started >= max_age:
             return None
         return read
 
-    async def read_swarm(self, read: ReadSwarm) -> tuple[list[dict], list[dict]]:
-        """Nodes and tasks: a shared read when there is one, else ``read()`` (then shared)."""
+    async def read_swarm(
+        self, read: ReadSwarm, max_age: float | None = None
+    ) -> tuple[list[dict], list[dict]]:
+        """Nodes and tasks: a shared read when there is one (in flight, or younger than
+        ``max_age``; the broker's own by default), else ``read()`` (then shared)."""
         loop = asyncio.get_running_loop()
-        shared = self._shared_read(loop)
+        shared = self._shared_read(loop, self.max_age if max_age is None else max_age)
         if shared is None:
             shared = self._read = asyncio.ensure_future(read())
             self._read_started = loop.time()
@@ -132,16 +137,7 @@ class GPUBroker:
         """The servers' view for polling: ``({service ID: its newest task}, {node ID: node})``
         from the latest read of the swarm when it began less than ``max_age`` seconds ago,
         else from a new (shared) read. Indexed once per read, however many servers poll."""
-        loop = asyncio.get_running_loop()
-        latest = self._read
-        fresh = (
-            latest is not None
-            and latest.done()
-            and not latest.cancelled()
-            and latest.exception() is None
-            and loop.time() - self._read_started < max_age
-        )
-        result = latest.result() if fresh else await self.read_swarm(read)
+        result = await self.read_swarm(read, max_age)
         if self._polled is None or self._polled[0] is not result:
             nodes, all_tasks = result
             by_service: dict[str, list[dict]] = {}
