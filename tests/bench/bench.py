@@ -108,6 +108,11 @@ def deploy(variant: str) -> Hub:
     )
 
 
+def hub_container_of(hub: Hub):
+    """The hub's running container (on the manager)."""
+    return docker.from_env().containers.list(filters={"name": f"{hub.stack}_hub."})[0]
+
+
 def remove(variant: str) -> None:
     deploy_cli(variant, "down", "--purge")
 
@@ -244,14 +249,13 @@ def bare_removal_once(hub_container, network: str, template: tuple[dict, str], n
 
 def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"bare": [], "stock": [], "gpu": []}
-    client = docker.from_env()
-    hub_container = client.containers.list(filters={"name": f"{hubs['gpu'].stack}_hub"})[0]
+    container = hub_container_of(hubs["gpu"])
     template = server_template(hubs["gpu"])
     for name in ("bare", "stock", "gpu"):  # one warm-up each, not counted
         for i in range(repeats + 1):
             wait_quiet()
             if name == "bare":
-                t = bare_once(hub_container, VARIANTS["gpu"]["NETWORK"], template, i)
+                t = bare_once(container, VARIANTS["gpu"]["NETWORK"], template, i)
             else:
                 t = spawn_once(hubs[name], f"bench-one-{i}")
             if i:
@@ -512,13 +516,12 @@ def waiting_line(repeats: int) -> None:
         hub = deploy("gpu")
         times = bench_line(hub, repeats)
         # the stop's own part, against SwarmSpawner's (the service removed while it runs)
-        client = docker.from_env()
-        hub_container = client.containers.list(filters={"name": f"{hub.stack}_hub"})[0]
+        container = hub_container_of(hub)
         template = server_template(hub)
         times["bare stop"] = []
         for i in range(repeats + 1):  # one warm-up
             wait_quiet()
-            t = bare_removal_once(hub_container, VARIANTS["gpu"]["NETWORK"], template, i)
+            t = bare_removal_once(container, VARIANTS["gpu"]["NETWORK"], template, i)
             print(f"  service removed while running -> slice free {t:.2f} s", flush=True)
             if i:
                 times["bare stop"].append(t)

@@ -79,13 +79,9 @@ def process_cpu(pid: int) -> float:
 
 
 def manager_cpu() -> float:
-    """CPU seconds of the bed manager's engine (dockerd; its containerd is a child)."""
+    """CPU seconds of the bed manager's engine: dockerd's own (its containerd, a process of
+    its own, is not counted)."""
     return process_cpu(int((BED_RUN / "manager.pid").read_text()))
-
-
-def hub_container(hub: Hub):
-    client = docker.from_env()
-    return client.containers.list(filters={"name": f"{hub.stack}_hub."})[0]
 
 
 def container_usage(container) -> tuple[float, int]:
@@ -101,7 +97,7 @@ class Meter:
     """CPU of the hub's container and of the manager's engine between ``start`` and ``read``."""
 
     def __init__(self, hub: Hub):
-        self.container = hub_container(hub)
+        self.container = bench.hub_container_of(hub)
         self.start()
 
     def start(self) -> None:
@@ -318,7 +314,7 @@ def proxy_routes(hub: Hub) -> int:
         "headers={'Authorization': 'token ' + token}); "
         "print(len(json.load(urllib.request.urlopen(r, timeout=10))))"
     )
-    out = hub_container(hub).exec_run(["python3", "-c", code])
+    out = bench.hub_container_of(hub).exec_run(["python3", "-c", code])
     return int(out.output.decode().strip().splitlines()[-1])
 
 
