@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from deploy.settings import from_environment
-from gpu_swarm_spawner import HUB_TEMPLATES, contract, hubdb
+from gpu_swarm_spawner import HUB_TEMPLATES, contract, gate, hubdb
 
 c = get_config()  # noqa: F821  (provided by JupyterHub)
 cfg = from_environment(os.environ)
@@ -170,6 +170,8 @@ if cfg.spawner == "stock-swarm":
     c.SwarmSpawner.extra_create_kwargs = {"labels": {contract.STACK_LABEL: cfg.stack}}
 else:
     c.JupyterHub.spawner_class = "gpu_swarm_spawner.GPUSwarmSpawner"
+    # a participant no slice can take is told so before JupyterHub's own spawn work (gate.py)
+    gate.install()
     c.GPUSwarmSpawner.slices_per_server = cfg.slices_per_server
     c.GPUSwarmSpawner.placement_policy = cfg.placement
     c.GPUSwarmSpawner.docker_api_threads = cfg.docker_api_threads

@@ -193,6 +193,16 @@ class GPUBroker:
         if claim is not None:
             self._claims[owner] = replace(claim, service_id=service_id)
 
+    def claim_of(self, owner: Hashable) -> Claim | None:
+        """What ``owner`` has claimed now (None: nothing)."""
+        return self._claims.get(owner)
+
+    def forget(self, owner: Hashable, claim: Claim) -> None:
+        """Forget ``owner``'s claim if it is still ``claim``: a later ``reserve`` of the same
+        owner replaced it with its own, which stays."""
+        if self._claims.get(owner) is claim:
+            del self._claims[owner]
+
     def placed(self, owner: Hashable) -> None:
         """Swarm placed the owner's task (or refused it): Swarm counts its slices now."""
         if self._claims.pop(owner, None) is not None:

@@ -325,9 +325,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             else:
                 started = await self._start_on_a_gpu()
         except NoGPUSliceAvailable as e:
-            seconds = round(time.monotonic() - t0, 2)
-            self.log.info("%s refused after %.2f s in the spawner", self._log_name, seconds)
-            self._record("refused", reason=e.jupyterhub_message, seconds=seconds)
+            self._refused_after(e, t0, "in the spawner")
             self._refused = not self.object_id  # no service made or left: poll knows it
             raise
         except Exception as e:
@@ -344,6 +342,52 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             node=self.gpu_node or self.cpu_node,
         )
         return started
+
+    def _refused_after(self, refusal: NoGPUSliceAvailable, t0: float, where: str) -> None:
+        seconds = round(time.monotonic() - t0, 2)
+        self.log.info("%s refused after %.2f s %s", self._log_name, seconds, where)
+        self._record("refused", reason=refusal.jupyterhub_message, seconds=seconds)
+
+    async def refusal_before_spawn(self, user_options: dict | None) -> NoGPUSliceAvailable | None:
+        """The refusal a start with ``user_options`` would meet at once, asked before
+        JupyterHub does its own work for a spawn (``gate.py``). None when the spawn may go on:
+        a GPU fits (its slices are claimed for this spawn from now, so the others asking in
+        the same burst see them taken; ``start`` claims them anew, ``forget_early_claim``
+        frees them if it never runs), the participant waits in line or starts without a GPU,
+        or the options are not valid (JupyterHub's spawn then says what is wrong). The same
+        inventory, claims and rules as ``reserve_gpu``."""
+        t0 = time.monotonic()
+        options = user_options
+        if options is None:  # JupyterHub starts with the last start's options
+            options = getattr(self.orm_spawner, "user_options", None) or {}
+        try:
+            profiles.check_line_choice(options)
+            choice = profiles.gpu_choice(options, self.spawn_offer())
+        except profiles.ChoiceError:
+            return None
+        if choice == profiles.NONE:
+            return None
+        request = self.gpu_request(full_gpu=choice == profiles.FULL)
+        try:
+            await self.broker.reserve(self, request, self._read_swarm)
+        except broker.NoRoom as e:
+            if self._joins_line(e.gpus, request, options):
+                return None
+            refusal = self._refusal(e, request, options)
+            self.log.info("%s", refusal.log_message)
+            self._refused_after(refusal, t0, "before JupyterHub's spawn")
+            return refusal
+        self._early_claim = self.broker.claim_of(self)
+        return None
+
+    _early_claim = None  # the claim refusal_before_spawn made, until start claims its own
+
+    def forget_early_claim(self) -> None:
+        """The spawn ``refusal_before_spawn`` let through has claimed slices itself, or ended
+        before it could (JupyterHub's limits, an error): the early claim goes."""
+        if self._early_claim is not None:
+            self.broker.forget(self, self._early_claim)
+            self._early_claim = None
 
     async def _start_on_a_gpu(self):
         lost = set()
@@ -712,10 +756,12 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         """
         return await self.broker.inventory(self._read_swarm)
 
-    def gpu_request(self) -> broker.Request:
-        """What this spawn asks the broker for."""
+    def gpu_request(self, full_gpu: bool | None = None) -> broker.Request:
+        """What this spawn asks the broker for (a whole GPU: ``full_gpu``, by default what the
+        participant chose for this start)."""
+        full_gpu = self.full_gpu_requested if full_gpu is None else full_gpu
         return broker.Request(
-            slices=None if self.full_gpu_requested else self.slices_per_server,
+            slices=None if full_gpu else self.slices_per_server,
             policy=self.placement_policy,
             seed=self.user.name,
             prefer_node=self.home_node if self.prefer_home_node else "",
@@ -736,6 +782,16 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             )
         except broker.NoRoom as e:
             refused = e
+        refusal = self._refusal(refused, request, self.user_options)
+        if not (may_wait and self._joins_line(refused.gpus, request, self.user_options)):
+            raise refusal
+        self.log.info("%s; joining the line", refusal.log_message)
+        return self._placed(request, await self._wait_in_line(request))
+
+    def _refusal(
+        self, refused: broker.NoRoom, request: broker.Request, options: dict
+    ) -> NoGPUSliceAvailable:
+        """What the participant and the log are told when no GPU has room for ``request``."""
         used, total = inventory.totals(refused.gpus)
         detail = ", ".join(f"{g.node_name}:{g.uuid}={g.used}/{g.slices}" for g in refused.gpus)
         wanted = "a whole GPU" if request.slices is None else f"{request.slices} free slice(s)"
@@ -743,11 +799,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             f"No GPU with {wanted} for {self._log_name}: "
             f"{used}/{total} slices in use on {len(refused.gpus)} GPU(s) ({detail or 'none'})"
         )
-        if not (may_wait and self._joins_line(refused.gpus, request)):
-            offer = self._refusal_offer(refused.gpus, request, str(refused))
-            raise NoGPUSliceAvailable(str(refused), log_message, offer)
-        self.log.info("%s; joining the line", log_message)
-        return self._placed(request, await self._wait_in_line(request))
+        offer = self._refusal_offer(refused.gpus, request, str(refused), options)
+        return NoGPUSliceAvailable(str(refused), log_message, offer)
 
     def _placed(
         self, request: broker.Request, reservation: broker.Reservation
@@ -768,24 +821,26 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
 
     # ---- the waiting line --------------------------------------------------------------------
 
-    def _joins_line(self, gpus: list[inventory.GPU], request: broker.Request) -> bool:
+    def _joins_line(
+        self, gpus: list[inventory.GPU], request: broker.Request, options: dict
+    ) -> bool:
         """This participant waits in line: the line is on (``auto``, or ``offer`` and they
-        asked to), and some GPU could ever hold the request."""
+        asked to in ``options``), and some GPU could ever hold the request."""
         asked = self.waiting_line == "auto" or (
-            self.waiting_line == "offer" and self.user_options.get("line") == "join"
+            self.waiting_line == "offer" and options.get("line") == profiles.JOIN
         )
         return asked and line.can_ever_fit(gpus, request.slices)
 
     def _refusal_offer(
-        self, gpus: list[inventory.GPU], request: broker.Request, refusal: str
+        self, gpus: list[inventory.GPU], request: broker.Request, refusal: str, options: dict
     ) -> str:
         """The refusal as HTML with what the participant may do instead: wait in line, start
         without a GPU; "" when neither is offered."""
         line_offered = self.waiting_line == "offer" and line.can_ever_fit(gpus, request.slices)
         if not (line_offered or self.cpu_only_servers):
             return ""
-        kept = {"opt-image": self.user_options["image"]} if self.user_options.get("image") else {}
-        gpu = self.user_options.get("gpu", profiles.SLICE)
+        kept = {"opt-image": options["image"]} if options.get("image") else {}
+        gpu = options.get("gpu", profiles.SLICE)
         return _TEMPLATES.get_template("refusal_offer.html").render(
             message=refusal,
             spawn_url=self._spawn_url(),

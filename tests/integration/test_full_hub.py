@@ -7,6 +7,7 @@ directly, running ``sleep``): the hub reads the same swarm, so to its spawner th
 import asyncio
 import time
 
+import docker
 import pytest
 
 from .hub import ARTIFACTS, log_in
@@ -41,16 +42,27 @@ def full(hub, hub_settings):
     remove_services(hub.stack)
 
 
+def hub_log_since(hub, since: float) -> str:
+    """The hub's log from ``since`` (a time.time()) on."""
+    service = docker.from_env().services.get(f"{hub.stack}_hub")
+    lines = service.logs(stdout=True, stderr=True, since=int(since) - 1)
+    return b"".join(lines).decode(errors="replace")
+
+
 def test_rest_api_answers_a_full_hub_with_503_and_the_message(hub, full):
     user = "ci-full-rest"
     hub.api("POST", f"/users/{user}")
-    t0 = time.monotonic()
+    t0, t0_wall = time.monotonic(), time.time()
     r = hub.api("POST", f"/users/{user}/server")
     elapsed = time.monotonic() - t0
     assert r.status_code == 503, (r.status_code, r.text)
     assert r.json()["message"].startswith(full), r.text
     assert elapsed < 2, f"refusal took {elapsed:.2f} s"
     assert hub.server(user) is None
+    # refused by the gate (gate.py): JupyterHub began no spawn (no OAuth client was made)
+    log = hub_log_since(hub, t0_wall)
+    assert f"Creating oauth client jupyterhub-user-{user}" not in log, log
+    assert "before JupyterHub's spawn" in log, log
     # the spawn-pending page's progress stream (what it shows when a refusal comes later)
     r = hub.api("GET", f"/users/{user}/server/progress", stream=True)
     events = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data:")]

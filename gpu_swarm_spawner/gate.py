@@ -1,0 +1,112 @@
+"""Telling a participant no GPU slice is free before JupyterHub does its work for a spawn.
+
+For every spawn it begins, JupyterHub does about 12 ms of database work on its one thread (the
+server's API token and OAuth client, and their removal when the start fails) around the
+spawner's ``start``. When many press Start at once on a full hub, each refusal waits behind
+all of that work: with a spawner that refuses at once, 100 at a time were told after
+1.2-1.6 s and 500 (the waiting line lifts JupyterHub's concurrent-spawn limit) after up to
+7 s, on a 2-core machine. The gate asks the spawner first
+(``GPUSwarmSpawner.refusal_before_spawn``: the same inventory, claims and rules as its
+``start``) and answers its refusal without that work. A spawn it lets through claims its
+slices at once, so that in a burst the next ones asking see them taken, until its ``start``
+claims them itself. Whatever the gate does not refuse, and any error while asking, goes
+JupyterHub's usual way.
+
+The refusal looks as it always did: the same exception, raised where JupyterHub's own spawn
+raises it (the error page, the spawn form, the REST API's 503), and kept as the server's
+failed spawn, as JupyterHub keeps one, so the spawn-pending page and the progress stream say
+"Spawn failed: ..." too.
+
+JupyterHub has no hook before that work, so ``install`` (called by ``jupyterhub_config.py``)
+puts subclasses of the handlers that start servers (``SpawnHandler``: the spawn page;
+``UserServerAPIHandler``: the REST API) in JupyterHub's handler tables. It checks that it
+found them: a JupyterHub that moved them fails at start-up with an error instead of quietly
+losing the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from jupyterhub import apihandlers, handlers
+from jupyterhub.apihandlers.users import UserServerAPIHandler
+from jupyterhub.handlers.pages import SpawnHandler
+
+
+class RefuseFirst:
+    """For a handler that starts servers: ask the spawner whether it would refuse at once."""
+
+    async def spawn_single_user(self, user, server_name="", display_name="", options=None):
+        spawner = self._spawner_to_ask(user, server_name)
+        if spawner is None:
+            return await super().spawn_single_user(user, server_name, display_name, options=options)
+        refusal = await self._ask(spawner, options)
+        if refusal is not None:
+            # kept as JupyterHub keeps a failed spawn (its spawn-pending page reads it)
+            failed = asyncio.get_running_loop().create_future()
+            failed.set_exception(refusal)
+            failed.exception()  # read here, so asyncio does not warn it was never read
+            spawner._spawn_future = failed
+            raise refusal
+        try:
+            return await super().spawn_single_user(user, server_name, display_name, options=options)
+        finally:
+            spawner.forget_early_claim()  # start claimed its own, or never ran
+
+    @staticmethod
+    def _spawner_to_ask(user, server_name):
+        """The spawner JupyterHub's spawn would use, if it can be asked; else None."""
+        if server_name not in user.orm_spawners:
+            return None  # JupyterHub's checks come first (the handler made it if it may)
+        # made from its database row if need be, as JupyterHub's spawn would; one whose last
+        # start failed is asked all the same (a refusal replaces that failure)
+        spawner = user.spawners[server_name]
+        if not hasattr(spawner, "refusal_before_spawn") or spawner.active:
+            return None  # another spawner class, or JupyterHub says it runs or is pending
+        return spawner
+
+    async def _ask(self, spawner, options):
+        try:
+            return await spawner.refusal_before_spawn(options)
+        except Exception:
+            self.log.exception(
+                "Could not ask %s before the spawn; starting as usual", spawner._log_name
+            )
+            return None
+
+
+class GatedSpawnHandler(RefuseFirst, SpawnHandler):
+    """JupyterHub's spawn page (GET starts a server without a form, POST with one)."""
+
+
+class GatedUserServerAPIHandler(RefuseFirst, UserServerAPIHandler):
+    """JupyterHub's REST API: ``POST /hub/api/users/:name/server[s/:server]``."""
+
+
+#: JupyterHub's handler, the gated one in its place
+SWAPS = {SpawnHandler: GatedSpawnHandler, UserServerAPIHandler: GatedUserServerAPIHandler}
+
+
+def swap_handlers(tables: list[list[tuple]], swaps: dict[type, type]) -> None:
+    """Put ``swaps``' values in place of their keys in the handler ``tables`` (lists of
+    ``(pattern, handler, ...)``); each key must be found. Idempotent."""
+    found = set()
+    for table in tables:
+        for i, (pattern, handler, *rest) in enumerate(table):
+            for original, gated in swaps.items():
+                if handler in (original, gated):
+                    table[i] = (pattern, gated, *rest)
+                    found.add(original)
+    missing = [cls.__name__ for cls in swaps if cls not in found]
+    if missing:
+        raise RuntimeError(
+            f"JupyterHub's handler tables have no {', '.join(missing)}: this JupyterHub is "
+            "not one the gate knows. Install the JupyterHub version in images/hub/"
+            "requirements.txt, or report the version you run."
+        )
+
+
+def install() -> None:
+    """JupyterHub's spawn page and REST API ask the spawner before any spawn work. Call it
+    from the hub's config file (JupyterHub reads its tables after loading the config)."""
+    swap_handlers([handlers.default_handlers, apihandlers.default_handlers], SWAPS)

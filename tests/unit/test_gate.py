@@ -1,0 +1,234 @@
+"""The gate: a participant no slice can take is refused before JupyterHub's own spawn work.
+
+Two halves: the spawner's ``refusal_before_spawn`` (the same decision as its start, nothing
+claimed), and the handlers that ask it before JupyterHub's ``spawn_single_user``. A real hub
+with the gate answers 100 and 500 refusals at once in ``make bench-scale``; the bed's
+``test_full_hub`` checks the pages participants see.
+"""
+
+import asyncio
+import logging
+from types import SimpleNamespace
+
+import pytest
+from jupyterhub import apihandlers, handlers
+from jupyterhub.apihandlers.users import UserServerAPIHandler
+from jupyterhub.handlers.pages import SpawnHandler
+
+from gpu_swarm_spawner import NoGPUSliceAvailable, gate
+
+from .clusters import node, task
+from .fake_docker import make_fake
+
+FULL = [task("n1", {"GPU-a0": 3}, service_id="s0"), task("n1", {"GPU-a1": 3}, service_id="s1")]
+
+
+def fake_swarm(tasks, **kwargs):
+    spawner = make_fake("bob", inventory_max_age=0, **kwargs)
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3, "GPU-a1": 3})]
+    spawner.tasks = tasks
+    return spawner
+
+
+# ---- the spawner's answer ----------------------------------------------------------------------
+
+
+async def test_a_full_swarm_is_refused_with_the_message_start_would_give():
+    spawner = fake_swarm(FULL, waiting_line="off")
+    refusal = await spawner.refusal_before_spawn({})
+    assert isinstance(refusal, NoGPUSliceAvailable) and refusal.status_code == 503
+    with pytest.raises(NoGPUSliceAvailable) as started:
+        await spawner.reserve_gpu()
+    assert refusal.jupyterhub_message == started.value.jupyterhub_message
+    assert refusal.jupyterhub_message.startswith("All GPU slices are in use (6/6)")
+    assert "alpha:GPU-a0=3/3" in refusal.log_message
+
+
+async def test_room_on_a_gpu_lets_the_spawn_go_on_holding_its_slices_until_start_claims():
+    spawner = fake_swarm([task("n1", {"GPU-a0": 3})])
+    assert await spawner.refusal_before_spawn({}) is None
+    early = spawner.broker.claimed()[spawner]
+    assert early.uuid == "GPU-a1" and early.slices == 1
+    reservation = await spawner.reserve_gpu()  # start's own claim replaces the early one
+    assert reservation.gpu.uuid == "GPU-a1"
+    assert spawner.broker.claimed()[spawner] is not early
+    spawner.forget_early_claim()  # the gate's clean-up leaves start's claim alone
+    assert spawner.broker.claimed()[spawner].uuid == "GPU-a1"
+
+
+async def test_an_early_claim_is_forgotten_when_the_spawn_never_started():
+    spawner = fake_swarm([task("n1", {"GPU-a0": 3})])
+    assert await spawner.refusal_before_spawn({}) is None
+    spawner.forget_early_claim()
+    assert spawner.broker.claimed() == {}
+
+
+async def test_in_a_burst_those_let_through_hold_the_slices_the_next_are_refused_for():
+    """Six ask at once for the last three slices: three go on, three are told."""
+    first = fake_swarm([task("n1", {"GPU-a0": 3})], waiting_line="off")
+    crowd = [first] + [
+        make_fake(f"p{i}", inventory_max_age=0, waiting_line="off") for i in range(5)
+    ]
+    for spawner in crowd[1:]:
+        spawner.nodes, spawner.tasks = first.nodes, first.tasks
+    answers = await asyncio.gather(*(s.refusal_before_spawn({}) for s in crowd))
+    assert sum(a is None for a in answers) == 3
+    assert all(a.jupyterhub_message.startswith("All GPU slices") for a in answers if a)
+
+
+async def test_slices_claimed_by_spawns_under_way_count():
+    spawner = fake_swarm([task("n1", {"GPU-a0": 3})])
+    other = make_fake("carol", inventory_max_age=0)
+    other.nodes, other.tasks = spawner.nodes, spawner.tasks
+    await asyncio.gather(*(make_claim(other, i) for i in range(3)))
+    assert sum(c.slices for c in spawner.broker.claimed().values()) == 3
+    assert isinstance(await spawner.refusal_before_spawn({}), NoGPUSliceAvailable)
+
+
+async def make_claim(template, i):
+    """A spawn under way that has claimed one slice (its service not made yet)."""
+    claimer = make_fake(f"claimer-{i}", inventory_max_age=0)
+    claimer.nodes, claimer.tasks = template.nodes, template.tasks
+    await claimer.reserve_gpu()
+
+
+@pytest.mark.parametrize(
+    "settings, options, why",
+    [
+        ({"waiting_line": "auto"}, {}, "the line takes everyone"),
+        ({"waiting_line": "offer"}, {"line": "join"}, "they asked to wait"),
+        ({"cpu_only_servers": True}, {"gpu": "none"}, "no GPU asked for"),
+        ({"waiting_line": "off"}, {"gpu": "nonsense"}, "bad options: the spawn says why"),
+        ({"waiting_line": "off"}, {"gpu": "full"}, "a full GPU not offered: idem"),
+        ({"waiting_line": "off"}, {"line": "later"}, "an unknown line choice: idem"),
+    ],
+)
+async def test_what_the_spawn_itself_must_decide_is_not_refused_early(settings, options, why):
+    spawner = fake_swarm(FULL, **settings)
+    assert await spawner.refusal_before_spawn(options) is None, why
+    assert spawner.broker.claimed() == {}
+
+
+async def test_the_refusal_offers_the_line_and_keeps_the_chosen_environment():
+    images = {"PyTorch": "img/torch", "TensorFlow": "img/tf"}
+    spawner = fake_swarm(FULL, waiting_line="offer", allowed_images=images)
+    refusal = await spawner.refusal_before_spawn({"image": "TensorFlow"})
+    offer = refusal.jupyterhub_html_message
+    assert "opt-line=join" in offer and "opt-image=TensorFlow" in offer
+
+
+async def test_without_options_the_last_start_s_options_are_asked_about():
+    spawner = fake_swarm(FULL, waiting_line="offer")
+    spawner.orm_spawner = SimpleNamespace(user_options={"line": "join"}, server=None, name="")
+    assert await spawner.refusal_before_spawn(None) is None  # they wait in line, as last time
+    spawner.orm_spawner = SimpleNamespace(user_options={}, server=None, name="")
+    assert await spawner.refusal_before_spawn(None) is not None
+
+
+# ---- the handlers ------------------------------------------------------------------------------
+
+
+class JupyterHubSpawn:
+    """Stands for JupyterHub's BaseHandler: records that its spawn work began; ``fails``: it
+    raises that (its limits, a failed start)."""
+
+    log = logging.getLogger("test_gate")
+
+    def __init__(self, fails=None):
+        self.spawned, self.fails = [], fails
+
+    async def spawn_single_user(self, user, server_name="", display_name="", options=None):
+        self.spawned.append((user.name, server_name, options))
+        if self.fails:
+            raise self.fails
+
+
+class Handler(gate.RefuseFirst, JupyterHubSpawn):
+    pass
+
+
+class Spawner:
+    _log_name = "dana"
+
+    def __init__(self, answer, active=False):
+        self.answer, self.active, self.asked = answer, active, []
+        self._spawn_future = None
+        self.forgotten = 0
+
+    def forget_early_claim(self):
+        self.forgotten += 1
+
+    async def refusal_before_spawn(self, options):
+        self.asked.append(options)
+        if isinstance(self.answer, Exception) and not isinstance(self.answer, NoGPUSliceAvailable):
+            raise self.answer
+        return self.answer
+
+
+def user_with(spawner, server_name=""):
+    return SimpleNamespace(
+        name="dana", orm_spawners={server_name: object()}, spawners={server_name: spawner}
+    )
+
+
+async def test_a_refusal_is_raised_before_jupyterhub_begins_and_kept_as_the_failed_spawn():
+    refusal = NoGPUSliceAvailable("All GPU slices are in use (6/6)", "log")
+    spawner, handler = Spawner(refusal), Handler()
+    with pytest.raises(NoGPUSliceAvailable) as raised:
+        await handler.spawn_single_user(user_with(spawner), "", "", {"gpu": "slice"})
+    assert raised.value is refusal and handler.spawned == []
+    assert spawner.asked == [{"gpu": "slice"}]
+    # what JupyterHub's spawn-pending page and progress stream read
+    assert spawner._spawn_future.done() and spawner._spawn_future.exception() is refusal
+
+
+@pytest.mark.parametrize(
+    "spawner, why",
+    [
+        (Spawner(None), "a GPU fits"),
+        (Spawner(RuntimeError("manager down")), "asking failed: the spawn says why"),
+        (Spawner(NoGPUSliceAvailable("full", "log"), active=True), "running or pending"),
+        (SimpleNamespace(active=False), "another spawner class"),
+    ],
+)
+async def test_otherwise_jupyterhub_spawns_as_usual(spawner, why, caplog):
+    handler = Handler()
+    await handler.spawn_single_user(user_with(spawner, "gpu"), "gpu", "", None)
+    assert handler.spawned == [("dana", "gpu", None)], why
+    if isinstance(getattr(spawner, "answer", None), RuntimeError):
+        assert "starting as usual" in caplog.text
+
+
+async def test_a_spawn_let_through_has_its_early_claim_forgotten_however_it_ends():
+    for fails in (None, RuntimeError("429: too many users")):
+        spawner, handler = Spawner(None), Handler(fails)
+        try:
+            await handler.spawn_single_user(user_with(spawner), "", "", {})
+        except RuntimeError:
+            assert fails is not None
+        assert spawner.forgotten == 1 and handler.spawned
+
+
+async def test_a_server_jupyterhub_has_not_made_is_left_to_jupyterhub():
+    handler = Handler()
+    user = SimpleNamespace(name="dana", orm_spawners={}, spawners={})
+    await handler.spawn_single_user(user, "new", "", None)
+    assert handler.spawned == [("dana", "new", None)] and user.spawners == {}
+
+
+def test_install_puts_the_gated_handlers_in_jupyterhub_s_tables():
+    gate.install()
+    gate.install()  # twice: as once
+    tables = handlers.default_handlers + apihandlers.default_handlers
+    used = {h for _, h, *_ in tables}
+    assert SpawnHandler not in used and UserServerAPIHandler not in used
+    spawn = [p for p, h, *_ in tables if h is gate.GatedSpawnHandler]
+    api = [p for p, h, *_ in tables if h is gate.GatedUserServerAPIHandler]
+    assert "/spawn/([^/]+)" in spawn and r"/api/users/([^/]+)/server" in api
+    assert issubclass(gate.GatedSpawnHandler, SpawnHandler)
+
+
+def test_a_jupyterhub_without_those_handlers_stops_the_hub_with_advice():
+    table = [("/spawn", SpawnHandler)]
+    with pytest.raises(RuntimeError, match="no UserServerAPIHandler.*images/hub/requirements"):
+        gate.swap_handlers([table], gate.SWAPS)
