@@ -81,6 +81,7 @@ class GPUBroker:
         self.max_age = max_age
         #: the thread pool for every blocking Docker call of the hub's spawners
         self.executor = ThreadPoolExecutor(threads, thread_name_prefix="docker-api")
+        self.threads = threads
         self._claims: dict[Hashable, Claim] = {}
         self._read: asyncio.Future | None = None
         self._read_started = 0.0
@@ -103,6 +104,8 @@ class GPUBroker:
         #: services of servers without a GPU being started (they count towards the cap before
         #: their service exists)
         self.cpu_only_starting: set[str] = set()
+        #: services of servers shutting down (their tasks are looked at until they end)
+        self.stopping: set[str] = set()
 
     # ---- reading the swarm ----------------------------------------------------------------
 

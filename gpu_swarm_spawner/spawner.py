@@ -51,9 +51,22 @@ from .tasks import Phase
 from .traits import GPUSwarmSpawnerTraits
 
 #: While a server shuts itself down: how long its shutdown request may take, and how often its
-#: task is looked at (stop_object).
+#: task is looked at (stop_object): every SHUTDOWN_POLL_S while few stop, less often when many
+#: do (shutdown_poll_interval).
 SHUTDOWN_REQUEST_S = 5.0
 SHUTDOWN_POLL_S = 0.1
+SHUTDOWN_POLL_MAX_S = 1.0
+
+
+def shutdown_poll_interval(stopping: int, threads: int) -> float:
+    """Seconds between looks at a stopping server's task when ``stopping`` servers shut down
+    at once and the hub has ``threads`` for Docker calls: SHUTDOWN_POLL_S while each thread
+    has at most one of them to look at, longer in proportion beyond that (up to
+    SHUTDOWN_POLL_MAX_S), so the looks of 500 stopping servers do not crowd out the calls
+    that remove their services."""
+    share = max(1.0, stopping / max(threads, 1))
+    return min(SHUTDOWN_POLL_MAX_S, SHUTDOWN_POLL_S * share)
+
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
@@ -204,21 +217,32 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         t0 = time.monotonic()
         if not await self._ask_to_shut_down():
             return
-        deadline = t0 + self.server_shutdown_timeout
+        stopping = self.broker.stopping
+        stopping.add(self.object_id)
+        try:
+            ended = await self._wait_for_end(running, t0 + self.server_shutdown_timeout)
+        finally:
+            stopping.discard(self.object_id)
+        if not ended:
+            self.log.warning(
+                "%s did not shut down within %s s (server_shutdown_timeout); removing its service",
+                self._log_name,
+                self.server_shutdown_timeout,
+            )
+            return
+        self.log.info("%s shut down in %.1f s", self._log_name, time.monotonic() - t0)
+        self.broker.nudge()  # its slices are free now, before the service is even removed
+
+    async def _wait_for_end(self, running: set[str], deadline: float) -> bool:
+        """Whether the ``running`` tasks ended before ``deadline`` (time.monotonic)."""
         # the running task only: a service made before the restart policy was on-failure gets
         # a replacement task, which the removal then ends before it starts
         while any(t["ID"] in running and tasks.is_live(t) for t in await self._service_tasks()):
             if time.monotonic() > deadline:
-                self.log.warning(
-                    "%s did not shut down within %s s (server_shutdown_timeout); removing its "
-                    "service",
-                    self._log_name,
-                    self.server_shutdown_timeout,
-                )
-                return
-            await asyncio.sleep(SHUTDOWN_POLL_S)
-        self.log.info("%s shut down in %.1f s", self._log_name, time.monotonic() - t0)
-        self.broker.nudge()  # its slices are free now, before the service is even removed
+                return False
+            stopping = len(self.broker.stopping)
+            await asyncio.sleep(shutdown_poll_interval(stopping, self.broker.threads))
+        return True
 
     async def _service_tasks(self) -> list[dict]:
         return await self.docker("tasks", filters={"service": self.object_id})

@@ -478,12 +478,13 @@ def refusal_rounds(size: int, rounds: int) -> None:
             (hub_service,) = docker.from_env().services.list(filters={"name": service})
             log = b"".join(hub_service.logs(stdout=True, stderr=True, since=since)).decode()
             own = [float(x) for x in re.findall(r"refused after ([0-9.]+) s in the spawner", log)]
+            gated = re.findall(r"refused after [0-9.]+ s before JupyterHub's spawn", log)
             refused = result["refused"]
             print(
                 f"  round {n}: {len(result['ready'])} ready, {len(refused)} refused in "
                 f"p50 {statistics.median(refused) if refused else 0:.2f} s, max "
-                f"{max(refused, default=0):.2f} s; the spawner's part: max "
-                f"{max(own, default=0):.2f} s",
+                f"{max(refused, default=0):.2f} s; {len(gated)} by the gate before JupyterHub's "
+                f"spawn, {len(own)} in the spawner (its part: max {max(own, default=0):.2f} s)",
                 flush=True,
             )
     finally:

@@ -171,3 +171,28 @@ async def test_servers_are_restarted_by_swarm_only_when_they_fail():
     await spawner.start()
     (created,) = spawner.created
     assert created["task_template"]["RestartPolicy"] == {"Condition": "on-failure"}
+
+
+@pytest.mark.parametrize(
+    "stopping, threads, interval",
+    [(1, 4, 0.1), (4, 4, 0.1), (8, 4, 0.2), (20, 4, 0.5), (500, 4, 1.0), (3, 0, 0.3)],
+)
+def test_the_task_is_looked_at_less_often_when_many_servers_stop_at_once(
+    stopping, threads, interval
+):
+    assert spawner_module.shutdown_poll_interval(stopping, threads) == pytest.approx(interval)
+
+
+async def test_a_stop_among_many_looks_at_its_task_less_often_and_leaves_the_count():
+    alone, stand_in = await running("ok")
+    await alone.stop()
+    looks_alone = len(alone.called("tasks"))
+    stand_in.stop()
+
+    among, stand_in = await running("ok")
+    others = {f"other-{i}" for i in range(40)}  # 40 more servers stopping (10 per thread)
+    among.broker.stopping.update(others)
+    await among.stop()
+    assert among.broker.stopping == others  # its own entry is gone
+    assert len(among.called("tasks")) < looks_alone, (looks_alone, among.called("tasks"))
+    stand_in.stop()
