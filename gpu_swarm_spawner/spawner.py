@@ -575,10 +575,16 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         deadline = loop.time() + self.server_start_timeout
         delay = self.task_poll_interval
         probe, probed_task = None, ""
+        unallocated_check = loop.time() + tasks.UNALLOCATED_S
         try:
             while True:
                 reading = tasks.read_task(await self._current_task(), self.network_name)
                 self._follow(reading)
+                if reading.state != "new":
+                    unallocated_check = None
+                elif unallocated_check is not None and loop.time() > unallocated_check:
+                    unallocated_check = None
+                    await self._check_network_room()
                 new_task = bool(reading.task_id) and reading.task_id != probed_task
                 reachable = reading.address or reading.phase is Phase.RUNNING
                 if self.probe_server and new_task and reachable:
@@ -642,6 +648,38 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         stage = reading.stage(self.gpu_node)  # none while Swarm retries a rejected task
         if stage:
             self._report(*stage)
+
+    async def _check_network_room(self) -> None:
+        """The server's task has had no address on the network for ``tasks.UNALLOCATED_S``
+        (Swarm leaves it "new", without an error, when the network is out of addresses): fail
+        with the organizer's fix when no address is left, else go on waiting (the manager may
+        only be busy)."""
+        network = await self.docker("inspect_network", self.network_name)
+        subnets = [
+            c["Subnet"] for c in network.get("IPAM", {}).get("Config") or [] if c.get("Subnet")
+        ]
+        if not subnets:
+            return
+        nodes, all_tasks = await self.broker.read_swarm(self._read_swarm)
+        left = tasks.addresses_left(subnets, all_tasks, self.network_name, len(nodes))
+        self.log.warning(
+            "%s has had no address on %s (%s) for %.0f s; %d address(es) left there",
+            self._log_name,
+            self.network_name,
+            ", ".join(subnets),
+            tasks.UNALLOCATED_S,
+            left,
+        )
+        if left > 0:
+            return
+        raise SpawnFailed(
+            f"The hub's network has no address left for another server ({self.network_name}: "
+            f"{', '.join(subnets)}). Please tell an organizer: set GPUHUB_NETWORK_SUBNET to a "
+            'larger private range (README, "Large courses"), or stop servers nobody uses.',
+            f"{self._log_name}: network {self.network_name} ({', '.join(subnets)}) is full",
+            reason="network",
+            status_code=503,
+        )
 
     async def _current_task(self) -> dict | None:
         """The service's newest task (one API call; SwarmSpawner.get_task makes two)."""

@@ -9,6 +9,7 @@ readings; the inventory counts slices of the tasks in ``LIVE_STATES``.
 from __future__ import annotations
 
 import enum
+import ipaddress
 from dataclasses import dataclass
 
 #: Task states on the way to running, and what the participant is told about each. A task in
@@ -126,3 +127,25 @@ def is_live(task: dict) -> bool:
     was just removed keeps its reservation until its container has really stopped.
     """
     return bool(task.get("NodeID")) and task.get("Status", {}).get("State") in LIVE_STATES
+
+
+#: A task Swarm has made but not given its network addresses stays "new". After this long the
+#: spawner asks whether the servers' network has addresses left (``addresses_left``).
+UNALLOCATED_S = 10.0
+
+#: Addresses of an overlay network Swarm keeps for itself: the network's own, its broadcast
+#: address and its gateway.
+RESERVED_ADDRESSES = 3
+
+
+def addresses_left(subnets: list[str], tasks: list[dict], network_name: str, nodes: int) -> int:
+    """Addresses of ``subnets`` (the network's ranges) that no task on ``network_name`` holds
+    (a task that has not ended keeps its address, placed or not), less those Swarm keeps: its own three per range and one per node (each node's
+    endpoint on the network). 0 or less: no other server can join the network."""
+    size = sum(ipaddress.ip_network(s, strict=False).num_addresses for s in subnets)
+    held = sum(
+        1
+        for t in tasks
+        if t.get("Status", {}).get("State") in LIVE_STATES and task_address(t, network_name)
+    )
+    return size - RESERVED_ADDRESSES * len(subnets) - nodes - held

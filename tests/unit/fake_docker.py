@@ -31,6 +31,7 @@ class FakeDockerSpawner(GPUSwarmSpawner):
     - ``task_states``: the task status of the 1st, 2nd, ... service created (then running);
     - ``task_address``: every task's address on the network (nothing answers there);
     - ``published_port``: the port Swarm publishes for a service with ports;
+    - ``subnets``: the ranges of the servers' network;
     - ``calls``: every call as (method, args, kwargs); ``created``: create_service's kwargs;
       ``services``: the services that exist now, by id.
     """
@@ -42,6 +43,7 @@ class FakeDockerSpawner(GPUSwarmSpawner):
         self.task_states: list[dict] = []
         self.task_address = "127.0.0.3"  # loopback: a probe sent there by mistake stays here
         self.published_port = 30001
+        self.subnets = ["10.0.1.0/24"]  # the servers' network's ranges (inspect_network)
         self.calls: list[tuple] = []
         self.created: list[dict] = []
         self.services: dict[str, dict] = {}
@@ -72,6 +74,8 @@ class FakeDockerSpawner(GPUSwarmSpawner):
             if self.services.pop(service_id, None) is None:
                 raise _not_found(f"service {service_id}")
             return None
+        if method == "inspect_network":
+            return {"IPAM": {"Config": [{"Subnet": subnet} for subnet in self.subnets]}}
         if method == "inspect_node":
             (node_id,) = args
             return next(n for n in self.nodes if n["ID"] == node_id)
@@ -106,7 +110,9 @@ class FakeDockerSpawner(GPUSwarmSpawner):
                 }
             ],
         }
-        if status["State"] != "pending":
+        if status["State"] == "new":  # not given its addresses yet (nor a node)
+            task["NetworksAttachments"][0]["Addresses"] = []
+        elif status["State"] != "pending":
             task["NodeID"] = "n1"
         self.services[service_id] = {
             "ID": service_id,

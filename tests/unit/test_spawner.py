@@ -10,6 +10,7 @@ from tornado import web
 from traitlets import TraitError
 
 from gpu_swarm_spawner import GPUSwarmSpawner, NoGPUSliceAvailable, SpawnFailed
+from gpu_swarm_spawner import tasks as tasks_module
 
 from .clusters import node, task
 from .fake_docker import FakeDockerSpawner, make_fake
@@ -291,3 +292,44 @@ async def test_a_machine_without_the_image_fails_the_spawn_at_once_with_advice()
     assert re.search(
         r"w1 cannot get the server image .*--registry", failed.value.jupyterhub_message
     )
+
+
+async def test_a_server_never_given_an_address_on_a_full_network_fails_with_the_organizer_s_fix(
+    monkeypatch,
+):
+    """Swarm leaves such a task "new", without an error, until the start times out."""
+    monkeypatch.setattr(tasks_module, "UNALLOCATED_S", 0.05)
+    spawner = make_fake("erin", start_timeout=120, inventory_max_age=0, network_name="hubnet")
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
+    spawner.task_states = [{"State": "new", "Message": "created"}]
+    spawner.subnets = ["10.9.0.0/29"]  # 8: 3 Swarm's own, 1 node's, 4 servers
+    spawner.tasks = [
+        {**task("n1", {}, service_id=f"s{i}"), "NetworksAttachments": attached(f"10.9.0.{i + 2}")}
+        for i in range(4)
+    ]
+    with pytest.raises(SpawnFailed) as failed:
+        await asyncio.wait_for(spawner.start(), timeout=5)
+    assert "GPUHUB_NETWORK_SUBNET" in failed.value.jupyterhub_message
+    assert "10.9.0.0/29" in failed.value.jupyterhub_message
+    assert spawner.services == {}  # its service is gone, and its slice with it
+
+
+async def test_a_server_waiting_for_an_address_on_a_network_with_room_waits_on(monkeypatch):
+    monkeypatch.setattr(tasks_module, "UNALLOCATED_S", 0.05)
+    spawner = make_fake("erin", start_timeout=120, inventory_max_age=0, network_name="hubnet")
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
+    spawner.task_states = [{"State": "new", "Message": "created"}]
+
+    async def allocate_later():
+        await asyncio.sleep(0.3)
+        (service,) = spawner.services.values()
+        service["task"].update(NodeID="n1", Status={"State": "running"})
+
+    later = asyncio.ensure_future(allocate_later())
+    await asyncio.wait_for(spawner.start(), timeout=5)
+    await later
+    assert spawner.called("inspect_network")  # it looked, found room, and waited
+
+
+def attached(address: str) -> list[dict]:
+    return [{"Network": {"Spec": {"Name": "hubnet"}}, "Addresses": [f"{address}/29"]}]

@@ -2,6 +2,7 @@
 
 import pytest
 
+from gpu_swarm_spawner import tasks
 from gpu_swarm_spawner.inventory import build_inventory
 from gpu_swarm_spawner.tasks import LIVE_STATES, STAGES, Phase, newest, read_task
 
@@ -78,3 +79,25 @@ def test_the_newest_task_meant_to_run_speaks_for_the_service():
     assert newest([old, stopping, new])["ID"] == "b"
     assert newest([stopping])["ID"] == "c"
     assert newest([]) is None
+
+
+def on_network(address: str, state: str = "running", network: str = "hubnet") -> dict:
+    task = {"Status": {"State": state}, "DesiredState": "running"}
+    attachment = {"Network": {"Spec": {"Name": network}}, "Addresses": [f"{address}/28"]}
+    return {**task, "NetworksAttachments": [attachment] if address else []}
+
+
+def test_addresses_left_counts_live_tasks_on_the_network_and_what_swarm_keeps():
+    held = [on_network(f"10.9.0.{i}") for i in range(2, 11)]  # 9 servers
+    # /28: 16 addresses, 3 Swarm's own, 3 nodes' endpoints, 9 servers
+    assert tasks.addresses_left(["10.9.0.0/28"], held, "hubnet", 3) == 1
+    others = [
+        on_network("10.9.0.12", state="shutdown"),  # ended: its address is free again
+        on_network("10.8.0.2", network="elsewhere"),
+        on_network(""),  # not given one yet
+    ]
+    assert tasks.addresses_left(["10.9.0.0/28"], held + others, "hubnet", 3) == 1
+    full = held + [on_network("10.9.0.13")]
+    assert tasks.addresses_left(["10.9.0.0/28"], full, "hubnet", 3) == 0
+    # a network of two ranges; a range written with host bits (as `docker network` shows some)
+    assert tasks.addresses_left(["10.9.0.0/28", "10.9.1.5/28"], full, "hubnet", 3) == 13
