@@ -2,6 +2,9 @@
 
 How a spawn runs, top-down (the methods appear in this order below):
 
+0. ``refusal_before_spawn``: before JupyterHub's own work for a spawn, its spawn page and REST
+   API ask it (``gate.py``). A participant no GPU has room for is refused there, with the same
+   message as step 1 would give; a spawn let through claims its slices at once.
 1. ``start`` (JupyterHub calls it): asks the hub's GPU broker (``broker.py``) for a GPU that
    fits, with the placement policy (``placement.py``) over the swarm's inventory
    (``inventory.py``); the broker claims the slices at once. No GPU fits: the participant is

@@ -7,15 +7,19 @@
      workshop's pull in place).
 6.   the waiting line: a slice freed until the next in line's server is ready (tests/bench/line.py).
 7.   refusals (--only refusals): the crowd on the GPU hub alone, repeated; when those who do
-     not fit are told, and the spawner's own part of it.
+     not fit are told, and where (the gate before JupyterHub's spawn, or the spawner).
+8.   a hub whose servers' network is a /28: the participants beyond its addresses, and what
+     they are told (--only network).
 
     python -m tests.bench.bench [--repeats 10] [--crowd 50]
-                                [--only single|crowd|join|tutorials|line|refusals]
+                                [--only single|crowd|join|tutorials|line|refusals|network]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import os
 import re
 import statistics
@@ -531,13 +535,57 @@ def waiting_line(repeats: int) -> None:
     report(times)
 
 
+VARIANTS["small-network"] = {
+    "STACK": "bench-small-net",
+    "HTTP_PORT": "18650",
+    "NETWORK": "bench-small-net",
+    "NETWORK_SUBNET": "10.214.0.0/28",  # 16 addresses: a few servers beside the hub's own
+    "WAITING_LINE": "off",
+}
+
+
+def small_network(size: int = 14) -> None:
+    """More participants than the servers' network has addresses for: what each is told."""
+    print(f"\n8. {size} at once on a hub whose network is a /28 (a few servers fit)")
+    remove("small-network")
+    hub = deploy("small-network")
+    users = [f"net-{i:02d}" for i in range(size)]
+    hub.api("POST", "/users", json={"usernames": users})
+    try:
+        with ThreadPoolExecutor(size) as pool:
+            outcomes = list(pool.map(lambda u: start_outcome(hub, u), users))
+        told = collections.Counter(outcome for _, outcome in outcomes)
+        for outcome, count in told.most_common():
+            times = [t for t, o in outcomes if o == outcome]
+            print(f"  {count} in {fmt(times)}: {outcome}")
+    finally:
+        remove("small-network")
+
+
+def start_outcome(hub: Hub, user: str, timeout: float = 300) -> tuple[float, str]:
+    """Seconds until ``user``'s start ended, and how: ready, or what they were told."""
+    t0 = time.monotonic()
+    r = hub.api("POST", f"/users/{user}/server")
+    while r.status_code in (201, 202) and time.monotonic() - t0 < timeout:
+        server = hub.server(user)
+        if server is None:  # failed: what the spawn-pending page's progress stream says
+            events = hub.api("GET", f"/users/{user}/server/progress", stream=True)
+            last = [e for e in events.iter_lines(decode_unicode=True) if e.startswith("data:")]
+            message = json.loads(last[-1][5:])["message"] if last else "?"
+            return time.monotonic() - t0, message
+        if server.get("ready"):
+            return time.monotonic() - t0, "ready"
+        time.sleep(0.5)
+    return time.monotonic() - t0, f"{r.status_code} {r.text[:200]}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--crowd", type=int, default=50)
     parser.add_argument(
         "--only",
-        choices=("single", "crowd", "join", "tutorials", "line", "refusals"),
+        choices=("single", "crowd", "join", "tutorials", "line", "refusals", "network"),
         help="run one part only (while working on it)",
     )
     args = parser.parse_args()
@@ -555,6 +603,8 @@ def main() -> None:
         waiting_line(args.repeats)
     if args.only == "refusals":
         refusal_rounds(args.crowd, args.repeats)
+    if args.only in (None, "network"):
+        small_network()
 
 
 def summary(single: dict[str, list[float]], crowds: dict, size: int) -> None:
