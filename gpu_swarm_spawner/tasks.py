@@ -140,8 +140,9 @@ RESERVED_ADDRESSES = 3
 
 def addresses_left(subnets: list[str], tasks: list[dict], network_name: str, nodes: int) -> int:
     """Addresses of ``subnets`` (the network's ranges) that no task on ``network_name`` holds
-    (a task that has not ended keeps its address, placed or not), less those Swarm keeps: its own three per range and one per node (each node's
-    endpoint on the network). 0 or less: no other server can join the network."""
+    (a task that has not ended keeps its address, placed or not), less those Swarm keeps: its
+    own three per range and one per node (each node's endpoint on the network). 0 or less: no
+    other server can join the network."""
     size = sum(ipaddress.ip_network(s, strict=False).num_addresses for s in subnets)
     held = sum(
         1
