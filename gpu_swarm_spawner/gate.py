@@ -10,7 +10,9 @@ all of that work: with a spawner that refuses at once, 100 at a time were told a
 ``start``) and answers its refusal without that work. A spawn it lets through claims its
 slices at once, so that in a burst the next ones asking see them taken, until its ``start``
 claims them itself. Whatever the gate does not refuse, and any error while asking, goes
-JupyterHub's usual way.
+JupyterHub's usual way. The gate comes before the checks of JupyterHub's
+``spawn_single_user`` (its concurrent-spawn limit, ``refresh_pre_spawn``): on a full hub,
+those over the limit are told there is no slice rather than "429: too many users".
 
 The refusal looks as it always did: the same exception, raised where JupyterHub's own spawn
 raises it (the error page, the spawn form, the REST API's 503), and kept as the server's
