@@ -85,7 +85,8 @@ class GPUBroker:
         self._claims: dict[Hashable, Claim] = {}
         self._read: asyncio.Future | None = None
         self._read_started = 0.0
-        self._polled: tuple | None = None  # (the read, its tasks by service, its nodes by ID)
+        self._polled: tuple | None = None  # a read of the swarm, indexed (_index)
+        self._usage: tuple | None = None  # (the tasks of a read, what they hold)
         # the waiting line
         self.line_interval = 2.0  # seconds between reads of the swarm while anyone waits
         self._line: list[line.Entry] = []
@@ -140,6 +141,19 @@ class GPUBroker:
         """The servers' view for polling: ``({service ID: its newest task}, {node ID: node})``
         from the latest read of the swarm when it began less than ``max_age`` seconds ago,
         else from a new (shared) read. Indexed once per read, however many servers poll."""
+        await self._index(read, max_age)
+        return self._polled[1], self._polled[2]
+
+    async def tasks_of(self, read: ReadSwarm, service_id: str, max_age: float) -> list[dict]:
+        """Every task of ``service_id``, from the latest read of the swarm when it began less
+        than ``max_age`` seconds ago, else from a new (shared) read: when many servers stop
+        at once, one read answers all of them."""
+        await self._index(read, max_age)
+        return self._polled[3].get(service_id, [])
+
+    async def _index(self, read: ReadSwarm, max_age: float) -> None:
+        """``_polled``: (a read, its newest task by service, its nodes by ID, its tasks by
+        service), indexed once per read however many ask."""
         result = await self.read_swarm(read, max_age)
         if self._polled is None or self._polled[0] is not result:
             nodes, all_tasks = result
@@ -147,12 +161,15 @@ class GPUBroker:
             for task in all_tasks:
                 by_service.setdefault(task.get("ServiceID", ""), []).append(task)
             latest_tasks = {sid: newest(found) for sid, found in by_service.items()}
-            self._polled = (result, latest_tasks, {n["ID"]: n for n in nodes})
-        return self._polled[1], self._polled[2]
+            self._polled = (result, latest_tasks, {n["ID"]: n for n in nodes}, by_service)
 
     def _inventory(self, nodes: list[dict], tasks: list[dict]) -> list[GPU]:
         claims = list(self._claims.values())
-        return inventory.build_inventory(nodes, tasks, self.kind_prefix, claims=claims)
+        # counted once per read: a burst of 500 refusals builds 500 inventories from one read
+        if self._usage is None or self._usage[0] is not tasks:
+            self._usage = (tasks, inventory.task_usage(tasks, self.kind_prefix))
+        usage = self._usage[1]
+        return inventory.build_inventory(nodes, tasks, self.kind_prefix, claims, usage)
 
     async def inventory(self, read: ReadSwarm) -> list[GPU]:
         """The swarm's GPUs with the slices live tasks and this hub's claims hold."""

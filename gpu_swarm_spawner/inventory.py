@@ -102,24 +102,45 @@ class Claim:
     service_id: str = ""
 
 
+@dataclass(frozen=True)
+class TaskUsage:
+    """What the live tasks of one read of the swarm hold: ``used``, slices by GPU UUID, and
+    ``services``, the services with a live task (their claims are counted in ``used``)."""
+
+    used: dict[str, int]
+    services: frozenset
+
+
+def task_usage(tasks: list[dict], kind_prefix: Prefixes = KIND_PREFIXES) -> TaskUsage:
+    """The slices ``tasks`` hold while live, on any node. The costly part of an inventory
+    (every task of the swarm), so a read shared by many spawns is counted once."""
+    used: dict[str, int] = {}
+    services = set()
+    for task in tasks:
+        if not is_live(task):
+            continue
+        services.add(task.get("ServiceID"))
+        for uuid, count in task_reservations(task, kind_prefix).items():
+            used[uuid] = used.get(uuid, 0) + count
+    return TaskUsage(used, frozenset(services))
+
+
 def used_slices(
-    tasks: list[dict], kind_prefix: Prefixes = KIND_PREFIXES, claims: Iterable[Claim] = ()
+    tasks: list[dict],
+    kind_prefix: Prefixes = KIND_PREFIXES,
+    claims: Iterable[Claim] = (),
+    usage: TaskUsage | None = None,
 ) -> dict[str, int]:
-    """``{uuid: slices}`` held by live tasks and by ``claims``, on any node.
+    """``{uuid: slices}`` held by live tasks and by ``claims``, on any node; ``usage``:
+    ``task_usage(tasks)`` when already counted.
 
     Kinds are GPU UUIDs, so each lives on exactly one node. A claim whose service already has
     a live task in ``tasks`` is not counted twice.
     """
-    used: dict[str, int] = {}
-    counted_services = set()
-    for task in tasks:
-        if not is_live(task):
-            continue
-        counted_services.add(task.get("ServiceID"))
-        for uuid, count in task_reservations(task, kind_prefix).items():
-            used[uuid] = used.get(uuid, 0) + count
+    usage = usage or task_usage(tasks, kind_prefix)
+    used = dict(usage.used)
     for claim in claims:
-        if not claim.service_id or claim.service_id not in counted_services:
+        if not claim.service_id or claim.service_id not in usage.services:
             used[claim.uuid] = used.get(claim.uuid, 0) + claim.slices
     return used
 
@@ -129,12 +150,14 @@ def build_inventory(
     tasks: list[dict],
     kind_prefix: Prefixes = KIND_PREFIXES,
     claims: Iterable[Claim] = (),
+    usage: TaskUsage | None = None,
 ) -> list[GPU]:
-    """Every GPU on a schedulable node, with the slices live tasks (and ``claims``) hold on it.
+    """Every GPU on a schedulable node, with the slices live tasks (and ``claims``) hold on it
+    (``usage``: ``task_usage(tasks)`` when already counted).
 
     Sorted by node name then UUID, so callers get a stable order.
     """
-    used = used_slices(tasks, kind_prefix, claims)
+    used = used_slices(tasks, kind_prefix, claims, usage)
     gpus = []
     for node in nodes:
         if not node_is_schedulable(node):

@@ -54,22 +54,9 @@ from .tasks import Phase
 from .traits import GPUSwarmSpawnerTraits
 
 #: While a server shuts itself down: how long its shutdown request may take, and how often its
-#: task is looked at (stop_object): every SHUTDOWN_POLL_S while few stop, less often when many
-#: do (shutdown_poll_interval).
+#: task is looked at (stop_object).
 SHUTDOWN_REQUEST_S = 5.0
 SHUTDOWN_POLL_S = 0.1
-SHUTDOWN_POLL_MAX_S = 1.0
-
-
-def shutdown_poll_interval(stopping: int, threads: int) -> float:
-    """Seconds between looks at a stopping server's task when ``stopping`` servers shut down
-    at once and the hub has ``threads`` for Docker calls: SHUTDOWN_POLL_S while each thread
-    has at most one of them to look at, longer in proportion beyond that (up to
-    SHUTDOWN_POLL_MAX_S), so the looks of 500 stopping servers do not crowd out the calls
-    that remove their services."""
-    share = max(1.0, stopping / max(threads, 1))
-    return min(SHUTDOWN_POLL_MAX_S, SHUTDOWN_POLL_S * share)
-
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
@@ -237,15 +224,22 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.broker.nudge()  # its slices are free now, before the service is even removed
 
     async def _wait_for_end(self, running: set[str], deadline: float) -> bool:
-        """Whether the ``running`` tasks ended before ``deadline`` (time.monotonic)."""
+        """Whether the ``running`` tasks ended before ``deadline`` (time.monotonic). While
+        more servers stop than the hub has threads for Docker calls (the end of a workshop),
+        their looks share one read of the swarm instead of one call each, which would crowd
+        out the calls that remove their services."""
         # the running task only: a service made before the restart policy was on-failure gets
         # a replacement task, which the removal then ends before it starts
-        while any(t["ID"] in running and tasks.is_live(t) for t in await self._service_tasks()):
+        while any(t["ID"] in running and tasks.is_live(t) for t in await self._tasks_now()):
             if time.monotonic() > deadline:
                 return False
-            stopping = len(self.broker.stopping)
-            await asyncio.sleep(shutdown_poll_interval(stopping, self.broker.threads))
+            await asyncio.sleep(SHUTDOWN_POLL_S)
         return True
+
+    async def _tasks_now(self) -> list[dict]:
+        if len(self.broker.stopping) > self.broker.threads:
+            return await self.broker.tasks_of(self._read_swarm, self.object_id, SHUTDOWN_POLL_S)
+        return await self._service_tasks()
 
     async def _service_tasks(self) -> list[dict]:
         return await self.docker("tasks", filters={"service": self.object_id})

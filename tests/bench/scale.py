@@ -465,9 +465,9 @@ def run_variant(variant: str, n: int, only: str | None) -> dict:
             )
             for seconds, outcome in f["refusal"]:
                 print(f"  participant {n + 1}: {seconds:.2f} s  {outcome}", flush=True)
-            for size, n, b in f["refused_burst"]:
+            for size, rounds, b in f["refused_burst"]:
                 print(
-                    f"  {size} more at once (round {n}): {len(b['refused'])} refused in "
+                    f"  {size} more at once (round {rounds}): {len(b['refused'])} refused in "
                     f"{fmt(b['refused'])}, max {max(b['refused'], default=0):.2f} s; "
                     f"{b['started']} started, {b['untold']} not told within 120 s "
                     f"({b['reasons']})",

@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 
+from gpu_swarm_spawner import inventory
 from gpu_swarm_spawner.broker import GPUBroker, LineFull, NoRoom, Request, of_hub
 
 from .clusters import node, task
@@ -267,3 +268,21 @@ async def test_after_a_stop_the_line_looks_often_until_the_stopped_task_has_ende
     swarm.tasks = running("x", "y")  # the task has ended, 0.1 s later
     got = await asyncio.wait_for(wait, 1)
     assert got.gpu.uuid == "GPU-a0" and swarm.reads - reads <= 4
+
+
+async def test_the_tasks_of_one_read_are_counted_once_however_many_choose_from_it(monkeypatch):
+    """A burst of refusals builds an inventory each from one read of every task."""
+    counted = []
+    real = inventory.task_usage
+    monkeypatch.setattr(inventory, "task_usage", lambda *a: counted.append(1) or real(*a))
+    broker = GPUBroker(threads=1, max_age=60)
+    swarm = Swarm(ONE_FREE_EACH, BUSY)
+    chosen = [await broker.reserve(f"spawn-{i}", Request(slices=1), swarm) for i in range(2)]
+    with pytest.raises(NoRoom):  # the two free slices are claimed: the claims still count
+        await broker.reserve("spawn-2", Request(slices=1), swarm)
+    assert {r.gpu.uuid for r in chosen} == {"GPU-a0", "GPU-a1"}
+    assert swarm.reads == 1 and len(counted) == 1
+    broker._read = None  # a new read: counted anew
+    await broker.inventory(swarm)
+    assert swarm.reads == 2 and len(counted) == 2
+    broker.close()

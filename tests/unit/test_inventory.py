@@ -100,6 +100,10 @@ def test_claims_count_until_swarm_counts_the_task_itself():
     gpus = by_uuid(build_inventory(nodes, tasks, claims=claims))
     assert (gpus[A0].used, gpus[A1].used) == (3, 1)
     assert build_inventory(nodes, [], claims=[inventory.Claim(B0, 1)])[0].used == 0
+    # the tasks counted beforehand (a read shared by many spawns): the same inventory
+    usage = inventory.task_usage(tasks)
+    assert usage.services == {"s-placed"}  # the pending task is not on a node yet
+    assert build_inventory(nodes, tasks, claims=claims, usage=usage) == list(gpus.values())
 
 
 def test_gpu_memory_comes_from_the_engine_labels():
