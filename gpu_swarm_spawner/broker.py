@@ -85,7 +85,7 @@ class GPUBroker:
         self._claims: dict[Hashable, Claim] = {}
         self._read: asyncio.Future | None = None
         self._read_started = 0.0
-        self._polled: tuple | None = None  # a read of the swarm, indexed (_index)
+        self._polled: tuple | None = None  # (the read, its tasks by service, its nodes by ID)
         self._usage: tuple | None = None  # (the tasks of a read, what they hold)
         # the waiting line
         self.line_interval = 2.0  # seconds between reads of the swarm while anyone waits
@@ -105,7 +105,7 @@ class GPUBroker:
         #: services of servers without a GPU being started (they count towards the cap before
         #: their service exists)
         self.cpu_only_starting: set[str] = set()
-        #: services of servers shutting down (their tasks are looked at until they end)
+        #: services of servers being stopped
         self.stopping: set[str] = set()
 
     # ---- reading the swarm ----------------------------------------------------------------
@@ -141,19 +141,6 @@ class GPUBroker:
         """The servers' view for polling: ``({service ID: its newest task}, {node ID: node})``
         from the latest read of the swarm when it began less than ``max_age`` seconds ago,
         else from a new (shared) read. Indexed once per read, however many servers poll."""
-        await self._index(read, max_age)
-        return self._polled[1], self._polled[2]
-
-    async def tasks_of(self, read: ReadSwarm, service_id: str, max_age: float) -> list[dict]:
-        """Every task of ``service_id``, from the latest read of the swarm when it began less
-        than ``max_age`` seconds ago, else from a new (shared) read: when many servers stop
-        at once, one read answers all of them."""
-        await self._index(read, max_age)
-        return self._polled[3].get(service_id, [])
-
-    async def _index(self, read: ReadSwarm, max_age: float) -> None:
-        """``_polled``: (a read, its newest task by service, its nodes by ID, its tasks by
-        service), indexed once per read however many ask."""
         result = await self.read_swarm(read, max_age)
         if self._polled is None or self._polled[0] is not result:
             nodes, all_tasks = result
@@ -161,7 +148,8 @@ class GPUBroker:
             for task in all_tasks:
                 by_service.setdefault(task.get("ServiceID", ""), []).append(task)
             latest_tasks = {sid: newest(found) for sid, found in by_service.items()}
-            self._polled = (result, latest_tasks, {n["ID"]: n for n in nodes}, by_service)
+            self._polled = (result, latest_tasks, {n["ID"]: n for n in nodes})
+        return self._polled[1], self._polled[2]
 
     def _inventory(self, nodes: list[dict], tasks: list[dict]) -> list[GPU]:
         claims = list(self._claims.values())

@@ -198,48 +198,47 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         slices at once; the service is then removed as before. A server that refuses or does not
         answer is removed at once, as SwarmSpawner does. ``server_shutdown_timeout`` bounds the
         whole; 0 skips it.
+
+        While more servers stop than the hub has threads for Docker calls (the end of a
+        workshop), each is asked to shut down and removed without waiting for its task to
+        end: their looks at their tasks would crowd out the calls that remove the services,
+        and so many stops free slices for any waiting participant anyway.
         """
         if not self.server_shutdown_timeout or not self.object_id or self.server is None:
             return
+        stopping = self.broker.stopping
+        stopping.add(self.object_id)
+        try:
+            if len(stopping) > self.broker.threads:
+                await self._ask_to_shut_down()
+            else:
+                await self._shut_down()
+        finally:
+            stopping.discard(self.object_id)
+
+    async def _shut_down(self) -> None:
+        """Ask the server to shut down, and wait until its task has ended (or the timeout)."""
         running = {t["ID"] for t in await self._service_tasks() if tasks.is_running(t)}
         if not running:
             return
         t0 = time.monotonic()
         if not await self._ask_to_shut_down():
             return
-        stopping = self.broker.stopping
-        stopping.add(self.object_id)
-        try:
-            ended = await self._wait_for_end(running, t0 + self.server_shutdown_timeout)
-        finally:
-            stopping.discard(self.object_id)
-        if not ended:
-            self.log.warning(
-                "%s did not shut down within %s s (server_shutdown_timeout); removing its service",
-                self._log_name,
-                self.server_shutdown_timeout,
-            )
-            return
-        self.log.info("%s shut down in %.1f s", self._log_name, time.monotonic() - t0)
-        self.broker.nudge()  # its slices are free now, before the service is even removed
-
-    async def _wait_for_end(self, running: set[str], deadline: float) -> bool:
-        """Whether the ``running`` tasks ended before ``deadline`` (time.monotonic). While
-        more servers stop than the hub has threads for Docker calls (the end of a workshop),
-        their looks share one read of the swarm instead of one call each, which would crowd
-        out the calls that remove their services."""
+        deadline = t0 + self.server_shutdown_timeout
         # the running task only: a service made before the restart policy was on-failure gets
         # a replacement task, which the removal then ends before it starts
-        while any(t["ID"] in running and tasks.is_live(t) for t in await self._tasks_now()):
+        while any(t["ID"] in running and tasks.is_live(t) for t in await self._service_tasks()):
             if time.monotonic() > deadline:
-                return False
+                self.log.warning(
+                    "%s did not shut down within %s s (server_shutdown_timeout); removing its "
+                    "service",
+                    self._log_name,
+                    self.server_shutdown_timeout,
+                )
+                return
             await asyncio.sleep(SHUTDOWN_POLL_S)
-        return True
-
-    async def _tasks_now(self) -> list[dict]:
-        if len(self.broker.stopping) > self.broker.threads:
-            return await self.broker.tasks_of(self._read_swarm, self.object_id, SHUTDOWN_POLL_S)
-        return await self._service_tasks()
+        self.log.info("%s shut down in %.1f s", self._log_name, time.monotonic() - t0)
+        self.broker.nudge()  # its slices are free now, before the service is even removed
 
     async def _service_tasks(self) -> list[dict]:
         return await self.docker("tasks", filters={"service": self.object_id})

@@ -173,17 +173,14 @@ async def test_servers_are_restarted_by_swarm_only_when_they_fail():
     assert created["task_template"]["RestartPolicy"] == {"Condition": "on-failure"}
 
 
-async def test_a_stop_among_many_looks_at_its_task_in_a_read_shared_by_all_of_them():
+async def test_a_stop_among_many_asks_the_server_to_shut_down_and_does_not_wait():
     among, stand_in = await running("ok")
     others = {f"other-{i}" for i in range(40)}  # 40 more servers stopping (10 per thread)
     among.broker.stopping.update(others)
     started = len(among.calls)
     await among.stop()
     assert among.broker.stopping == others  # its own entry is gone
-    calls = [kw for name, _, kw in among.calls[started:] if name == "tasks"]
-    own = [kw for kw in calls if kw.get("filters")]
-    shared = [kw for kw in calls if not kw.get("filters")]
-    assert len(own) == 1  # whether it runs, before the shutdown request; then only shared reads
-    assert shared and among.services == {}
-    assert among.states_at_removal == [["complete"]]  # it still waited for the task to end
+    assert stand_in.requests == ["token the-servers-token"]  # asked all the same
+    assert [name for name, _, _ in among.calls[started:]] == ["remove_service"]  # no looks
+    assert among.states_at_removal == [["running"]] and among.services == {}
     stand_in.stop()
