@@ -159,6 +159,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     _cancelled_in_line = False  # this spawn ended in the line, cancelled (left, or hub stopping)
     _waited = None  # seconds this spawn waited in line before its slices (None: it did not)
     _refused = False  # this spawn was refused before any service was made (or left)
+    _early_claim = None  # the claim refusal_before_spawn made, until start claims its own
 
     @property
     def broker(self) -> broker.GPUBroker:
@@ -399,8 +400,6 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             return refusal
         self._early_claim = self.broker.claim_of(self)
         return None
-
-    _early_claim = None  # the claim refusal_before_spawn made, until start claims its own
 
     def forget_early_claim(self) -> None:
         """The spawn ``refusal_before_spawn`` let through has claimed slices itself, or ended
