@@ -27,14 +27,14 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import docker
-import requests
 
 from gpu_swarm_spawner import GPUSwarmSpawner
 from gpu_swarm_spawner.tasks import is_live
+from tests.bench.client import Spawns
 from tests.bench.line import bench_line, report, until_ended
 from tests.integration.hub import BED, BED_HOST, REPO, Hub, container_of, hub_url, state_file
 from tests.integration.spawners import inventory
@@ -274,7 +274,7 @@ def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
 def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
     """``size`` spawn requests at once; when each became ready, was refused, or neither.
 
-    The requests go out together from their own threads; one watcher reads every user's state
+    The requests go out together (tests/bench/client.py); one watcher reads every user's state
     with a single GET /users every 0.25 s (50 pollers would load the hub more than the spawns).
     """
     users = [f"bench-crowd-{i:02d}" for i in range(size)]
@@ -282,21 +282,22 @@ def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
     outcomes: dict[str, tuple[str, float]] = {}
     accepted: set[str] = set()
     lock = threading.Lock()
+    spawns = Spawns(hub.url, dict(hub.session.headers), timeout=timeout, retry_429=False)
     t0 = time.monotonic()
 
-    def request(user: str) -> None:
-        with requests.Session() as session:
-            session.headers.update(hub.session.headers)
-            r = session.post(f"{hub.url}/hub/api/users/{user}/server", timeout=timeout)
+    def answered(user: str, answer: Future) -> None:
+        if answer.cancelled() or answer.exception():
+            return  # no answer within the timeout: counted as such below
+        status, _, seconds = answer.result()
         with lock:
-            if r.status_code in (201, 202):
+            if status in (201, 202):
                 accepted.add(user)
             else:  # the spawn failed before the hub answered (within its slow_spawn_timeout)
-                outcomes[user] = ("refused", time.monotonic() - t0)
+                outcomes[user] = ("refused", seconds)
 
-    with ThreadPoolExecutor(size) as pool:
+    try:
         for user in users:
-            pool.submit(request, user)
+            spawns.send(user, t0).add_done_callback(lambda a, user=user: answered(user, a))
         while len(outcomes) < size and time.monotonic() - t0 < timeout:
             time.sleep(0.25)
             listed = hub.api("GET", "/users", params={"limit": 1000}).json()
@@ -309,6 +310,8 @@ def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
                         outcomes[user] = ("refused", now)
                     elif server["ready"]:
                         outcomes[user] = ("ready", now)
+    finally:
+        spawns.close()
     for user in users:
         hub.api("DELETE", f"/users/{user}/server")
     for user in users:

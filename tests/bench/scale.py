@@ -26,14 +26,14 @@ import os
 import statistics
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import docker
-import requests
 
 from tests.bench import bench
 from tests.bench.bench import fmt, pct
+from tests.bench.client import Spawns
 from tests.integration.hub import Hub
 from tests.integration.spawners import inventory
 
@@ -159,46 +159,43 @@ def servers(hub: Hub) -> dict[str, dict]:
 
 
 class Crowd:
-    """Spawn requests from threads; one watcher reads all servers every ``WATCH_S``.
+    """Spawn requests sent together (tests/bench/client.py); one watcher reads all servers
+    every ``WATCH_S``.
 
     A request answered 429 (JupyterHub's concurrent_spawn_limit) is sent again after the
     Retry-After it names; any other refusal is recorded with its time and status."""
 
     WATCH_S = 0.5
 
-    def __init__(self, hub: Hub, threads: int):
+    def __init__(self, hub: Hub):
         self.hub = hub
-        self.pool = ThreadPoolExecutor(threads)
+        self.spawns = Spawns(hub.url, dict(hub.session.headers))
         self.lock = threading.Lock()
         self.sent: dict[str, float] = {}  # first request
         self.accepted: set[str] = set()
         self.ready: dict[str, float] = {}  # seconds from the first request
         self.refused: dict[str, tuple[float, str]] = {}
-        self.retries = 0
-        self.closed = False
 
-    def _request(self, user: str) -> None:
-        with requests.Session() as session:
-            session.headers.update(self.hub.session.headers)
-            while True:
-                r = session.post(f"{self.hub.url}/hub/api/users/{user}/server", timeout=300)
-                if r.status_code != 429 or self.closed:
-                    break
-                with self.lock:
-                    self.retries += 1
-                time.sleep(float(r.headers.get("Retry-After") or 1))
-        now = time.monotonic()
+    @property
+    def retries(self) -> int:
+        return self.spawns.retries
+
+    def _answered(self, user: str, answer: Future) -> None:
+        if answer.cancelled() or answer.exception():
+            return  # closed while it was out: neither accepted nor refused
+        status, body, seconds = answer.result()
         with self.lock:
-            if r.status_code in (201, 202):
+            if status in (201, 202):
                 self.accepted.add(user)
             else:
-                self.refused[user] = (now - self.sent[user], f"{r.status_code} {r.text[:120]}")
+                self.refused[user] = (seconds, f"{status} {body[:120]}")
 
     def send(self, users: list[str]) -> None:
         now = time.monotonic()
         for user in users:
             self.sent[user] = now
-            self.pool.submit(self._request, user)
+            answer = self.spawns.send(user, now)
+            answer.add_done_callback(lambda a, user=user: self._answered(user, a))
 
     def wait(self, users: list[str], timeout: float) -> None:
         """Until each of ``users`` is ready or refused (or ``timeout``)."""
@@ -220,8 +217,7 @@ class Crowd:
                         pending.discard(user)
 
     def close(self) -> None:
-        self.closed = True  # requests answered 429 are not sent again
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.spawns.close()  # requests answered 429 are not sent again
 
 
 def stop_all(hub: Hub, users: list[str]) -> float:
@@ -283,7 +279,7 @@ def refused_burst(hub: Hub, size: int) -> dict:
     told."""
     extras = [f"scale-more-{i:03d}" for i in range(size)]
     create_users(hub, extras)
-    crowd = Crowd(hub, size)
+    crowd = Crowd(hub)
     try:
         crowd.send(extras)
         crowd.wait(extras, timeout=120)
@@ -352,7 +348,7 @@ def oversubscribed(hub: Hub) -> tuple[int, int, dict[str, int]]:
 
 
 def waves(hub: Hub, users: list[str], limit: int) -> dict:
-    crowd = Crowd(hub, limit)
+    crowd = Crowd(hub)
     t0 = time.monotonic()
     report: dict = {"waves": []}
     try:
@@ -379,7 +375,7 @@ def waves(hub: Hub, users: list[str], limit: int) -> dict:
 
 
 def burst(hub: Hub, users: list[str]) -> dict:
-    crowd = Crowd(hub, len(users))
+    crowd = Crowd(hub)
     t0 = time.monotonic()
     try:
         crowd.send(users)

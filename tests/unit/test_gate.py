@@ -136,6 +136,10 @@ class JupyterHubSpawn:
 
     def __init__(self, fails=None):
         self.spawned, self.fails = [], fails
+        self.users, self.looked_up = {}, []  # the hub's users by id; its database lookups
+
+    def find_user(self, name):
+        self.looked_up.append(name)
 
     async def spawn_single_user(self, user, server_name="", display_name="", options=None):
         self.spawned.append((user.name, server_name, options))
@@ -214,6 +218,16 @@ async def test_a_server_jupyterhub_has_not_made_is_left_to_jupyterhub():
     user = SimpleNamespace(name="dana", orm_spawners={}, spawners={})
     await handler.spawn_single_user(user, "new", "", None)
     assert handler.spawned == [("dana", "new", None)] and user.spawners == {}
+
+
+def test_a_user_the_hub_holds_is_found_without_a_database_query():
+    handler = Handler()
+    dana = SimpleNamespace(name="dana")
+    handler.users = {7: SimpleNamespace(name="eve"), 8: dana}
+    assert handler.find_user("dana") is dana and handler.looked_up == []
+    dana.name = "dana2"  # renamed by an admin: found by the new name only
+    assert handler.find_user("dana") is None and handler.looked_up == ["dana"]
+    assert handler.find_user("dana2") is dana
 
 
 def test_install_puts_the_gated_handlers_in_jupyterhub_s_tables():

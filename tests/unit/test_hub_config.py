@@ -15,6 +15,7 @@ from traitlets.config.loader import PyFileConfigLoader
 from traitlets.utils.importstring import import_item
 
 from deploy.settings import key_of
+from deploy.steps import GENERATED
 from gpu_swarm_spawner import contract
 
 REPO = Path(__file__).resolve().parents[2]
@@ -270,3 +271,15 @@ def test_the_hub_config_reads_only_settings_the_stack_passes_to_the_hub():
     # no setting read around the Config: only where the container keeps secrets and data
     environ = set(re.findall(r"os\.environ(?:\.get)?\(\s*\"(\w+)\"", source))
     assert environ == {"GPUHUB_SECRETS_DIR", "GPUHUB_DATA_DIR"}
+
+
+def test_only_the_deploys_random_tokens_are_trusted_without_stretching(hub_config):
+    """JupyterHub hashes config tokens once, not 16384 times, when it trusts them: every token
+    in the config must then be one the deploy generates."""
+    config = hub_config()
+    assert config.JupyterHub.trust_user_provided_tokens is True
+    generated = {"ops_token": "o" * 32, "metrics_token": "m" * 32}  # the fixture's secrets
+    assert set(generated) <= set(GENERATED)
+    tokens = [s["api_token"] for s in config.JupyterHub.services if "api_token" in s]
+    assert tokens and set(tokens) <= set(generated.values())
+    assert "api_tokens" not in config.JupyterHub
