@@ -176,6 +176,8 @@ else:
     c.JupyterHub.spawner_class = "gpu_swarm_spawner.GPUSwarmSpawner"
     # a participant no slice can take is told so before JupyterHub's own spawn work (gate.py)
     gate.install()
+    # ... and a burst's connections wait in the hub's queue instead of being dropped and retried
+    gate.deepen_listen_backlog()
     c.GPUSwarmSpawner.slices_per_server = cfg.slices_per_server
     c.GPUSwarmSpawner.placement_policy = cfg.placement
     c.GPUSwarmSpawner.docker_api_threads = cfg.docker_api_threads

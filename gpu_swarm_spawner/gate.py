@@ -29,10 +29,18 @@ losing the gate.
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from jupyterhub import apihandlers, handlers
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.handlers.pages import SpawnHandler
+from tornado.tcpserver import TCPServer
+
+#: Connections the hub's port holds while its one thread is busy; tornado's default is 128. With
+#: 500 spawn requests at once (through the proxy, one connection each), the kernel dropped what
+#: did not fit in 128, and those requests were sent again after 1, 3 or 7 s. The kernel caps it
+#: at net.core.somaxconn (4096 by default in each network namespace).
+LISTEN_BACKLOG = 2048
 
 
 class RefuseFirst:
@@ -115,6 +123,22 @@ def swap_handlers(tables: list[list[tuple]], swaps: dict[type, type]) -> None:
             "not one the gate knows. Install the JupyterHub version in images/hub/"
             "requirements.txt, or report the version you run."
         )
+
+
+def deepen_listen_backlog(backlog: int = LISTEN_BACKLOG) -> None:
+    """JupyterHub's HTTP server listens with room for ``backlog`` waiting connections instead
+    of tornado's 128 (JupyterHub has no setting for it). Idempotent."""
+    listen = TCPServer.listen
+    if hasattr(listen, "gpuhub_backlog"):
+        return
+
+    @functools.wraps(listen)
+    def deep_listen(self, port, address=None, **kwargs):
+        kwargs.setdefault("backlog", backlog)
+        return listen(self, port, address, **kwargs)
+
+    deep_listen.gpuhub_backlog = backlog
+    TCPServer.listen = deep_listen
 
 
 def install() -> None:

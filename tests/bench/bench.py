@@ -271,8 +271,9 @@ def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
 # ---- 2 and 3. a crowd at once; refusals ----------------------------------------------------------
 
 
-def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
-    """``size`` spawn requests at once; when each became ready, was refused, or neither.
+def crowd(hub: Hub, size: int, timeout: float) -> dict:
+    """``size`` spawn requests at once; when each became ready, was refused, or neither (lists
+    of seconds), and the most common reasons for refusals (``reasons``).
 
     The requests go out together (tests/bench/client.py); one watcher reads every user's state
     with a single GET /users every 0.25 s (50 pollers would load the hub more than the spawns).
@@ -281,6 +282,7 @@ def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
     hub.api("POST", "/users", json={"usernames": users})
     outcomes: dict[str, tuple[str, float]] = {}
     accepted: set[str] = set()
+    reasons: collections.Counter = collections.Counter()
     lock = threading.Lock()
     spawns = Spawns(hub.url, dict(hub.session.headers), timeout=timeout, retry_429=False)
     t0 = time.monotonic()
@@ -288,12 +290,13 @@ def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
     def answered(user: str, answer: Future) -> None:
         if answer.cancelled() or answer.exception():
             return  # no answer within the timeout: counted as such below
-        status, _, seconds = answer.result()
+        status, body, seconds = answer.result()
         with lock:
             if status in (201, 202):
                 accepted.add(user)
             else:  # the spawn failed before the hub answered (within its slow_spawn_timeout)
                 outcomes[user] = ("refused", seconds)
+                reasons[f"{status} {body[:60]}"] += 1
 
     try:
         for user in users:
@@ -308,6 +311,7 @@ def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
                     server = servers.get(user)
                     if server is None:  # the spawn failed after the request was accepted
                         outcomes[user] = ("refused", now)
+                        reasons["failed after the hub accepted it"] += 1
                     elif server["ready"]:
                         outcomes[user] = ("ready", now)
     finally:
@@ -316,10 +320,11 @@ def crowd(hub: Hub, size: int, timeout: float) -> dict[str, list[float]]:
         hub.api("DELETE", f"/users/{user}/server")
     for user in users:
         hub.wait_stopped(user, timeout=180)
-    result: dict[str, list[float]] = {"ready": [], "refused": [], "timeout": []}
+    result: dict = {"ready": [], "refused": [], "timeout": []}
     for user in users:
         outcome, t = outcomes.get(user, ("timeout", timeout))
         result[outcome].append(t)
+    result["reasons"] = reasons.most_common(3)
     return result
 
 
@@ -491,7 +496,8 @@ def refusal_rounds(size: int, rounds: int) -> None:
                 f"  round {n}: {len(result['ready'])} ready, {len(refused)} refused in "
                 f"p50 {statistics.median(refused) if refused else 0:.2f} s, max "
                 f"{max(refused, default=0):.2f} s; {len(gated)} by the gate before JupyterHub's "
-                f"spawn, {len(own)} in the spawner (its part: max {max(own, default=0):.2f} s)",
+                f"spawn, {len(own)} in the spawner (its part: max {max(own, default=0):.2f} s); "
+                f"answers: {result['reasons']}",
                 flush=True,
             )
     finally:

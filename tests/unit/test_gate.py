@@ -8,12 +8,15 @@ with the gate answers 100 and 500 refusals at once in ``make bench-scale``; the 
 
 import asyncio
 import logging
+import subprocess
 from types import SimpleNamespace
 
 import pytest
 from jupyterhub import apihandlers, handlers
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.handlers.pages import SpawnHandler
+from tornado.httpserver import HTTPServer
+from tornado.tcpserver import TCPServer
 
 from gpu_swarm_spawner import NoGPUSliceAvailable, gate
 
@@ -246,3 +249,22 @@ def test_a_jupyterhub_without_those_handlers_stops_the_hub_with_advice():
     table = [("/spawn", SpawnHandler)]
     with pytest.raises(RuntimeError, match="no UserServerAPIHandler.*images/hub/requirements"):
         gate.swap_handlers([table], gate.SWAPS)
+
+
+def listen_queue(port):
+    """The queue length the kernel gives a listening TCP port (``ss``' Send-Q)."""
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True)
+    return int(out.stdout.split()[2])
+
+
+async def test_the_hubs_port_queues_a_burst_of_connections_instead_of_dropping_them(monkeypatch):
+    monkeypatch.setattr(TCPServer, "listen", TCPServer.listen)  # put back afterwards
+    gate.deepen_listen_backlog(1500)
+    gate.deepen_listen_backlog(1000)  # twice: as once
+    server = HTTPServer(lambda request: None)
+    server.listen(0, address="127.0.0.1")  # as JupyterHub calls it
+    try:
+        (sock,) = server._sockets.values()
+        assert listen_queue(sock.getsockname()[1]) == 1500  # tornado's own: 128
+    finally:
+        server.stop()
