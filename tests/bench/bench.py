@@ -268,6 +268,27 @@ def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
     return times
 
 
+PAGE = 200  # JupyterHub's largest page of users (api_page_max_limit)
+
+
+def servers(hub: Hub) -> dict[str, dict]:
+    """Every user's default server with one ``state=active`` listing, page by page."""
+    found: dict[str, dict] = {}
+    offset = 0
+    while True:
+        r = hub.api("GET", "/users", params={"state": "active", "limit": PAGE, "offset": offset})
+        r.raise_for_status()
+        page = r.json()
+        items = page["items"] if isinstance(page, dict) else page
+        for user in items:
+            server = (user.get("servers") or {}).get("")
+            if server:
+                found[user["name"]] = server
+        if len(items) < PAGE:
+            return found
+        offset += PAGE
+
+
 # ---- 2 and 3. a crowd at once; refusals ----------------------------------------------------------
 
 
@@ -303,12 +324,11 @@ def crowd(hub: Hub, size: int, timeout: float) -> dict:
             spawns.send(user, t0).add_done_callback(lambda a, user=user: answered(user, a))
         while len(outcomes) < size and time.monotonic() - t0 < timeout:
             time.sleep(0.25)
-            listed = hub.api("GET", "/users", params={"limit": 1000}).json()
+            listed = servers(hub)  # every page: JupyterHub answers at most 200 users at once
             now = time.monotonic() - t0
-            servers = {u["name"]: u.get("servers", {}).get("") for u in listed}
             with lock:
                 for user in accepted - outcomes.keys():
-                    server = servers.get(user)
+                    server = listed.get(user)
                     if server is None:  # the spawn failed after the request was accepted
                         outcomes[user] = ("refused", now)
                         reasons["failed after the hub accepted it"] += 1
@@ -490,14 +510,22 @@ def refusal_rounds(size: int, rounds: int) -> None:
             (hub_service,) = docker.from_env().services.list(filters={"name": service})
             log = b"".join(hub_service.logs(stdout=True, stderr=True, since=since)).decode()
             own = [float(x) for x in re.findall(r"refused after ([0-9.]+) s in the spawner", log)]
-            gated = re.findall(r"refused after [0-9.]+ s before JupyterHub's spawn", log)
+            gated = [
+                float(x) for x in re.findall(r"refused after ([0-9.]+) s before JupyterHub's", log)
+            ]
+            # the hub's own time for each 503 (from its request log): what it spent answering,
+            # against what the client waited (connections queued, the proxy)
+            answered = [
+                float(x) for x in re.findall(r" 503 POST /hub/api/users/\S+ .*?([0-9.]+)ms", log)
+            ]
             refused = result["refused"]
             print(
                 f"  round {n}: {len(result['ready'])} ready, {len(refused)} refused in "
                 f"p50 {statistics.median(refused) if refused else 0:.2f} s, max "
                 f"{max(refused, default=0):.2f} s; {len(gated)} by the gate before JupyterHub's "
-                f"spawn, {len(own)} in the spawner (its part: max {max(own, default=0):.2f} s); "
-                f"answers: {result['reasons']}",
+                f"spawn (its part: max {max(gated, default=0):.2f} s), {len(own)} in the spawner "
+                f"(max {max(own, default=0):.2f} s); the hub's request log: max "
+                f"{max(answered, default=0) / 1000:.2f} s; answers: {result['reasons']}",
                 flush=True,
             )
     finally:

@@ -32,7 +32,7 @@ from pathlib import Path
 import docker
 
 from tests.bench import bench
-from tests.bench.bench import fmt, pct
+from tests.bench.bench import PAGE, fmt, pct, servers
 from tests.bench.client import Spawns
 from tests.integration.hub import Hub
 from tests.integration.spawners import inventory
@@ -66,7 +66,6 @@ bench.VARIANTS["scale-stock"] = {
     "NETWORK_SUBNET": "10.211.0.0/20",
     "SPAWNER": "stock-swarm",
 }
-PAGE = 200  # JupyterHub's largest page of users (api_page_max_limit)
 BED_RUN = Path("/run/gpu-jupyterhub-bed")
 
 
@@ -138,24 +137,6 @@ def create_users(hub: Hub, users: list[str]) -> None:
         r = hub.api("POST", "/users", json={"usernames": users[i : i + PAGE]})
         if r.status_code not in (201, 409):
             raise RuntimeError(f"creating users: {r.status_code} {r.text}")
-
-
-def servers(hub: Hub) -> dict[str, dict]:
-    """Every user's default server with one ``state=active`` listing, page by page."""
-    found: dict[str, dict] = {}
-    offset = 0
-    while True:
-        r = hub.api("GET", "/users", params={"state": "active", "limit": PAGE, "offset": offset})
-        r.raise_for_status()
-        page = r.json()
-        items = page["items"] if isinstance(page, dict) else page
-        for user in items:
-            server = (user.get("servers") or {}).get("")
-            if server:
-                found[user["name"]] = server
-        if len(items) < PAGE:
-            return found
-        offset += PAGE
 
 
 class Crowd:
