@@ -54,6 +54,9 @@ test:  ## the whole test suite: sets up its own test bed, then unit, integration
 bench:  ## benchmarks against stock dockerspawner.SwarmSpawner and bare Swarm (prints figures)
 	bash tests/bench/run.sh
 
+bench-images:  ## build the real PyTorch and TensorFlow images and run check-environment in each (prints size, build and import times)
+	bash tests/bench/images.sh $(ARGS)
+
 bench-scale:  ## 500 participants on a bed of 10 GPU machines (stand-in servers), against stock SwarmSpawner (prints figures)
 	bash tests/bench/scale.sh $(ARGS)
 
@@ -63,4 +66,4 @@ unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 lint:  ## ruff lint + format check
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
-.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check bench-join test bench bench-scale unit lint
+.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check bench-join test bench bench-images bench-scale unit lint

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Awaitable
 
 import jinja2
 from docker.types import (
@@ -798,10 +799,15 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
 
     # ---- choosing a GPU --------------------------------------------------------------------
 
+    def docker_read(self, method: str, *args, **kwargs) -> Awaitable:
+        """A Docker call that only reads, on the broker's reading thread (``docker`` queues
+        behind the creations and removals of a burst)."""
+        return self.broker.read(self._docker, method, *args, **kwargs)
+
     async def _read_swarm(self) -> tuple[list[dict], list[dict]]:
-        nodes = await self.docker("nodes")
+        nodes = await self.docker_read("nodes")
         # all tasks: those of a service being removed still hold their slices until they stop
-        all_tasks = await self.docker("tasks")
+        all_tasks = await self.docker_read("tasks")
         return nodes, all_tasks
 
     async def gpu_inventory(self) -> list[inventory.GPU]:

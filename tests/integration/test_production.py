@@ -253,6 +253,84 @@ def test_an_org_member_logs_in_and_lands_in_jupyterlab(production, page):
     assert "GET /api/v3/orgs/gpu-workshop/members/alice" in production.github.requests
 
 
+# A run as PyTorch's SummaryWriter writes it (TensorBoard's own event-file writer, which the
+# SummaryWriter uses), written by the participant's Python in their server: a scalar "loss".
+WRITE_RUN = """
+import sys, time
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+writer = EventFileWriter(sys.argv[1])
+for step in range(20):
+    value = Summary.Value(tag="loss", simple_value=1.0 / (step + 1))
+    writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=[value])))
+writer.close()
+"""
+
+
+def only_the_bed(page, blocked: list[str]) -> None:
+    """The page and its popups reach the stack under test and the fake GitHub only (what a
+    page would fetch from elsewhere, fonts say, is refused and listed in ``blocked``)."""
+    allowed = (f"https://{HOST}:{HTTPS_PORT}/", f"http://{BED_HOST}:{GITHUB_PORT}/")
+
+    def route(route):
+        if route.request.url.startswith(allowed):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    page.context.route("**/*", route)
+
+
+def test_tensorboard_opens_from_the_launcher_on_the_participants_own_run(production, page):
+    blocked: list[str] = []
+    only_the_bed(page, blocked)
+    github_login(page, production.url, "alice")  # her PyTorch stand-in server runs (above)
+    page.wait_for_selector(".jp-Launcher", state="visible", timeout=180_000)
+    # the environment's kernel under its name, and TensorBoard, in JupyterLab's launcher
+    kernel = page.locator(".jp-LauncherCard", has_text="Python 3 (pytorch stand-in)")
+    kernel.first.wait_for(timeout=60_000)
+    run = container_of("jy-alice").exec_run(
+        ["python3", "-c", WRITE_RUN, "/home/jovyan/runs/first-run"], user="jovyan"
+    )
+    assert run.exit_code == 0, run.output.decode()
+    with page.expect_popup(timeout=60_000) as opened:
+        page.locator(".jp-LauncherCard", has_text="TensorBoard").click()
+    board = opened.value
+    try:
+        # its scalars dashboard: the run, and a chart of its "loss"
+        board.wait_for_selector("text=first-run", timeout=120_000)
+        board.wait_for_selector("text=loss", timeout=60_000)
+        board.wait_for_selector("tb-scalar-card, .scalar-card, vz-line-chart2", timeout=60_000)
+    finally:
+        board.screenshot(path=str(ARTIFACTS / "tensorboard.png"))
+    assert board.url.startswith(f"{production.url}/user/alice/tensorboard/"), board.url
+
+
+def test_check_environment_passes_in_her_stand_in(production):
+    """The environment check organizers run in a real image (make bench-images), in the
+    stand-in: no framework to import, the rest as in a real environment."""
+    result = container_of("jy-alice").exec_run(["check-environment", "--json"], user="jovyan")
+    report = json.loads(result.output.decode().strip().splitlines()[-1])
+    assert result.exit_code == 0, report
+    assert report["environment"] == "pytorch-standin"
+    checks = report["checks"]
+    assert checks["kernel"]["status"] == "ok"
+    assert "'Python 3 (pytorch stand-in)'" in checks["kernel"]["detail"]
+    assert checks["tensorboard"]["status"] == "ok", checks["tensorboard"]
+    assert checks["gpu-info"]["detail"].startswith("GPU:           GPU-simulated-")
+    assert {checks[name]["status"] for name in ("import", "train", "caps")} == {"skipped"}
+
+
+def test_another_participant_cannot_open_her_tensorboard(production, page):
+    github_login(page, production.url, "tom")
+    page.wait_for_url("**/hub/spawn**", timeout=60_000)
+    response = page.goto(f"{production.url}/user/alice/tensorboard/")
+    assert response.status == 403, (response.status, page.url)
+    assert "first-run" not in page.content()
+
+
 def test_a_team_member_logs_in(production, page):
     github_login(page, production.url, "tom")
     page.wait_for_url("**/hub/spawn**", timeout=60_000)  # in: the spawn page

@@ -45,12 +45,18 @@ class FakeDockerSpawner(GPUSwarmSpawner):
         self.published_port = 30001
         self.subnets = ["10.0.1.0/24"]  # the servers' network's ranges (inspect_network)
         self.calls: list[tuple] = []
+        self.reads = 0  # calls made through docker_read (the broker's reading thread)
         self.created: list[dict] = []
         self.services: dict[str, dict] = {}
 
     def called(self, method: str) -> list[tuple]:
         """The positional arguments of every call of ``method``, in order."""
         return [args for name, args, _ in self.calls if name == method]
+
+    def docker_read(self, method, *args, **kwargs):
+        """Reads are answered (and recorded) as every other call: ``reads`` counts them."""
+        self.reads += 1
+        return self.docker(method, *args, **kwargs)
 
     async def docker(self, method, *args, **kwargs):
         self.calls.append((method, args, kwargs))

@@ -2,6 +2,7 @@
 and no two spawns of a hub ever choosing the same free slice."""
 
 import asyncio
+import threading
 
 import pytest
 
@@ -128,6 +129,22 @@ async def test_a_cancelled_spawn_does_not_cancel_the_read_others_wait_for(broker
     first.cancel()
     assert (await second).gpu.uuid in ("GPU-a0", "GPU-a1")
     assert swarm.reads == 1 and list(broker.claimed()) == ["b"]
+
+
+async def test_a_read_of_the_swarm_never_waits_behind_the_docker_threads_busy_calls():
+    """A burst's starts fill the Docker threads with slow creations; the read every refusal
+    shares has its own thread."""
+    broker = GPUBroker(threads=2)
+    release = threading.Event()
+    busy = [broker.call(release, "wait", 10) for _ in range(4)]  # 2 running, 2 queued
+    try:
+        nodes = await asyncio.wait_for(broker.read(lambda: ["n1"]), timeout=2)
+        assert nodes == ["n1"]
+        assert not any(call.done() for call in busy)
+    finally:
+        release.set()
+        await asyncio.gather(*busy)
+        broker.close()
 
 
 async def test_each_event_loop_has_its_own_broker():

@@ -45,6 +45,8 @@ async def test_a_full_swarm_is_refused_with_the_message_start_would_give():
     assert refusal.jupyterhub_message == started.value.jupyterhub_message
     assert refusal.jupyterhub_message.startswith("All GPU slices are in use (6/6)")
     assert "alpha:GPU-a0=3/3" in refusal.log_message
+    # its read of the swarm went to the broker's reading thread, not behind the burst's calls
+    assert spawner.reads == len(spawner.calls) == 4  # nodes and tasks, twice
 
 
 async def test_room_on_a_gpu_lets_the_spawn_go_on_holding_its_slices_until_start_claims():
