@@ -76,13 +76,33 @@ def test_without_a_gpu_the_device_check_says_it_was_skipped(monkeypatch):
     assert result.status == "skipped" and "GPU machine" in result.detail
 
 
-@pytest.mark.parametrize("visible, devices", [("void", ["/dev/nvidia0"]), (UUID, [])])
-def test_no_gpu_is_visible_without_a_device_or_with_the_runtime_told_none(
-    monkeypatch, visible, devices
+@pytest.mark.parametrize(
+    "visible, devices, seen",
+    [
+        ("void", ["/dev/nvidia0"], False),  # the spawner's CPU-only server
+        (UUID, [], False),  # no device in the container (no NVIDIA runtime)
+        (UUID, ["/dev/nvidia0"], True),
+        ("", ["/dev/nvidia0"], True),  # docker run --gpus sets no variable
+    ],
+)
+def test_a_gpu_is_visible_with_a_device_unless_the_runtime_was_told_none(
+    monkeypatch, visible, devices, seen
 ):
     monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", visible)
     monkeypatch.setattr(check.glob, "glob", lambda pattern: devices)
-    assert check.gpu_visible() is False
+    assert check.gpu_visible() is seen
+
+
+def test_without_a_uuid_to_compare_one_device_is_enough(monkeypatch):
+    monkeypatch.setattr(check, "gpu_visible", lambda: True)
+    monkeypatch.delenv("GPU_UUID", raising=False)
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    one = answered(f"1 {UUID}\n")
+    monkeypatch.setattr(check, "python", lambda code, env=None, timeout=600: one)
+    assert check.check_devices("torch").status == "ok"
+    two = answered(f"2 {UUID}\n")
+    monkeypatch.setattr(check, "python", lambda code, env=None, timeout=600: two)
+    assert check.check_devices("torch").status == "FAILED"
 
 
 def test_a_stand_in_skips_the_framework_checks_and_runs_the_others(monkeypatch):
