@@ -73,17 +73,20 @@ def sizes(image: str) -> tuple[int, int]:
 
 
 def check(image: str) -> dict:
-    """check-environment's report from a container of ``image`` with a server's environment."""
+    """check-environment's report from a container of ``image`` with a server's environment
+    (whatever its exit status: a failed check is in the report)."""
     client = docker.from_env()
-    output = client.containers.run(
-        image,
-        ["check-environment", "--json"],
-        environment=SERVER_ENV,
-        remove=True,
-        stdout=True,
-        stderr=False,
+    container = client.containers.run(
+        image, ["check-environment", "--json"], environment=SERVER_ENV, detach=True
     )
-    return json.loads(output.decode().strip().splitlines()[-1])
+    try:
+        container.wait(timeout=1800)
+        output = container.logs(stdout=True, stderr=False).decode().strip()
+        if not output:
+            raise RuntimeError(container.logs(stderr=True).decode()[-3000:])
+        return json.loads(output.splitlines()[-1])
+    finally:
+        container.remove(force=True)
 
 
 def gb(n: int) -> str:
@@ -109,7 +112,12 @@ def main() -> int:
             continue
         total, added = sizes(image)
         print(f"  built in {seconds:.0f} s ({last}); {gb(total)}, {gb(added)} over the single-user")
-        report = check(image)
+        try:
+            report = check(image)
+        except RuntimeError as e:
+            print(f"  check-environment printed no report:\n{e}", flush=True)
+            failures += 1
+            continue
         for name, result in report["checks"].items():
             print(f"  {name:12s} {result['status']:8s} {result['detail']}", flush=True)
         failures += sum(r["status"] == "FAILED" for r in report["checks"].values())
