@@ -295,9 +295,15 @@ def test_tensorboard_opens_from_the_launcher_on_the_participants_own_run(product
         ["python3", "-c", WRITE_RUN, "/home/jovyan/runs/first-run"], user="jovyan"
     )
     assert run.exit_code == 0, run.output.decode()
-    try:  # nothing in front of it (JupyterLab's news prompt was, before the image turned it off)
+    card = page.locator(".jp-LauncherCard", has_text="TensorBoard")
+    try:
+        # with its icon (a launcher shows an image only for its Notebook and Console rows)
+        icon = card.locator("img")
+        icon.wait_for(timeout=30_000)
+        assert icon.evaluate("i => i.complete && i.naturalWidth") > 0
+        # nothing in front of it (JupyterLab's news prompt was, before the image turned it off)
         with page.expect_popup(timeout=60_000) as opened:
-            page.locator(".jp-LauncherCard", has_text="TensorBoard").click(timeout=30_000)
+            card.click(timeout=30_000)
     finally:
         page.screenshot(path=str(ARTIFACTS / "launcher.png"))
     board = opened.value
