@@ -11,6 +11,7 @@ from pathlib import Path
 
 from deploy.settings import from_environment
 from gpu_swarm_spawner import HUB_TEMPLATES, contract, gate, hubdb
+from gpu_swarm_spawner.priority import CPUPriority
 
 c = get_config()  # noqa: F821  (provided by JupyterHub)
 cfg = from_environment(os.environ)
@@ -36,6 +37,10 @@ c.ConfigurableHTTPProxy.api_url = "http://proxy:8001"
 c.ConfigurableHTTPProxy.auth_token = secret("proxy_token")
 c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
 c.JupyterHub.log_level = cfg.log_level
+# the hub's and the proxy's containers weigh more on the CPU than servers (priority.py)
+c.CPUPriority.cpu_shares = cfg.hub_cpu_shares
+c.CPUPriority.stack = cfg.stack
+CPUPriority.install()
 # the home page says why the last start failed (templates/hub/home.html)
 c.JupyterHub.template_paths = [HUB_TEMPLATES]
 

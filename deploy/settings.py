@@ -498,6 +498,7 @@ def _numbers(settings) -> list[str]:
         ("GPUHUB_START_TIMEOUT", 10, None),
         ("GPUHUB_POLL_INTERVAL", 1, None),
         ("GPUHUB_DOCKER_API_THREADS", 1, 64),
+        ("GPUHUB_HUB_CPU_SHARES", 0, 262144),
         ("GPUHUB_IDLE_TIMEOUT", 0, None),
         ("GPUHUB_CULL_EVERY", 1, None),
         ("GPUHUB_MAX_AGE", 0, None),
@@ -911,6 +912,7 @@ CONVERTERS: dict[str, Callable[[str], object]] = {
             "GPUHUB_SIMULATE_IF_NO_GPU",
             "GPUHUB_START_TIMEOUT",
             "GPUHUB_DOCKER_API_THREADS",
+            "GPUHUB_HUB_CPU_SHARES",
             "GPUHUB_SLICES_PER_SERVER",
             "GPUHUB_POLL_INTERVAL",
             "GPUHUB_TUTORIAL_POLL",
@@ -964,6 +966,7 @@ class Config:
     spawner: str = field(init=False)
     start_timeout: int = field(init=False)
     docker_api_threads: int = field(init=False)
+    hub_cpu_shares: int = field(init=False)
     slices_per_server: int = field(init=False)
     placement: str = field(init=False)
     poll_interval: int = field(init=False)

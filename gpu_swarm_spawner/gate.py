@@ -63,14 +63,23 @@ class RefuseFirst:
         finally:
             spawner.forget_early_claim()  # start claimed its own, or never ran
 
+    #: ``(the hub's users, {name: user})``: find_user's index, rebuilt when a name is not in it
+    #: or its user has been renamed or removed since (one hub per process)
+    _by_name: tuple = (None, {})
+
     def find_user(self, name):
         """The user the hub already holds by that name, without JupyterHub's database query
         (with its relationships: a third of each refusal's time in a burst); else JupyterHub's
-        lookup."""
-        for user in self.users.values():
-            if user.name == name:
-                return user
-        return super().find_user(name)
+        lookup. Found through an index: going through all 500 users for each of 500 requests
+        at once was 6% of the hub's time."""
+        users = self.users
+        held, by_name = RefuseFirst._by_name
+        user = by_name.get(name) if held is users else None
+        if user is None or user.name != name or dict.get(users, user.id) is not user:
+            by_name = {u.name: u for u in users.values()}
+            RefuseFirst._by_name = (users, by_name)
+            user = by_name.get(name)
+        return user if user is not None else super().find_user(name)
 
     @staticmethod
     def _spawner_to_ask(user, server_name):

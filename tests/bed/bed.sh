@@ -43,6 +43,52 @@ HOST=$BED_HOST_ADDR
 MGR_JSON=$BED_DATA/manager/daemon.json
 GPUS=${GPUHUB_BED_GPUS:-2}
 
+# Each bed machine's CPU: a cgroup of its own (cgroup v1's cpu controller), in which its engine
+# (dockerd, its containerd and their shims: gjbed-M/engine) and its containers (gjbed-M/docker)
+# are siblings, as the engine's service and its containers are on an installed machine. Machines
+# weigh the same against each other, and the host's own processes weigh as one of them. Without
+# it, every thread of every engine weighed as much as all the containers of all machines
+# together, and a hub starved while the workers' engines started their servers: a bench
+# measured this machine's 2 cores, not the hub. Where cgroup v1's cpu controller is not
+# writable, the machines share the CPU as before.
+CPU_CGROUPS=${GPUHUB_BED_CPU_CGROUPS:-/sys/fs/cgroup/cpu}
+cpu_cgroups() { [ -w "$CPU_CGROUPS/cgroup.procs" ]; }
+# The manager weighs MANAGER_CPU_SHARES against a worker's 1024: on separate machines the workers'
+# load would not slow the manager at all; on shared cores the nearest a weight comes is to let the
+# manager go first whenever it has work.
+MANAGER_CPU_SHARES=8192
+# the shell words that move the engine's shell into machine M's group (before it execs dockerd)
+machine_cpu() {  # machine_cpu M
+  cpu_cgroups || return 0
+  local group=$CPU_CGROUPS/gjbed-$1 shares=1024
+  [ "$1" = m ] && shares=$MANAGER_CPU_SHARES
+  printf 'mkdir -p %s && echo %s >%s && echo $$ >%s &&' \
+    "$group/engine" "$shares" "$group/cpu.shares" "$group/engine/cgroup.procs"
+}
+# dockerd's option that puts machine M's containers in its group
+machine_cpu_parent() {  # machine_cpu_parent M
+  cpu_cgroups || return 0
+  printf -- '--cgroup-parent /gjbed-%s/docker' "$1"
+}
+# The participants' browsers, which are on machines of their own too: the benchmarks' client
+# thread joins this group (tests/bench/client.py), weighed as the manager, so that a bench
+# does not time its own client waiting for the CPU.
+CLIENTS_CPU=$CPU_CGROUPS/gjbed-clients
+ensure_clients_cpu() {
+  cpu_cgroups || return 0
+  mkdir -p "$CLIENTS_CPU"
+  echo "$MANAGER_CPU_SHARES" >"$CLIENTS_CPU/cpu.shares"
+}
+
+# machine M's groups in every hierarchy Docker made them in, once its engine has stopped
+remove_machine_cpu() {  # remove_machine_cpu M
+  local dir
+  for dir in /sys/fs/cgroup/*/"gjbed-$1"; do
+    [ -d "$dir" ] || continue
+    find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || log "cgroup $dir still holds processes: left"
+  done
+}
+
 # The environment under which Docker's CLI and SDK, python -m deploy and the tests use the
 # manager's engine (never the system's).
 manager_env() {
@@ -51,8 +97,9 @@ manager_env() {
     GPUHUB_DAEMON_JSON "$MGR_JSON" \
     GPUHUB_DOCKERD_PIDFILE "$BED_RUN/manager.pid" \
     GPUHUB_DOCKERD_LOG "$BED_LOGS/manager.log" \
-    GPUHUB_DOCKERD_CMD "exec nsenter --net=/run/netns/gjbed-m -- unshare --uts -- sh -c 'hostname manager && exec dockerd --config-file $MGR_JSON'" \
+    GPUHUB_DOCKERD_CMD "exec nsenter --net=/run/netns/gjbed-m -- unshare --uts -- sh -c 'hostname manager && $(machine_cpu m) exec dockerd --config-file $MGR_JSON $(machine_cpu_parent m)'" \
     GPUHUB_ADVERTISE_ADDR "$MGR" \
+    GPUHUB_BED_CLIENTS_CPU "$(cpu_cgroups && echo "$CLIENTS_CPU")" \
     GPUHUB_ENGINE_ADDR "$MGR" \
     GPUHUB_IMAGE_TAR "$BED_DATA/singleuser-image.tar"
 }
@@ -140,6 +187,7 @@ ensure_manager() {
 }
 JSON
   fi
+  ensure_clients_cpu
   engine_up && return 0
   log "starting the bed's manager engine (namespace gjbed-m, $MGR)"
   engine start
@@ -173,7 +221,7 @@ worker_env() {  # shell-quoted NAME=value lines, for eval
     GPUHUB_DAEMON_JSON "$BED_DATA/$w/daemon.json" \
     GPUHUB_DOCKERD_PIDFILE "$BED_RUN/$w.pid" \
     GPUHUB_DOCKERD_LOG "$BED_LOGS/$w.log" \
-    GPUHUB_DOCKERD_CMD "exec nsenter --net=/run/netns/gjbed-$w -- unshare --uts -- sh -c 'hostname $w && exec dockerd --config-file $BED_DATA/$w/daemon.json'"
+    GPUHUB_DOCKERD_CMD "exec nsenter --net=/run/netns/gjbed-$w -- unshare --uts -- sh -c 'hostname $w && $(machine_cpu "$w") exec dockerd --config-file $BED_DATA/$w/daemon.json $(machine_cpu_parent "$w")'"
 }
 
 ensure_worker_engine() {
@@ -248,6 +296,7 @@ remove_worker() {
   local w=$1
   wdocker "$w" swarm leave --force >/dev/null 2>&1 || true
   stop_daemon "$BED_RUN/$w.pid"
+  remove_machine_cpu "$w"
   unmount_under "$BED_RUN/$w" "$BED_DATA/$w"
   rm -rf "${BED_DATA:?}/$w" "${BED_RUN:?}/$w" "$BED_RUN/$w.sock" "$BED_RUN/$w.pid"
   if [ -e "/run/netns/gjbed-$w" ]; then ip netns del "gjbed-$w"; fi
@@ -373,6 +422,8 @@ down() {
     done
   fi
   stop_daemon "$BED_RUN/manager.pid"
+  remove_machine_cpu m
+  remove_machine_cpu clients
   unmount_under "$BED_RUN/manager"
   if [ -e /run/netns/gjbed-m ]; then ip netns del gjbed-m; fi
   ip link del gjb-m 2>/dev/null || true

@@ -10,6 +10,7 @@ browsers on their own machines would, and measures from that instant.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -31,6 +32,7 @@ class Spawns:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
+        join_clients_cpu(self.thread)
         self.session = self._run(self._session()).result()
 
     def _run(self, coroutine) -> Future:
@@ -72,3 +74,13 @@ class Spawns:
         self._run(shut()).result(timeout=30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)
+
+
+def join_clients_cpu(thread: threading.Thread) -> None:
+    """Move ``thread`` into the bed's CPU group for the participants' browsers (tests/bed/bed.sh:
+    GPUHUB_BED_CLIENTS_CPU, weighed as the manager), where the bed has one: the browsers are on
+    machines of their own, so the client's wait for the CPU is not the hub's answer time."""
+    group = os.environ.get("GPUHUB_BED_CLIENTS_CPU")
+    if group:
+        with open(os.path.join(group, "tasks"), "w") as tasks:  # cgroup v1: one thread
+            tasks.write(str(thread.native_id))

@@ -2,6 +2,7 @@
 
 import subprocess
 import time
+from pathlib import Path
 
 import docker
 import pytest
@@ -65,6 +66,38 @@ def test_stack_services_run_with_dnsrr_and_the_network_anchor(hub, hub_settings,
     network = client.networks.get(hub_settings["GPUHUB_NETWORK"])
     assert [c["Subnet"] for c in network.attrs["IPAM"]["Config"]] == ["10.213.0.0/22"]
     assert network.attrs["Driver"] == "overlay" and network.attrs["Attachable"]
+
+
+def cpu_shares_in_the_kernel(container) -> int:
+    """The weight the kernel gives the container's CPU group (cgroup v1), found through its
+    first process (an engine's --cgroup-parent does not show in the container's HostConfig)."""
+    pid = container.attrs["State"]["Pid"]
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, group = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return int(Path("/sys/fs/cgroup/cpu", group.lstrip("/"), "cpu.shares").read_text())
+    raise AssertionError(f"no cpu controller in /proc/{pid}/cgroup")
+
+
+def test_the_hub_and_the_proxy_go_first_on_the_managers_cpu(hub, hub_settings, client):
+    """The hub gives its own container and the proxy's GPUHUB_HUB_CPU_SHARES (priority.py) soon
+    after it starts; the stack's other containers keep Docker's default weight, 1024."""
+    wanted = int(hub_settings["GPUHUB_HUB_CPU_SHARES"])
+    assert wanted > 1024
+
+    def of(service):
+        label = f"com.docker.swarm.service.name={hub.stack}_{service}"
+        (container,) = client.containers.list(filters={"label": label})
+        return container
+
+    deadline = time.monotonic() + 30
+    while of("proxy").attrs["HostConfig"]["CpuShares"] != wanted and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for service in ("hub", "proxy"):
+        container = of(service)
+        assert container.attrs["HostConfig"]["CpuShares"] == wanted, service
+        assert cpu_shares_in_the_kernel(container) == wanted, service
+    assert cpu_shares_in_the_kernel(of("prometheus")) == 1024
 
 
 def test_server_holds_exactly_one_gpu_slice_and_is_removed_on_stop(hub, hub_settings, client):

@@ -225,14 +225,43 @@ async def test_a_server_jupyterhub_has_not_made_is_left_to_jupyterhub():
     assert handler.spawned == [("dana", "new", None)] and user.spawners == {}
 
 
+class Users(dict):
+    """The hub's users by id; counts the walks through all of them."""
+
+    walks = 0
+
+    def values(self):
+        self.walks += 1
+        return super().values()
+
+
 def test_a_user_the_hub_holds_is_found_without_a_database_query():
     handler = Handler()
-    dana = SimpleNamespace(name="dana")
-    handler.users = {7: SimpleNamespace(name="eve"), 8: dana}
+    dana = SimpleNamespace(name="dana", id=8)
+    handler.users = Users({7: SimpleNamespace(name="eve", id=7), 8: dana})
     assert handler.find_user("dana") is dana and handler.looked_up == []
     dana.name = "dana2"  # renamed by an admin: found by the new name only
     assert handler.find_user("dana") is None and handler.looked_up == ["dana"]
     assert handler.find_user("dana2") is dana
+
+
+def test_a_user_the_hub_no_longer_holds_is_not_found_in_the_index():
+    handler = Handler()
+    dana = SimpleNamespace(name="dana", id=8)
+    handler.users = Users({8: dana})
+    assert handler.find_user("dana") is dana
+    del handler.users[8]  # deleted by an admin
+    assert handler.find_user("dana") is None and handler.looked_up == ["dana"]
+
+
+def test_users_the_hub_holds_are_found_without_walking_through_all_of_them_each_time():
+    handler = Handler()
+    handler.users = Users({i: SimpleNamespace(name=f"p{i}", id=i) for i in range(500)})
+    for i in range(500):
+        assert handler.find_user(f"p{i}").id == i
+    assert handler.users.walks == 1 and handler.looked_up == []
+    handler.users[500] = SimpleNamespace(name="p500", id=500)  # a new participant
+    assert handler.find_user("p500").id == 500 and handler.users.walks == 2
 
 
 def test_install_puts_the_gated_handlers_in_jupyterhub_s_tables():

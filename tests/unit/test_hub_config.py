@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from jupyterhub.app import JupyterHub
 from jupyterhub.authenticators.shared import SharedPasswordAuthenticator
 from traitlets.config.loader import PyFileConfigLoader
 from traitlets.utils.importstring import import_item
@@ -93,6 +94,21 @@ def test_the_limits_reach_the_spawners(hub_config):
     assert config.SwarmSpawner.cpu_limit == 2.5
     assert config.SwarmSpawner.mem_limit == "3072M"
     assert config.GPUSwarmSpawner.pids_limit == 1024
+
+
+@pytest.mark.parametrize("spawner", ["gpu", "stock-swarm"])
+def test_the_hub_raises_its_containers_cpu_weight_with_either_spawner(
+    hub_config, monkeypatch, spawner
+):
+    async def start(hub):
+        pass
+
+    monkeypatch.setattr(JupyterHub, "start", start)  # JupyterHub's, before the config's wrap
+    config = hub_config(SPAWNER=spawner, STACK="course", HUB_CPU_SHARES="8192")
+    assert config.CPUPriority.cpu_shares == 8192
+    assert config.CPUPriority.stack == "course"
+    assert hasattr(JupyterHub.start, "gpuhub_priority")  # started with the hub
+    assert hub_config(HUB_CPU_SHARES="0").CPUPriority.cpu_shares == 0  # 0: off
 
 
 def test_empty_limits_set_none(hub_config):
