@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 
 import pytest
@@ -128,7 +129,10 @@ def test_install_starts_the_keeper_once_the_hub_started(engine, monkeypatch, sha
     monkeypatch.setattr(priority, "_docker_client", lambda: engine)
     CPUPriority.install()
     CPUPriority.install()  # idempotent: wrapped once
-    hub = Configurable(config=Config({"CPUPriority": {"cpu_shares": shares, "stack": "gpuhub"}}))
+    tuned = []  # the test process's garbage collector stays as it is (tune_gc: below)
+    monkeypatch.setattr(CPUPriority, "tune_gc", lambda keeper: tuned.append(keeper.gc_threshold))
+    traits = {"cpu_shares": shares, "stack": "gpuhub", "gc_threshold": 1234}
+    hub = Configurable(config=Config({"CPUPriority": traits}))
 
     async def run():
         await JupyterHub.start(hub)
@@ -142,6 +146,29 @@ def test_install_starts_the_keeper_once_the_hub_started(engine, monkeypatch, sha
         return task
 
     task = asyncio.run(run())
-    assert started == [hub]
+    assert started == [hub] and tuned == [1234]
     assert (task is not None) is raised
     assert sorted(engine.updates) == ([("h1", shares), ("p1", shares)] if raised else [])
+
+
+@pytest.fixture
+def python_gc():
+    """The test process's garbage collector as it was, afterwards."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def test_the_garbage_collector_waits_longer_and_skips_what_the_hub_made_at_start(python_gc):
+    gc.unfreeze()
+    CPUPriority(gc_threshold=50_000).tune_gc()
+    assert gc.get_threshold()[0] == 50_000
+    assert gc.get_freeze_count() > 1000  # the modules and classes loaded so far
+
+
+def test_gc_threshold_0_leaves_python_s_collector_alone(python_gc):
+    gc.unfreeze()
+    before = gc.get_threshold()
+    CPUPriority(gc_threshold=0).tune_gc()
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
