@@ -141,7 +141,7 @@ def create_users(hub: Hub, users: list[str]) -> None:
 
 class Crowd:
     """Spawn requests sent together (tests/bench/client.py); one watcher reads all servers
-    every ``WATCH_S``.
+    every ``WATCH_S`` while any request it waits for was accepted.
 
     A request answered 429 (JupyterHub's concurrent_spawn_limit) is sent again after the
     Retry-After it names; any other refusal is recorded with its time and status."""
@@ -184,7 +184,12 @@ class Crowd:
         pending = set(users)
         while pending and time.monotonic() < deadline:
             time.sleep(self.WATCH_S)
-            listed = servers(self.hub)
+            # the hub is asked only while it has accepted someone still pending: with 500
+            # running, each listing is 3 pages of 200 users, which a burst of refusals waited
+            # behind twice a second
+            with self.lock:
+                watching = bool(self.accepted & pending)
+            listed = servers(self.hub) if watching else {}
             now = time.monotonic()
             with self.lock:
                 for user in list(pending):
