@@ -37,7 +37,8 @@ c.ConfigurableHTTPProxy.api_url = "http://proxy:8001"
 c.ConfigurableHTTPProxy.auth_token = secret("proxy_token")
 c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
 c.JupyterHub.log_level = cfg.log_level
-# the hub's and the proxy's containers weigh more on the CPU than servers (priority.py)
+# once up, the hub gives its and the proxy's containers more CPU weight than servers and tunes
+# its garbage collector (priority.py)
 c.CPUPriority.cpu_shares = cfg.hub_cpu_shares
 c.CPUPriority.stack = cfg.stack
 CPUPriority.install()

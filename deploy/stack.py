@@ -397,18 +397,21 @@ def remove_stack(client, config: Config, log: Log, timeout: float = 60) -> None:
 
 def stack_leftovers(client, config: Config) -> tuple[list[dict], list[dict]]:
     """The secrets and networks of a stack whose services are gone."""
-    secrets = client.api.secrets(filters={"label": f"{steps.STACK_LABEL}={config.stack}"})
+    secrets = client.api.secrets(filters={"label": f"{contract.DOCKER_STACK_LABEL}={config.stack}"})
     networks = []
     for network in client.api.networks():
         labels = network.get("Labels") or {}
-        if network["Name"] == config.network or labels.get(steps.STACK_LABEL) == config.stack:
+        if (
+            network["Name"] == config.network
+            or labels.get(contract.DOCKER_STACK_LABEL) == config.stack
+        ):
             networks.append(network)
     return secrets, networks
 
 
 def stack_volumes(client, stack: str) -> list[str]:
     names = set()
-    for label in (f"{contract.STACK_LABEL}={stack}", f"{steps.STACK_LABEL}={stack}"):
+    for label in (f"{contract.STACK_LABEL}={stack}", f"{contract.DOCKER_STACK_LABEL}={stack}"):
         for volume in client.api.volumes(filters={"label": label}).get("Volumes") or []:
             names.add(volume["Name"])
     return sorted(names)

@@ -23,6 +23,7 @@ from typing import Callable
 import docker
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound, NotFound
 
+from gpu_swarm_spawner import contract
 from worker_setup import advertise, engine
 from worker_setup.guard_policy import GuardSettings
 from worker_setup.guard_service import METRICS_PORT
@@ -49,8 +50,6 @@ GENERATED = (
 ROSTER_IN_HUB = "/srv/jupyterhub/roster/roster.txt"
 #: The single-user image as a file for GPU machines that cannot pull it (GPUHUB_IMAGE_TAR).
 IMAGE_TAR = "/var/lib/gpu-jupyterhub/singleuser-image.tar"
-#: The label Docker's stack deploy puts on everything of a stack.
-STACK_LABEL = "com.docker.stack.namespace"
 
 
 def connect() -> docker.DockerClient:
@@ -347,7 +346,7 @@ def port_in_use(port: int) -> bool:
 
 
 def stack_services(client, stack: str) -> list[dict]:
-    return client.api.services(filters={"label": f"{STACK_LABEL}={stack}"})
+    return client.api.services(filters={"label": f"{contract.DOCKER_STACK_LABEL}={stack}"})
 
 
 def ensure_ports_free(client, config: Config, keys: list[str], log: Log) -> None:

@@ -84,8 +84,8 @@ class GPUBroker:
         self.threads = threads
         #: the reads of the swarm's state have a thread of their own: a read (which every
         #: refusal in a burst shares) never waits behind the service creations and removals
-        #: queued on the others (on the bed, 500 at once onto 18 slices, the gate's part of a
-        #: refusal reached 7-9 s in some bursts while the 18 starts held those threads)
+        #: queued on the others (not shown to shorten the slow bursts on the bed, whose cause
+        #: was the hub's share of the CPU: priority.py)
         self.read_executor = ThreadPoolExecutor(1, thread_name_prefix="docker-read")
         self._claims: dict[Hashable, Claim] = {}
         self._read: asyncio.Future | None = None

@@ -40,6 +40,10 @@ USER_LABEL = LABEL_PREFIX + "user"
 GPU_LABEL = LABEL_PREFIX + "gpu"
 SLICES_LABEL = LABEL_PREFIX + "slices"
 STACK_LABEL = LABEL_PREFIX + "stack"
+#: Labels Docker itself puts: ``docker stack deploy`` on everything of a stack (its name), and
+#: Swarm on a task's container (its service's name).
+DOCKER_STACK_LABEL = "com.docker.stack.namespace"
+DOCKER_SERVICE_LABEL = "com.docker.swarm.service.name"
 #: "1" on the service of a server started without a GPU (CPU only).
 CPU_ONLY_LABEL = LABEL_PREFIX + "cpu-only"
 #: The GPU memory budget of the container's slices, in MiB (GPU_MEMORY_LIMIT_MB in its

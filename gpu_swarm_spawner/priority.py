@@ -35,19 +35,17 @@ import gc
 from traitlets import Float, Integer, List, Unicode
 from traitlets.config import LoggingConfigurable
 
-#: The label Swarm puts on each task's container: the service's name (``<stack>_<service>``).
-SERVICE_LABEL = "com.docker.swarm.service.name"
-#: The label ``docker stack deploy`` puts on them: the stack's name.
-STACK_LABEL = "com.docker.stack.namespace"
+from .contract import DOCKER_SERVICE_LABEL, DOCKER_STACK_LABEL
+
 #: Docker's weight for a container created without one (HostConfig.CpuShares 0).
 DOCKER_DEFAULT_SHARES = 1024
 
 
 def ours(summaries: list[dict], stack: str, services: list[str]) -> list[dict]:
     """The containers (as ``docker.APIClient.containers()`` lists them) of the stack's
-    ``services``."""
+    ``services`` (Swarm names a stack's service ``<stack>_<service>``)."""
     names = {f"{stack}_{service}" for service in services}
-    return [c for c in summaries if (c.get("Labels") or {}).get(SERVICE_LABEL) in names]
+    return [c for c in summaries if (c.get("Labels") or {}).get(DOCKER_SERVICE_LABEL) in names]
 
 
 def needs_shares(inspected: dict, shares: int) -> bool:
@@ -106,12 +104,12 @@ class CPUPriority(LoggingConfigurable):
         if self._client is None:
             self._client = self._client_factory()
         client = self._client
-        summaries = client.containers(filters={"label": f"{STACK_LABEL}={self.stack}"})
+        summaries = client.containers(filters={"label": f"{DOCKER_STACK_LABEL}={self.stack}"})
         changed = []
         for summary in ours(summaries, self.stack, self.services):
             if needs_shares(client.inspect_container(summary["Id"]), self.cpu_shares):
                 client.update_container(summary["Id"], cpu_shares=self.cpu_shares)
-                changed.append(summary["Labels"][SERVICE_LABEL])
+                changed.append(summary["Labels"][DOCKER_SERVICE_LABEL])
         return changed
 
     async def check(self) -> None:

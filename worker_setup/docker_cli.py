@@ -15,10 +15,9 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 
-from . import engine
+from gpu_swarm_spawner.contract import DOCKER_SERVICE_LABEL
 
-#: The label Swarm puts on a task's container: its service's name.
-SERVICE_NAME_LABEL = "com.docker.swarm.service.name"
+from . import engine
 
 
 def _one_line(text: str) -> str:
@@ -82,8 +81,8 @@ class DockerCLI:
 
     def service_containers(self) -> list[str]:
         """The Swarm service of each running task container here."""
-        label = f'{{{{json (.Label "{SERVICE_NAME_LABEL}")}}}}'
-        result = self._run("ps", "--filter", f"label={SERVICE_NAME_LABEL}", "--format", label)
+        label = f'{{{{json (.Label "{DOCKER_SERVICE_LABEL}")}}}}'
+        result = self._run("ps", "--filter", f"label={DOCKER_SERVICE_LABEL}", "--format", label)
         if result.returncode != 0:
             return []
         return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]

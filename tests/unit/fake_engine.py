@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 from docker.errors import APIError, BuildError, ImageNotFound, NotFound
 
-STACK_LABEL = "com.docker.stack.namespace"
+from gpu_swarm_spawner.contract import DOCKER_STACK_LABEL
 
 
 def _not_found(what: str) -> NotFound:
@@ -316,7 +316,7 @@ class FakeDocker:
         wanted = ["proxy", "hub", "tutorial-sync", "net-anchor"]
         wanted += ["gateway"] if "stack.tls.yml" in files else []
         wanted += ["registry"] if "stack.registry.yml" in files else []
-        labels = {STACK_LABEL: stack}
+        labels = {DOCKER_STACK_LABEL: stack}
         for name in wanted:
             full = f"{stack}_{name}"
             image = env["GPUHUB_SINGLEUSER_IMAGE" if name == "net-anchor" else "GPUHUB_HUB_IMAGE"]

@@ -10,7 +10,8 @@ import pytest
 from jupyterhub.app import JupyterHub
 from traitlets.config import Config, Configurable
 
-from gpu_swarm_spawner import priority
+from gpu_swarm_spawner import contract, priority
+from gpu_swarm_spawner.contract import DOCKER_SERVICE_LABEL, DOCKER_STACK_LABEL
 from gpu_swarm_spawner.priority import CPUPriority
 
 
@@ -23,9 +24,9 @@ class Engine:
         self.fail = ""
 
     def run(self, cid: str, stack: str, service: str, shares: int = 0) -> None:
-        labels = {priority.STACK_LABEL: stack, priority.SERVICE_LABEL: f"{stack}_{service}"}
+        labels = {DOCKER_STACK_LABEL: stack, DOCKER_SERVICE_LABEL: f"{stack}_{service}"}
         if service.startswith("jy-"):  # a server: a service of the hub's, not of the stack
-            labels = {priority.SERVICE_LABEL: service, "gpu-jupyterhub.stack": stack}
+            labels = {DOCKER_SERVICE_LABEL: service, contract.STACK_LABEL: stack}
         self.running[cid] = {"Labels": labels, "CpuShares": shares}
 
     def containers(self, filters):
