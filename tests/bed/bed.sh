@@ -45,12 +45,12 @@ GPUS=${GPUHUB_BED_GPUS:-2}
 
 # Each bed machine's CPU: a cgroup of its own (cgroup v1's cpu controller), in which its engine
 # (dockerd, its containerd and their shims: gjbed-M/engine) and its containers (gjbed-M/docker)
-# are siblings, as the engine's service and its containers are on an installed machine. Machines
-# weigh the same against each other, and the host's own processes weigh as one of them. Without
-# it, every thread of every engine weighed as much as all the containers of all machines
-# together, and a hub starved while the workers' engines started their servers: a bench
-# measured this machine's 2 cores, not the hub. Where cgroup v1's cpu controller is not
-# writable, the machines share the CPU as before.
+# are siblings, as the engine's service and its containers are on an installed machine. Workers
+# weigh the same against each other (the manager more: below), and each of the host's own
+# runnable threads weighs as one worker. Without it, every thread of every engine weighed as
+# much as all the containers of all machines together, and a hub starved while the workers'
+# engines started their servers: a bench measured this machine's 2 cores, not the hub. Where
+# cgroup v1's cpu controller is not writable, the machines share the CPU as before.
 CPU_CGROUPS=${GPUHUB_BED_CPU_CGROUPS:-/sys/fs/cgroup/cpu}
 cpu_cgroups() { [ -w "$CPU_CGROUPS/cgroup.procs" ]; }
 # The manager weighs MANAGER_CPU_SHARES against a worker's 1024: on separate machines the workers'

@@ -8,7 +8,7 @@ import docker
 import pytest
 from docker.utils import parse_bytes
 
-from gpu_swarm_spawner import placement
+from gpu_swarm_spawner import contract, placement
 from gpu_swarm_spawner.inventory import build_inventory
 
 from .hub import REPO, container_env, container_of
@@ -86,7 +86,7 @@ def test_the_hub_and_the_proxy_go_first_on_the_managers_cpu(hub, hub_settings, c
     assert wanted > 1024
 
     def of(service):
-        label = f"com.docker.swarm.service.name={hub.stack}_{service}"
+        label = f"{contract.DOCKER_SERVICE_LABEL}={hub.stack}_{service}"
         (container,) = client.containers.list(filters={"label": label})
         return container
 
