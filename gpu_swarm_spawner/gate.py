@@ -17,7 +17,9 @@ those over the limit are told there is no slice rather than "429: too many users
 The refusal looks as it always did: the same exception, raised where JupyterHub's own spawn
 raises it (the error page, the spawn form, the REST API's 503), and kept as the server's
 failed spawn, as JupyterHub keeps one, so the spawn-pending page and the progress stream say
-"Spawn failed: ..." too.
+"Spawn failed: ..." too. When that participant presses Start again, JupyterHub would throw
+the spawner away as one whose start failed, and make two new ones (the handler's, then its
+spawn's); a spawner the gate refused never started, so it is kept (``keep_refused_spawners``).
 
 JupyterHub has no hook before that work, so ``install`` (called by ``jupyterhub_config.py``)
 puts subclasses of the handlers that start servers (``SpawnHandler``: the spawn page;
@@ -34,6 +36,7 @@ import functools
 from jupyterhub import apihandlers, handlers
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.handlers.pages import SpawnHandler
+from jupyterhub.user import User
 from tornado.tcpserver import TCPServer
 
 #: Connections the hub's port holds while its one thread is busy; tornado's default is 128. With
@@ -56,7 +59,7 @@ class RefuseFirst:
             failed = asyncio.get_running_loop().create_future()
             failed.set_exception(refusal)
             failed.exception()  # read here, so asyncio does not warn it was never read
-            spawner._spawn_future = failed
+            spawner._spawn_future = spawner.gpuhub_refusal = failed
             raise refusal
         try:
             return await super().spawn_single_user(user, server_name, display_name, options=options)
@@ -134,6 +137,34 @@ def swap_handlers(tables: list[list[tuple]], swaps: dict[type, type]) -> None:
         )
 
 
+def refused_by_the_gate(spawner) -> bool:
+    """Was the last start asked of ``spawner`` refused by the gate (and none begun since)?"""
+    future = spawner._spawn_future
+    return future is not None and future is getattr(spawner, "gpuhub_refusal", None)
+
+
+def keep_refused_spawners() -> None:
+    """A spawner whose last start the gate refused is kept when a start is asked again, where
+    JupyterHub's ``User.get_spawner(replace_failed=True)`` replaces a spawner whose last start
+    failed (its state may be half-made; one the gate refused has none). JupyterHub's
+    replacement made two spawners per refusal (the handler's, then its spawn's): in a burst
+    of 500 participants asking again, a fifth of the hub's time. Any other failed spawner is
+    replaced as before. Idempotent."""
+    get_spawner = User.get_spawner
+    if hasattr(get_spawner, "gpuhub_keeps_refused"):
+        return
+
+    @functools.wraps(get_spawner)
+    def get_spawner_keeping_refused(self, server_name="", replace_failed=False):
+        spawner = dict.get(self.spawners, server_name)  # dict.get: makes none
+        if spawner is not None and refused_by_the_gate(spawner):
+            return spawner
+        return get_spawner(self, server_name, replace_failed)
+
+    get_spawner_keeping_refused.gpuhub_keeps_refused = True
+    User.get_spawner = get_spawner_keeping_refused
+
+
 def deepen_listen_backlog(backlog: int = LISTEN_BACKLOG) -> None:
     """JupyterHub's HTTP server listens with room for ``backlog`` waiting connections instead
     of tornado's 128 (JupyterHub has no setting for it). Idempotent."""
@@ -154,3 +185,4 @@ def install() -> None:
     """JupyterHub's spawn page and REST API ask the spawner before any spawn work. Call it
     from the hub's config file (JupyterHub reads its tables after loading the config)."""
     swap_handlers([handlers.default_handlers, apihandlers.default_handlers], SWAPS)
+    keep_refused_spawners()

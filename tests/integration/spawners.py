@@ -47,11 +47,12 @@ def services_of(stack: str) -> list:
     return client.services.list(filters={"label": f"gpu-jupyterhub.stack={stack}"})
 
 
-def wait_slices_free(timeout: float = 120) -> None:
-    """Until no task holds a GPU slice: servers stopped just before have really gone."""
+def wait_slices_free(timeout: float = 120, on=all) -> None:
+    """Until no task holds a GPU slice (``on=any``: on some GPU): servers stopped just before
+    have really gone."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(g.used == 0 for g in inventory().values()):
+        if on(g.used == 0 for g in inventory().values()):
             return
         time.sleep(0.3)
     raise TimeoutError(f"GPU slices still held after {timeout} s: {inventory()}")

@@ -11,7 +11,7 @@ import docker
 import pytest
 
 from .hub import ARTIFACTS, log_in
-from .spawners import inventory, make_spawner, remove_services, wait_slices_free
+from .spawners import inventory, make_spawner, remove_services, service_of, wait_slices_free
 
 pytestmark = pytest.mark.integration
 
@@ -69,6 +69,11 @@ def test_rest_api_answers_a_full_hub_with_503_and_the_message(hub, full):
     assert events and '"failed": true' in events[-1], events
     assert f"Spawn failed: {full}" in events[-1], events
 
+    # asking again: the same answer (the gate keeps the refused spawner, gate.py)
+    r = hub.api("POST", f"/users/{user}/server")
+    assert r.status_code == 503 and r.json()["message"].startswith(full), r.text
+    assert hub.server(user) is None
+
 
 @pytest.mark.browser
 def test_a_participant_reads_the_refusal_on_the_page_and_on_the_home_page(hub, full, page):
@@ -92,6 +97,15 @@ def test_a_participant_reads_the_refusal_on_the_page_and_on_the_home_page(hub, f
     response = page.goto(f"{hub.url}/hub/spawn-pending/{user}")
     assert response.status == 503
     assert full in page.inner_text("body")
+
+    # pressing Start again: told again
+    page.goto(f"{hub.url}/hub/home")
+    page.click("#start")
+    page.wait_for_url("**/hub/spawn**")  # the spawn page, or the spawn-pending page after 1 s
+    page.wait_for_function(
+        f"document.body && document.body.innerText.includes({full!r})", timeout=60_000
+    )
+    assert "Unhandled error" not in page.inner_text("body")
 
 
 @pytest.mark.browser
@@ -140,3 +154,20 @@ def test_several_participants_at_once_each_read_the_refusal(hub, full, browser):
             context.close()
     for user in users:
         assert hub.server(user) is None
+
+
+def test_a_participant_refused_before_starts_once_a_gpu_is_free(hub, full):
+    """The spawner the gate refused (twice, above) is kept; it starts a server as a new one
+    would once a holder's GPU is free."""
+    user = "ci-full-rest"
+    assert hub.server(user) is None
+    service_of(hub.stack, "ci-holder-0").remove()
+    wait_slices_free(on=any)  # its task has really gone
+    try:
+        r = hub.api("POST", f"/users/{user}/server")
+        assert r.status_code in (201, 202), (r.status_code, r.text)
+        hub.wait_ready(user)
+        resources = service_of(hub.stack, user).attrs["Spec"]["TaskTemplate"]["Resources"]
+        assert resources["Reservations"]["GenericResources"], resources  # its GPU slice
+    finally:
+        hub.stop(user)

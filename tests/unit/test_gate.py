@@ -12,9 +12,13 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
-from jupyterhub import apihandlers, handlers
+import sqlalchemy
+import sqlalchemy.orm
+from jupyterhub import apihandlers, handlers, orm
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.handlers.pages import SpawnHandler
+from jupyterhub.spawner import LocalProcessSpawner
+from jupyterhub.user import User
 from tornado.httpserver import HTTPServer
 from tornado.tcpserver import TCPServer
 
@@ -225,6 +229,60 @@ async def test_a_server_jupyterhub_has_not_made_is_left_to_jupyterhub():
     assert handler.spawned == [("dana", "new", None)] and user.spawners == {}
 
 
+class Refusing(LocalProcessSpawner):
+    """A spawner JupyterHub's ``User`` makes, that the gate can ask."""
+
+    answer = None
+
+    async def refusal_before_spawn(self, options):
+        return self.answer
+
+    def forget_early_claim(self):
+        pass
+
+
+def hub_user(name="dana"):
+    """JupyterHub's own ``User``, on an in-memory database, making ``Refusing`` spawners."""
+    engine = sqlalchemy.create_engine("sqlite://")
+    orm.Base.metadata.create_all(engine)  # the tables (JupyterHub's migrations take seconds)
+    db = sqlalchemy.orm.Session(engine)
+    orm_user = orm.User(name=name)
+    db.add(orm_user)
+    db.commit()
+    return User(orm_user, settings={"spawner_class": Refusing}, db=db)
+
+
+def failed_with(error):
+    future = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    future.exception()
+    return future
+
+
+async def test_a_spawner_the_gate_refused_is_kept_when_its_participant_asks_again(monkeypatch):
+    monkeypatch.setattr(User, "get_spawner", User.get_spawner)  # put back afterwards
+    gate.keep_refused_spawners()
+    gate.keep_refused_spawners()  # twice: as once
+    user = hub_user()
+    # as JupyterHub's spawn page and REST API find the spawner, then its spawn
+    spawner = user.get_or_create_spawner("", "", replace_failed=True)
+    spawner.answer = NoGPUSliceAvailable("All GPU slices are in use (6/6)", "log")
+    for _ in range(2):
+        with pytest.raises(NoGPUSliceAvailable):
+            await Handler().spawn_single_user(user, "", "", {})
+        assert spawner._failed  # JupyterHub's pages say the last start failed
+        assert user.get_or_create_spawner("", "", replace_failed=True) is spawner
+        assert user.spawners[""] is spawner
+
+    # a start that began and failed leaves a spawner JupyterHub replaces, as it always did
+    spawner._spawn_future = failed_with(RuntimeError("the image could not be pulled"))
+    replaced = user.get_or_create_spawner("", "", replace_failed=True)
+    assert replaced is not spawner and replaced.user is user
+    # and with replace_failed=False, JupyterHub's answer is the failed one
+    user.spawners[""] = spawner
+    assert user.get_spawner("") is spawner
+
+
 class Users(dict):
     """The hub's users by id; counts the walks through all of them."""
 
@@ -264,7 +322,8 @@ def test_users_the_hub_holds_are_found_without_walking_through_all_of_them_each_
     assert handler.find_user("p500").id == 500 and handler.users.walks == 2
 
 
-def test_install_puts_the_gated_handlers_in_jupyterhub_s_tables():
+def test_install_puts_the_gated_handlers_in_jupyterhub_s_tables(monkeypatch):
+    monkeypatch.setattr(User, "get_spawner", User.get_spawner)  # put back afterwards
     gate.install()
     gate.install()  # twice: as once
     tables = handlers.default_handlers + apihandlers.default_handlers
@@ -274,6 +333,7 @@ def test_install_puts_the_gated_handlers_in_jupyterhub_s_tables():
     api = [p for p, h, *_ in tables if h is gate.GatedUserServerAPIHandler]
     assert "/spawn/([^/]+)" in spawn and r"/api/users/([^/]+)/server" in api
     assert issubclass(gate.GatedSpawnHandler, SpawnHandler)
+    assert User.get_spawner.gpuhub_keeps_refused  # and refused spawners are kept
 
 
 def test_a_jupyterhub_without_those_handlers_stops_the_hub_with_advice():
