@@ -11,8 +11,10 @@ named slots):
   (three rounds each; stock: 100 once, as it tells nobody), the hub API's latency
   (``GET /hub/api/users``, ``GET /hub/api/users/<one>``), the hub's CPU and memory, the
   manager engine's CPU, the poll cycle's cost, the proxy's routes and GPU oversubscription
-  (from the services' own reservations); then all stopped, and the services left;
-- all 500 at once (those over the limit retried as JupyterHub's 429 asks), then stopped.
+  (from the services' own reservations); then all stopped, the services left, and when the
+  stopped servers' tasks no longer hold slices;
+- all 500 at once onto free slices (those over the limit retried as JupyterHub's 429 asks),
+  then stopped.
 
     python -m tests.bench.scale [--participants 500] [--variants gpu,stock] [--only waves|burst]
 """
@@ -229,6 +231,24 @@ def services_left(hub: Hub, timeout: float = 120) -> int:
         if not left or time.monotonic() > deadline:
             return len(left)
         time.sleep(1)
+
+
+def slices_free_after(timeout: float = 300) -> float:
+    """Seconds until no task of the swarm holds a GPU slice (None: not within ``timeout``).
+    A stop that removes a server's service returns before its task has ended, and until
+    then Swarm counts its slices, and so do the hub's refusals: a burst sent sooner is
+    refused for slices still held."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if not any(g.used for g in inventory().values()):
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    return None
+
+
+def stopped_line(stop_s: float, free_s: float | None, left: int) -> str:
+    free = "not within 300 s" if free_s is None else f"{free_s:.1f} s later"
+    return f"all stopped in {stop_s:.1f} s, their slices free {free}, services left: {left}"
 
 
 # ---- with 500 running ----------------------------------------------------------------------
@@ -465,8 +485,9 @@ def run_variant(variant: str, n: int, only: str | None) -> dict:
             result["stop_s"] = stop_all(hub, users)
             result["stop_cost"] = meter.read()
             result["left"] = services_left(hub)
+            result["free_s"] = slices_free_after()
             print(
-                f"  all stopped in {result['stop_s']:.1f} s, services left: {result['left']}; "
+                f"  {stopped_line(result['stop_s'], result['free_s'], result['left'])}; "
                 f"{cpu_line(result['stop_cost'])}",
                 flush=True,
             )
@@ -482,11 +503,9 @@ def run_variant(variant: str, n: int, only: str | None) -> dict:
             )
             result["burst_stop_s"] = stop_all(hub, users)
             result["burst_left"] = services_left(hub)
-            print(
-                f"  all stopped in {result['burst_stop_s']:.1f} s, services left: "
-                f"{result['burst_left']}",
-                flush=True,
-            )
+            result["burst_free_s"] = slices_free_after()
+            stopped = result["burst_stop_s"], result["burst_free_s"], result["burst_left"]
+            print(f"  {stopped_line(*stopped)}", flush=True)
     finally:
         bench.remove(variant)
     return result
