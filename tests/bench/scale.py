@@ -233,7 +233,11 @@ def services_left(hub: Hub, timeout: float = 120) -> int:
         time.sleep(1)
 
 
-def slices_free_after(timeout: float = 300) -> float:
+#: how long the bench waits for the stopped servers' slices to be free
+FREE_TIMEOUT_S = 300
+
+
+def slices_free_after(timeout: float = FREE_TIMEOUT_S) -> float | None:
     """Seconds until no task of the swarm holds a GPU slice (None: not within ``timeout``).
     A stop that removes a server's service returns before its task has ended, and until
     then Swarm counts its slices, and so do the hub's refusals: a burst sent sooner is
@@ -247,7 +251,7 @@ def slices_free_after(timeout: float = 300) -> float:
 
 
 def stopped_line(stop_s: float, free_s: float | None, left: int) -> str:
-    free = "not within 300 s" if free_s is None else f"{free_s:.1f} s later"
+    free = f"not within {FREE_TIMEOUT_S} s" if free_s is None else f"{free_s:.1f} s later"
     return f"all stopped in {stop_s:.1f} s, their slices free {free}, services left: {left}"
 
 
