@@ -130,11 +130,14 @@ def swap_handlers(tables: list[list[tuple]], swaps: dict[type, type]) -> None:
                     found.add(original)
     missing = [cls.__name__ for cls in swaps if cls not in found]
     if missing:
-        raise RuntimeError(
-            f"JupyterHub's handler tables have no {', '.join(missing)}: this JupyterHub is "
-            "not one the gate knows. Install the JupyterHub version in images/hub/"
-            "requirements.txt, or report the version you run."
-        )
+        raise unknown_jupyterhub(f"JupyterHub's handler tables have no {', '.join(missing)}")
+
+
+def unknown_jupyterhub(what: str) -> RuntimeError:
+    return RuntimeError(
+        f"{what}: this JupyterHub is not one the gate knows. Install the JupyterHub version in "
+        "images/hub/requirements.txt, or report the version you run."
+    )
 
 
 def refused_by_the_gate(spawner) -> bool:
@@ -151,7 +154,9 @@ def keep_refused_spawners() -> None:
     refused participants asking again at once, the last was told after 1.12-1.37 s instead of
     0.54-0.62 s (a hub outside Docker). Any other failed spawner is replaced as before.
     Idempotent."""
-    get_spawner = User.get_spawner
+    get_spawner = getattr(User, "get_spawner", None)
+    if get_spawner is None:
+        raise unknown_jupyterhub("JupyterHub's User has no get_spawner")
     if hasattr(get_spawner, "gpuhub_keeps_refused"):
         return
 

@@ -342,6 +342,12 @@ def test_a_jupyterhub_without_those_handlers_stops_the_hub_with_advice():
         gate.swap_handlers([table], gate.SWAPS)
 
 
+def test_a_jupyterhub_whose_user_has_no_get_spawner_stops_the_hub_with_advice(monkeypatch):
+    monkeypatch.delattr(User, "get_spawner")
+    with pytest.raises(RuntimeError, match="User has no get_spawner.*images/hub/requirements"):
+        gate.keep_refused_spawners()
+
+
 def listen_queue(port):
     """The queue length the kernel gives a listening TCP port (``ss``' Send-Q)."""
     out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True)
