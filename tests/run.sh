@@ -23,11 +23,12 @@ log "lint (ruff)"
   || die "ruff found problems; fix them or run: .venv/bin/ruff format ."
 
 if [ "$what" = unit ]; then
-  exec "$VENV/bin/python" -m pytest tests/unit tests/sync "$@"
+  exec bash tests/hermetic.sh "$VENV/bin/python" tests/unit tests/sync "$@"
 fi
 
 log "unit tests"
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit tests/sync
+# (in a mount namespace whose /run has a decoy engine socket: tests/hermetic.sh)
+bash tests/hermetic.sh "$VENV/bin/python" -q -p no:cacheprovider tests/unit tests/sync
 
 # What of this machine's own Docker the tests must leave as they found it: the system engine
 # (running or not, its process, its swarm, its services) and its daemon.json.

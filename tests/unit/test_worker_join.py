@@ -142,7 +142,9 @@ def setup(engine, daemon_json, manager, *args, simulate=True):
     if simulate:
         line += ["--simulate-gpus", "2"]
     environ = {"GPUHUB_DAEMON_JSON": str(daemon_json)}
-    environ.update((k, v) for k, v in os.environ.items() if k.startswith("GPUHUB_GUARD_"))
+    # the guard it starts talks to the engine the test names, never this machine's own
+    passed_on = ("GPUHUB_GUARD_", "DOCKER_HOST")
+    environ.update((k, v) for k, v in os.environ.items() if k.startswith(passed_on))
     return main([*line, *args], docker=engine, environ=environ)
 
 
