@@ -180,6 +180,11 @@ if cfg.spawner == "stock-swarm":
     c.SwarmSpawner.extra_create_kwargs = {"labels": {contract.STACK_LABEL: cfg.stack}}
 else:
     c.JupyterHub.spawner_class = "gpu_swarm_spawner.GPUSwarmSpawner"
+    # the proxy's routes and Swarm's services kept in agreement with the hub's view: routes
+    # back within seconds of a proxy restart, services nobody owns removed (keeper.py)
+    c.JupyterHub.proxy_class = "gpu_swarm_spawner.keeper.KeepingProxy"
+    c.KeepingProxy.server_labels = {contract.STACK_LABEL: cfg.stack}
+    c.KeepingProxy.dashboard_dir = str(DATA / "dashboard")
     # a participant no slice can take is told so before JupyterHub's own spawn work (gate.py)
     gate.install()
     # ... and a burst's connections wait in the hub's queue instead of being dropped and retried

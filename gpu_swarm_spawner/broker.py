@@ -53,12 +53,14 @@ class Reservation:
 
 
 class NoRoom(Exception):
-    """No GPU fits the request; ``gpus`` is the inventory it was refused from."""
+    """No GPU fits the request; ``gpus`` is the inventory it was refused from, ``tasks`` the
+    swarm's tasks as read for it."""
 
-    def __init__(self, gpus: list[GPU], request: Request):
+    def __init__(self, gpus: list[GPU], request: Request, tasks: list[dict] | None = None):
         super().__init__(placement.refusal_message(gpus, request.slices))
         self.gpus = gpus
         self.request = request
+        self.tasks = tasks or []
 
 
 #: After a server of the hub stopped, the line looks every SOON_INTERVAL_S for SOON_S seconds:
@@ -140,6 +142,11 @@ class GPUBroker:
         # shielded: a spawn cancelled while waiting does not cancel the read others share
         return await asyncio.shield(shared)
 
+    def forget_read(self) -> None:
+        """The swarm changed in a way the next reservation must see (a service removed and
+        its task ended): the next read is a new one."""
+        self._read = None
+
     async def recent_read(
         self, read: ReadSwarm, max_age: float
     ) -> tuple[dict[str, dict], dict[str, dict]]:
@@ -195,7 +202,7 @@ class GPUBroker:
             usable, request.slices, request.policy, request.seed, request.prefer_node
         )
         if gpu is None:
-            raise NoRoom(gpus, request)
+            raise NoRoom(gpus, request, tasks)
         slices = placement.slices_taken(gpu, request.slices)
         self._claims[owner] = Claim(gpu.uuid, slices)
         return Reservation(gpu, slices)

@@ -5,7 +5,8 @@ Two files in one folder (``GPUSwarmSpawner.dashboard_dir``):
 
 - ``events.jsonl``: one JSON object per line, appended: a server started (with how long the
   start took and how long its participant waited in line), refused (no GPU had room), failed,
-  stopped, or a participant joined or left the line. ``read_events`` is the one reader: it
+  stopped, or a participant joined or left the line, or the hub healed a divergence between its
+  view, Swarm's and the proxy's (``healing.py``). ``read_events`` is the one reader: it
   skips lines it cannot use (a line cut short by a crash, an unknown kind from a newer
   version) instead of failing the page. The file is rotated to ``events.jsonl.1`` past
   ``MAX_BYTES``.
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 #: The kinds of event, in the words the dashboard shows.
-KINDS = frozenset({"started", "refused", "failed", "stopped", "joined line", "left line"})
+KINDS = frozenset({"started", "refused", "failed", "stopped", "joined line", "left line", "healed"})
 EVENTS_FILE = "events.jsonl"
 LINE_FILE = "line.json"
 #: events.jsonl is rotated past this size (about 200 000 events; the dashboard reads the tail)
@@ -42,7 +43,8 @@ class Event:
     waited: float | None = None  # started: seconds in the waiting line before it
     gpu: str = ""
     node: str = ""
-    reason: str = ""  # refused, failed: what the participant was told
+    reason: str = ""  # refused, failed: what the participant was told; healed: what was done
+    action: str = ""  # healed: which action (healing.ACTIONS)
 
 
 _FIELDS = {f.name for f in fields(Event)}
@@ -67,7 +69,7 @@ def _event(record) -> Event | None:
     user = record.get("user")
     if when is None or not isinstance(user, str) or not user:
         return None
-    text = {k: record.get(k, "") for k in ("server", "gpu", "node", "reason")}
+    text = {k: record.get(k, "") for k in ("server", "gpu", "node", "reason", "action")}
     if not all(isinstance(v, str) for v in text.values()):
         return None
     return Event(
@@ -163,6 +165,18 @@ class Journal:
             partial = path.with_name(LINE_FILE + ".new")
             partial.write_text(text, encoding="utf-8")
             partial.replace(path)
+
+
+_JOURNALS: dict[str, Journal] = {}
+
+
+def journal_for(folder: str) -> Journal:
+    """The one journal of ``folder`` in this process (the hub's spawners and its keeper share
+    it, and with it the lock that keeps their lines whole)."""
+    journal = _JOURNALS.get(folder)
+    if journal is None:
+        journal = _JOURNALS[folder] = Journal(folder)
+    return journal
 
 
 def tail(path: str | os.PathLike, max_bytes: int = 1024 * 1024) -> list[bytes]:

@@ -17,17 +17,22 @@ How a spawn runs, top-down (the methods appear in this order below):
    another server took the slice first (``SliceTaken``: ``start`` tries the next GPU), a
    machine without the image fails at once, and the wait ends when the server listens.
 3. JupyterHub asks ``get_ip_and_port`` where to connect: the task's address on the network.
-4. Later, ``poll`` reports the server stopped when its task or its machine is gone.
+4. Later, ``poll`` reports the server stopped when it is gone (``reconcile.verdict``), or
+   away for longer than ``server_lost_after`` while Swarm tries to bring it back; a server
+   Swarm replaced goes on at its new address. After a hub restart, ``get_url`` says where
+   each server answers now.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Awaitable
 
 import jinja2
+from docker.errors import NotFound
 from docker.types import (
     ContainerSpec,
     EndpointSpec,
@@ -50,7 +55,20 @@ from traitlets import (
     default,
 )
 
-from . import broker, contract, events, inventory, line, naming, placement, profiles, tasks
+from . import (
+    broker,
+    contract,
+    events,
+    healing,
+    inventory,
+    line,
+    naming,
+    placement,
+    profiles,
+    reconcile,
+    tasks,
+)
+from .reconcile import Health
 from .tasks import Phase
 from .traits import GPUSwarmSpawnerTraits
 
@@ -58,6 +76,8 @@ from .traits import GPUSwarmSpawnerTraits
 #: task is looked at (stop_object).
 SHUTDOWN_REQUEST_S = 5.0
 SHUTDOWN_POLL_S = 0.1
+#: How long a start waits for a leftover service of the same server to let go of its slices.
+LEFTOVER_WAIT_S = 20.0
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
@@ -105,8 +125,9 @@ def with_gpu_slices(generic, kind: str, slices: int) -> list[dict]:
     return [*others, {"DiscreteResourceSpec": {"Kind": kind, "Value": slices}}]
 
 
-#: this hub's journals (events.py), by folder
-_JOURNALS: dict[str, events.Journal] = {}
+def _node_state(node: dict) -> str:
+    """A node's state word ("ready", "down", ...; "unknown" when it reports none)."""
+    return (node.get("Status") or {}).get("State") or "unknown"
 
 
 def _line_writer(journal: events.Journal, log):
@@ -161,6 +182,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     _waited = None  # seconds this spawn waited in line before its slices (None: it did not)
     _refused = False  # this spawn was refused before any service was made (or left)
     _early_claim = None  # the claim refusal_before_spawn made, until start claims its own
+    _away_since = None  # when (time.monotonic) poll first found the server away (recovering)
 
     @property
     def broker(self) -> broker.GPUBroker:
@@ -340,8 +362,10 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self._cancelled_in_line = False
         self._waited = None
         self._refused = False
+        self._away_since = None
         t0 = time.monotonic()
         try:
+            await self._clear_leftover()
             if self.cpu_only_requested:
                 started = await self._start_without_gpu()
             else:
@@ -364,6 +388,34 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             node=self.gpu_node or self.cpu_node,
         )
         return started
+
+    async def _clear_leftover(self) -> None:
+        """Remove a service of this server's name that still exists although the hub starts
+        the server anew: the hub let it go while Swarm was restarting it (a hub older than
+        ``server_lost_after``), its removal failed while the manager was away, or a hub killed
+        mid-spawn left it. Its participant is then never refused for the slices their own
+        earlier server holds; their files are in their home, which stays. Waits (up to
+        ``LEFTOVER_WAIT_S``) until its task has let go of its slices."""
+        try:
+            service = await self.docker("inspect_service", self.service_name)
+        except NotFound:
+            return
+        sid = service["ID"]
+        self._report(5, "Your earlier server was still running: stopping it (your files stay)")
+        with contextlib.suppress(NotFound):  # the hub's keeper removed it meanwhile
+            await self.docker("remove_service", sid)
+        deadline = time.monotonic() + LEFTOVER_WAIT_S
+        while time.monotonic() < deadline:
+            live = [t for t in await self.docker("tasks") if t.get("ServiceID") == sid]
+            if not any(tasks.is_live(t) for t in live):
+                break
+            await asyncio.sleep(SHUTDOWN_POLL_S * 2)
+        self.broker.forget_read()  # the next reservation sees its slices free
+        self._healed(
+            "leftover removed",
+            f"{self._log_name}: its earlier service {service['Spec']['Name']} (id {sid[:7]}) "
+            "still ran, which the hub did not count as running; removed before the new start",
+        )
 
     def _refused_after(self, refusal: NoGPUSliceAvailable, t0: float, where: str) -> None:
         seconds = round(time.monotonic() - t0, 2)
@@ -395,6 +447,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         except broker.NoRoom as e:
             if self._joins_line(e.gpus, request, options):
                 return None
+            if reconcile.held_by_user(e.tasks, self.user.name):
+                return None  # their own earlier server holds slices: start removes it first
             refusal = self._refusal(e, request, options)
             self.log.info("%s", refusal.log_message)
             self._refused_after(refusal, t0, "before JupyterHub's spawn")
@@ -741,17 +795,21 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         return await self.connect_address(self.task_ip)
 
     async def poll(self):
-        """Running, or why not: a server whose node is gone counts as stopped.
+        """Running (None), or why not: what the server's tasks say (``reconcile.verdict``).
 
-        Swarm leaves the task of a vanished node "running" and queues a replacement that can
-        never be placed (its GPU lived on that node); both mean the user should start again.
+        A server Swarm is bringing back (its container being replaced after its engine
+        restarted, its machine not answering the manager, its new task not placed yet) is
+        *away*: it counts as running for ``server_lost_after`` seconds, so the hub neither
+        drops its route nor lets its participant be refused for the slices it holds; back at a
+        new address, the hub's record follows it (``_follow_address``). Away for longer, or
+        gone (its service removed, its task ended for good), it is reported stopped, and the
+        hub removes its service so that its participant can start again elsewhere.
 
         A recent read of the swarm shared by all servers (``poll_read_max_age``) answers
         "running" without a Docker call of this server's own; any other answer is checked
-        with its own calls (the service's tasks, then its node).
-
-        A refused spawn has no service: JupyterHub's clean-up polls it, and the answer needs
-        no Docker call (which would wait behind the calls of the servers that did fit).
+        with its own calls (``_look``). A refused spawn has no service: JupyterHub's clean-up
+        polls it, and the answer needs no Docker call (which would wait behind the calls of
+        the servers that did fit).
         """
         if self._refused and not self.object_id:
             return 0
@@ -761,41 +819,127 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             )
             task = by_service.get(self.object_id)
             node = nodes.get((task or {}).get("NodeID") or "")
-            ready = node and node.get("Status", {}).get("State") == "ready"
-            if ready and self._poll_status(task, node) is None:
-                return None
-        task = await self.get_task()
-        if not task:
-            return 0
-        status = self._poll_status(task, None)
-        if status is None and task.get("NodeID"):
-            status = self._poll_status(task, await self.docker("inspect_node", task["NodeID"]))
-        return status
+            if task and node:
+                states = {node["ID"]: _node_state(node)}
+                seen = reconcile.verdict([task], states, self.network_name)
+                if seen.health is Health.RUNNING:
+                    return self._judge(seen)
+        seen, _ = await self._look()
+        return self._judge(seen)
 
-    def _poll_status(self, task: dict, node: dict | None):
-        """What ``poll`` answers for the server's ``task`` on ``node`` (None: not read yet):
-        None while it runs (or starts) where the hub routes to it, else why not."""
-        reading = tasks.read_task(task, self.network_name)
-        if reading.phase is Phase.UNPLACEABLE:
-            return f"cannot be placed: {reading.detail}"
-        if reading.phase not in (Phase.STARTING, Phase.RUNNING):
-            return f"task {reading.state}: {reading.detail}"
-        routed = self.server.ip if self.server else ""
-        by_address = self.use_internal_ip and not self.use_internal_hostname
-        address = reading.address
-        if by_address and address and routed and routed not in (address, self.service_name):
-            # Swarm replaced the container (it crashed): the hub's route points at the old one
-            return f"the server's container was replaced (now at {address}, routed to {routed})"
-        node_state = node.get("Status", {}).get("State") if node is not None else "ready"
-        if node_state != "ready":
-            self.log.warning(
-                "Server %s is on node %s, which is %s: reporting it stopped",
-                self._log_name,
-                node.get("Description", {}).get("Hostname", reading.node_id[:7]),
-                node_state,
+    async def _look(self) -> tuple[reconcile.Verdict, dict]:
+        """The server's own calls: its service (by id, else by name: a hub killed during the
+        spawn may not have saved the id), all its tasks, the node of the newest. Returns the
+        verdict and the service ({} when it is gone)."""
+        try:
+            service = await self.docker("inspect_service", self.object_id or self.service_name)
+        except NotFound:
+            return reconcile.Verdict(Health.GONE, "its service is gone"), {}
+        self.object_id = service["ID"]
+        service_tasks = await self.docker("tasks", filters={"service": service["ID"]})
+        node_id = (tasks.newest(service_tasks) or {}).get("NodeID") or ""
+        states = {}
+        if node_id:
+            try:
+                states[node_id] = _node_state(await self.docker("inspect_node", node_id))
+            except NotFound:
+                states[node_id] = "gone"
+        return reconcile.verdict(service_tasks, states, self.network_name), service
+
+    def _judge(self, seen: reconcile.Verdict):
+        """``poll``'s answer for what was seen, with the time this server has been away."""
+        now = time.monotonic()
+        if seen.health is Health.RUNNING:
+            if self._away_since is not None:
+                self._healed(
+                    "back",
+                    f"{self._log_name} answers again after {now - self._away_since:.0f} s away",
+                )
+                self._away_since = None
+            self._follow_address(seen.address)
+            return None
+        if seen.health is Health.GONE:
+            return seen.reason
+        if self.pending == "spawn":
+            return None  # still starting: its start decides, not the grace
+        if self._away_since is None:
+            self._away_since = now
+            self._healed(
+                "kept",
+                f"{self._log_name} is away ({seen.reason}); kept as running for up to "
+                f"{self.server_lost_after:.0f} s while Swarm brings it back",
             )
-            return f"node {node_state}"
-        return None
+        away = now - self._away_since
+        if away < self.server_lost_after:
+            return None
+        self._healed(
+            "lost",
+            f"{self._log_name} was away for {away:.0f} s ({seen.reason}): "
+            "reported stopped, so its participant can start again",
+        )
+        return f"{seen.reason}, for {away:.0f} s"
+
+    def _follow_address(self, address: str) -> None:
+        """A server Swarm gave a new container (its engine or machine restarted) runs at a new
+        address: the hub's record of it follows, and the route keeper (``keeper.py``) points
+        its route there within seconds."""
+        self.task_ip = address or self.task_ip
+        server = self.server
+        by_address = self.use_internal_ip and not self.use_internal_hostname
+        if not (address and by_address and server is not None):
+            return
+        if server.ip in (address, self.service_name):
+            return
+        was, server.ip = server.ip, address
+        self._write_now()
+        self._healed(
+            "moved",
+            f"Swarm replaced the container of {self._log_name}: now at {address} (was {was}); "
+            "its route follows",
+        )
+
+    async def get_url(self):
+        """Where the server answers now: JupyterHub asks after a restart of its own, for every
+        server ``poll`` calls running, and records what this returns.
+
+        While the hub was away Swarm may have replaced a server's container (the manager's
+        engine restarted with it): it answers at a new address, or will in a moment, so this
+        waits up to ``server_lost_after`` for it to run. A hub killed in the middle of a spawn
+        may not have saved what the server holds: it is taken back from the service's labels.
+        """
+        deadline = time.monotonic() + self.server_lost_after
+        while True:
+            seen, service = await self._look()
+            if seen.health is not Health.RECOVERING or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(1.0)
+        if seen.health is not Health.RUNNING:
+            return await super().get_url()  # JupyterHub's check that it answers then decides
+        self._adopt(service, seen)
+        self.task_ip = seen.address
+        host, port = await self.connect_address(seen.address)
+        server = self.server
+        return f"{server.proto}://{host}:{port}{server.base_url}"
+
+    def _adopt(self, service: dict, seen: reconcile.Verdict) -> None:
+        """Take back what a running server holds from its service's labels when the hub's
+        database lost it (a hub killed after creating the service, before saving the state)."""
+        labels = (service.get("Spec") or {}).get("Labels") or {}
+        uuid = labels.get(contract.GPU_LABEL) or ""
+        if self.gpu_uuid or not uuid:
+            return
+        self.gpu_uuid = uuid
+        self.slices_held = int(labels.get(contract.SLICES_LABEL) or 0)
+        self.log.info(
+            "%s: its service holds %d slice(s) of %s; taken back into the hub's state",
+            self._log_name,
+            self.slices_held,
+            uuid,
+        )
+        self._save_state()
+
+    def _healed(self, action: str, message: str) -> None:
+        healing.record(self.log, self._journal(), action, message, self.user.name, self.name)
 
     # ---- choosing a GPU --------------------------------------------------------------------
 
@@ -979,9 +1123,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         written there too from the first call on."""
         if not self.dashboard_dir:
             return None
-        journal = _JOURNALS.get(self.dashboard_dir)
-        if journal is None:
-            journal = _JOURNALS[self.dashboard_dir] = events.Journal(self.dashboard_dir)
+        journal = events.journal_for(self.dashboard_dir)
         if self.broker.on_line_change is None:
             self.broker.on_line_change = _line_writer(journal, self.log)
         return journal

@@ -242,6 +242,24 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         """,
     )
 
+    server_lost_after = _FloatAtLeast(
+        30.0,
+        least=0,
+        expected="0 or more seconds",
+        config=True,
+        help="""
+        Seconds a server may be away before the hub takes it for stopped, while Swarm is
+        bringing it back: its container is being replaced (its machine's engine restarted),
+        its machine does not answer the manager, or its new task waits to be placed. Until
+        then ``poll`` answers "running" (the participant's route stays; the hub does not free
+        or refuse the slices it holds); a server back sooner goes on at its new address. Once
+        this has passed, the server is reported stopped and its service removed, so its
+        participant can start again elsewhere (with shared homes, with every file). Also how
+        long the hub, after a restart of its own, waits for such a server before checking it
+        answers. 0: at once, as dockerspawner does. Default 30.
+        """,
+    )
+
     cpu_only_servers = Bool(
         True,
         config=True,

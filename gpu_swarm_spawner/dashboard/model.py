@@ -119,6 +119,7 @@ def _event(e: Event) -> dict:
         "gpu": e.gpu,
         "node": e.node,
         "reason": e.reason,
+        "action": e.action,
     }
 
 
@@ -136,7 +137,8 @@ def build(
     prefix: str = SERVICE_PREFIX,
 ) -> dict:
     """The dashboard's state: machines with their GPUs and each GPU's participants, the
-    waiting line, recent starts, refusals and failures, and the guard's warnings and stops.
+    waiting line, recent starts, refusals and failures, what the hub healed (``healing.py``),
+    and the guard's warnings and stops.
     ``guard_expected(node)``: whether a guard should answer there (``guards.guarded``)."""
     servers = _servers(tasks, services, prefix)
     used_on = used_slices(tasks)
@@ -181,6 +183,7 @@ def build(
         "problems": [_event(e) for e in reversed(events) if e.kind in ("refused", "failed")][
             :RECENT
         ],
+        "healed": [_event(e) for e in reversed(events) if e.kind == "healed"][:RECENT],
         "guard": [
             {
                 "user": user,

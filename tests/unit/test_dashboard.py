@@ -124,6 +124,8 @@ def test_the_line_recent_starts_problems_and_the_guards_counts():
         Event(9_300.0, "failed", "carol", server="big", reason="gpu-2 lacks the image"),
         Event(1_000.0, "started", "old", seconds=99.0),  # over an hour ago: not in p50/p95
         Event(9_400.0, "stopped", "alice"),
+        Event(9_500.0, "healed", "-", action="routes restored", reason="put back: /user/a/"),
+        Event(9_600.0, "healed", "eve", action="orphan removed", reason="jy-eve removed"),
     ]
     line = [Waiting("w1", "", 9_940.0, 1), Waiting("admin", "big", 9_970.0, None, "GPU-b0")]
     state = build(events=events, line=line)
@@ -136,6 +138,10 @@ def test_the_line_recent_starts_problems_and_the_guards_counts():
     assert [(e["kind"], e["user"]) for e in state["problems"]] == [
         ("failed", "carol/big"),
         ("refused", "eve"),
+    ]
+    assert [(e["action"], e["user"], e["reason"]) for e in state["healed"]] == [
+        ("orphan removed", "eve", "jy-eve removed"),
+        ("routes restored", "-", "put back: /user/a/"),
     ]
     totals = state["totals"]
     assert (totals["spawn_p50"], totals["starts_counted"], totals["waiting"]) == (4.0, 2, 2)

@@ -66,18 +66,47 @@ async def test_a_server_whose_task_ended_is_checked_with_its_own_calls():
     spawner = await running_server(poll_read_max_age=0.05)
     assert await spawner.poll() is None
     (service,) = spawner.services.values()
-    service["task"]["Status"] = {"State": "failed", "Err": "task: non-zero exit (137)"}
+    service["task"]["Status"] = {"State": "complete", "Message": "finished"}
+    service["task"]["DesiredState"] = "shutdown"  # it shut itself down: Swarm lets it be
     await asyncio.sleep(0.1)  # the shared read is too old now
-    assert await spawner.poll() == "task failed: task: non-zero exit (137)"
+    assert await spawner.poll() == "task complete: finished"
     assert [name for name, _, _ in own_calls(spawner)][:1] == ["inspect_service"]
+
+
+async def test_a_task_swarm_replaces_is_not_a_stopped_server_until_it_has_been_away_too_long():
+    """The event day's fault: the manager's engine restarted, Swarm replaced every server's
+    container, and the hub took 5 of 7 for stopped while it did (they went on holding their
+    slices, and their participants were refused for them)."""
+    spawner = await running_server(poll_read_max_age=0, server_lost_after=0.3)
+    (service,) = spawner.services.values()
+    service["task"]["Status"] = {"State": "failed", "Err": "task: non-zero exit (137)"}
+    assert await spawner.poll() is None  # Swarm still wants it: its replacement comes next
+    service["task"]["Status"] = {"State": "starting"}  # the replacement
+    assert await spawner.poll() is None
+    await asyncio.sleep(0.35)
+    status = await spawner.poll()
+    assert status.startswith("Swarm is restarting it (task starting)"), status
+    assert status.endswith("for 0 s")
+
+
+async def test_a_server_back_within_the_grace_goes_on_and_its_record_follows_its_address():
+    spawner = await running_server(poll_read_max_age=0)
+    (service,) = spawner.services.values()
+    service["task"]["Status"] = {"State": "preparing"}
+    assert await spawner.poll() is None
+    service["task"]["Status"] = {"State": "running"}
+    service["task"]["NetworksAttachments"][0]["Addresses"] = ["10.0.8.77/24"]
+    assert await spawner.poll() is None
+    assert spawner.server.ip == "10.0.8.77" and spawner.task_ip == "10.0.8.77"
+    assert spawner._away_since is None  # a later absence gets the whole grace again
 
 
 async def test_a_server_on_a_node_that_is_down_or_gone_is_checked_with_its_own_calls():
     for nodes, expected in (
-        ([node("n1", "alpha", {"GPU-a0": 3}, state="down")], "node down"),
+        ([node("n1", "alpha", {"GPU-a0": 3}, state="down")], "its machine is down, for 0 s"),
         ([], None),  # gone from the read: its own inspect_node is asked (the fake still has it)
     ):
-        spawner = await running_server()
+        spawner = await running_server(server_lost_after=0)
         listed = spawner.nodes
         spawner.nodes = nodes
         await spawner.broker.read_swarm(spawner._read_swarm)
@@ -86,11 +115,25 @@ async def test_a_server_on_a_node_that_is_down_or_gone_is_checked_with_its_own_c
         assert "inspect_node" in [name for name, _, _ in own_calls(spawner)]
 
 
+async def test_a_server_on_a_machine_that_is_down_is_kept_for_the_grace():
+    """A GPU machine cut off from the manager for a moment (or its engine restarting) is not
+    the end of its servers; one gone for good is, after ``server_lost_after``."""
+    spawner = await running_server(poll_read_max_age=0, server_lost_after=0.3)
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3}, state="down")]
+    assert await spawner.poll() is None
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
+    assert await spawner.poll() is None  # back
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3}, state="down")]
+    assert await spawner.poll() is None  # away again: the grace starts afresh
+    await asyncio.sleep(0.35)
+    assert await spawner.poll() == "its machine is down, for 0 s"
+
+
 async def test_a_stopped_server_makes_no_shared_read():
     spawner = await running_server()
     spawner.object_id = ""  # stopped: the hub may still poll it
     spawner.services.clear()
-    assert await spawner.poll() == 0
+    assert await spawner.poll() == "its service is gone"
     assert spawner.called("nodes") == []
 
 
@@ -118,6 +161,6 @@ async def test_a_refused_spawn_is_polled_without_docker_calls():
 
 
 async def test_a_node_that_reports_no_state_is_not_taken_for_ready():
-    spawner = await running_server(poll_read_max_age=0)
+    spawner = await running_server(poll_read_max_age=0, server_lost_after=0)
     spawner.nodes = [{"ID": "n1", "Description": {"Hostname": "alpha"}}]
-    assert await spawner.poll() == "node None"
+    assert await spawner.poll() == "its machine is unknown, for 0 s"

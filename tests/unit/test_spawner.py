@@ -213,26 +213,10 @@ def test_task_address_is_read_from_the_attachment_on_the_servers_network():
     assert task_address({}, "jhub") == ""
 
 
-async def test_the_hub_reaches_the_server_at_its_task_address_and_notices_a_new_one():
+async def test_the_hub_reaches_the_server_at_its_task_address():
     spawner = make_fake()
     spawner.task_ip = "10.0.8.5"
     assert await spawner.get_ip_and_port() == ("10.0.8.5", 8888)
-
-    task = {
-        "Status": {"State": "running"},
-        "NetworksAttachments": [
-            {"Network": {"Spec": {"Name": spawner.network_name}}, "Addresses": ["10.0.8.9/24"]}
-        ],
-    }
-
-    async def get_task():
-        return task
-
-    spawner.get_task = get_task
-    spawner.server = SimpleNamespace(ip="10.0.8.5")
-    assert "replaced" in await spawner.poll()
-    spawner.server = SimpleNamespace(ip="10.0.8.9")
-    assert await spawner.poll() is None
 
 
 async def test_spawns_share_a_recent_read_of_the_swarm():
