@@ -195,10 +195,13 @@ else:
     if cfg.pids_limit:
         c.GPUSwarmSpawner.pids_limit = int(cfg.pids_limit)  # 0: no limit
     c.GPUSwarmSpawner.service_labels = {contract.STACK_LABEL: cfg.stack}
-    # the home volume; the published tutorials and the dataset cache (shared storage at the
-    # same path on every machine): tutorials read-only, datasets as GPUHUB_DATASETS_MODE says
+    # the home: a folder per participant on shared storage (GPUHUB_HOMES_DIR, which the hub
+    # sees at the same path and makes their folder in), else a volume on the machine that runs
+    # the server; the published tutorials and the dataset cache (shared storage at the same
+    # path on every machine): tutorials read-only, datasets as GPUHUB_DATASETS_MODE says
+    c.GPUSwarmSpawner.homes_dir = cfg.homes_dir
     c.GPUSwarmSpawner.volumes = {
-        contract.HOME_VOLUME: "/home/jovyan",
+        **({} if cfg.homes_dir else {contract.HOME_VOLUME: "/home/jovyan"}),
         **(
             {cfg.tutorials_dir: {"bind": "/srv/tutorials", "mode": "ro"}}
             if cfg.tutorial_repos

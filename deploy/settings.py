@@ -659,6 +659,7 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     errors += _choice(settings, "GPUHUB_CPU_ONLY", ("on", "off"))
     errors += _environments(settings.get("GPUHUB_ENVIRONMENTS", ""))
     errors += _choice(settings, "GPUHUB_DATASETS_MODE", ("ro", "rw"))
+    errors += _shared_folders(settings)
     errors += _guard(settings)
     for key in ("GPUHUB_METRICS_INTERVAL", "GPUHUB_METRICS_RETENTION"):
         if not _DURATION.match(settings.get(key, "")):
@@ -690,6 +691,52 @@ def _subnet(value: str) -> list[str]:
             "(one address per server), such as 10.120.0.0/20"
         ]
     return []
+
+
+#: Folders the servers mount from the machine they run on: {key: where servers see it}.
+SHARED_FOLDERS = {
+    "GPUHUB_TUTORIALS_DIR": "/srv/tutorials",
+    "GPUHUB_DATASETS_DIR": "/srv/datasets",
+    "GPUHUB_HOMES_DIR": "/home/jovyan",
+}
+
+
+def _inside(a: str, b: str) -> bool:
+    """Folder ``a`` is ``b`` or inside it."""
+    return a == b or a.startswith(b.rstrip("/") + "/")
+
+
+def _shared_folders(settings) -> list[str]:
+    """The shared folders (and the state directory, which holds the secrets): absolute paths
+    that Docker's volume syntax and the join line take as they are; the homes folder apart
+    from the others (a participant would see every home through one of them, or have the
+    secrets for a home, and `make down PURGE=1` empties the state directory)."""
+    errors, paths = [], {}
+    for key in (*SHARED_FOLDERS, "GPUHUB_STATE_DIR"):
+        value = settings.get(key, "")
+        if not value and key in ("GPUHUB_DATASETS_DIR", "GPUHUB_HOMES_DIR"):
+            continue  # none
+        if not value.startswith("/") or os.path.normpath(value) == "/":
+            errors.append(
+                f"{key} is {value!r}; write the absolute path of a folder, such as "
+                f"/srv/{key.removeprefix('GPUHUB_').removesuffix('_DIR').lower()}"
+            )
+        elif ":" in value or any(ch.isspace() for ch in value):
+            errors.append(
+                f"{key} is {value!r}; Docker's volume syntax takes no ':' or blanks in a path: "
+                "choose a folder without them"
+            )
+        else:
+            paths[key] = os.path.normpath(value)
+    homes = paths.get("GPUHUB_HOMES_DIR")
+    for key, other in paths.items():
+        if homes and key != "GPUHUB_HOMES_DIR" and (_inside(homes, other) or _inside(other, homes)):
+            errors.append(
+                f"GPUHUB_HOMES_DIR ({homes}) and {key} ({other}) overlap: a participant's folder "
+                "must hold only their own home; give the homes a folder of their own on the "
+                "shared storage, such as /srv/homes"
+            )
+    return errors
 
 
 #: A Prometheus duration (its --storage.tsdb.retention.time and scrape_interval), e.g. 4d, 1h30m
@@ -1002,6 +1049,7 @@ class Config:
     tutorials_dir: str = field(init=False)
     datasets_dir: str = field(init=False)
     datasets_mode: str = field(init=False)
+    homes_dir: str = field(init=False)
     idle_timeout: int = field(init=False)
     cull_every: int = field(init=False)
     max_age: int = field(init=False)

@@ -56,7 +56,7 @@ def public_url(config: Config) -> str:
 
 def stack_files(config: Config, registry: bool = False) -> list[Path]:
     """stack.yml and its overlays: the HTTPS gateway or the proxy's plain port, GitHub login,
-    and `make up`'s image registry."""
+    `make up`'s image registry, the network's range and the homes on shared storage."""
     files = ["stack.yml", "stack.tls.yml" if tls_on(config) else "stack.http.yml"]
     if config.auth == "github":
         files.append("stack.github.yml")
@@ -64,6 +64,8 @@ def stack_files(config: Config, registry: bool = False) -> list[Path]:
         files.append("stack.registry.yml")
     if config.network_subnet:
         files.append("stack.subnet.yml")
+    if config.homes_dir:
+        files.append("stack.homes.yml")
     return [DEPLOY_DIR / name for name in files]
 
 
@@ -120,7 +122,7 @@ def stack_values(
 
 def ensure_shared_dirs(config: Config) -> None:
     """Bind-mount sources exist (on shared storage they then exist on every machine)."""
-    for directory in (config.tutorials_dir, config.datasets_dir):
+    for directory in (config.tutorials_dir, config.datasets_dir, config.homes_dir):
         if directory:
             Path(directory).mkdir(mode=0o755, parents=True, exist_ok=True)
 

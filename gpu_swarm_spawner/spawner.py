@@ -68,6 +68,7 @@ from . import (
     reconcile,
     tasks,
 )
+from .homes import HOME_PATH, ensure_folder, folder_of
 from .reconcile import Health
 from .tasks import Phase
 from .traits import GPUSwarmSpawnerTraits
@@ -539,8 +540,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                     status_code=503,
                 )
         gpus = await self.gpu_inventory()
-        home = self.home_node if self.prefer_home_node else ""
-        return placement.cpu_node(gpus, home)
+        return placement.cpu_node(gpus, self._home_to_prefer())
 
     def _hold(self, reservation: broker.Reservation, attempt: int) -> None:
         """Take the reserved slices as this server's (create_object reads them)."""
@@ -574,6 +574,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         SwarmSpawner's version builds the same spec from the same traits but then waits for the
         first task in 1-second sleeps, which adds about a second to nearly every spawn.
         """
+        await self._ensure_home_folder()  # a bind mount's source must exist
         container = ContainerSpec(
             **{
                 "image": self.image,
@@ -971,7 +972,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             slices=None if full_gpu else self.slices_per_server,
             policy=self.placement_policy,
             seed=self.user.name,
-            prefer_node=self.home_node if self.prefer_home_node else "",
+            prefer_node=self._home_to_prefer(),
         )
 
     async def reserve_gpu(
@@ -1341,14 +1342,19 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
 
     @property
     def mounts(self):
-        """Absolute sources are bind mounts; plain names are (labelled) named volumes.
+        """Absolute sources are bind mounts; plain names are (labelled) named volumes; with
+        ``homes_dir``, the participant's folder there is the home.
 
         The base class makes every entry of ``volumes`` a bind mount, which cannot express the
         per-user named volume a home directory needs. Volume names longer than Docker allows
         are shortened (``naming.fit``); ``jy-home-<user>`` of every GitHub login fits as it is.
         """
         mounts = []
+        if self.homes_dir:
+            mounts.append(Mount(HOME_PATH, self.home_folder, type="bind"))
         for source, vol in self.volume_binds.items():
+            if self.homes_dir and vol["bind"] == HOME_PATH:
+                continue  # the shared home takes the place of a volume there
             read_only = vol["mode"] == "ro"
             if os.path.isabs(source):
                 mounts.append(Mount(vol["bind"], source, type="bind", read_only=read_only))
@@ -1364,6 +1370,41 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                     )
                 )
         return mounts
+
+    # ---- the home ---------------------------------------------------------------------------
+
+    @property
+    def home_folder(self) -> str:
+        """The participant's home on shared storage (``homes_dir``); "" without it."""
+        return folder_of(self.homes_dir, self.escaped_name) if self.homes_dir else ""
+
+    async def _ensure_home_folder(self) -> None:
+        """With ``homes_dir``: the participant's folder there exists before their service is
+        created (made on a thread: the shared storage may be slow to answer), or the start
+        fails saying so."""
+        path = self.home_folder
+        if not path:
+            return
+        try:
+            made = await asyncio.to_thread(ensure_folder, path)
+        except OSError as e:
+            raise SpawnFailed(
+                "The hub could not make your home folder on the shared storage. Please tell "
+                "an organizer.",
+                f"{self._log_name}: making the home folder {path} failed ({e}); the hub's "
+                "container must have GPUHUB_HOMES_DIR mounted at the same path, writable by "
+                "root (NFS: export it to the manager with no_root_squash)",
+                reason="home",
+            ) from None
+        if made:
+            self.log.info("Made the home folder %s for %s", path, self._log_name)
+
+    def _home_to_prefer(self) -> str:
+        """The machine this server goes to first: the one holding the participant's home
+        volume (``prefer_home_node``); none with ``homes_dir``, which every machine has."""
+        if self.homes_dir or not self.prefer_home_node:
+            return ""
+        return self.home_node
 
     # ---- state ----------------------------------------------------------------------------
 

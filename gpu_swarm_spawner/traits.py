@@ -7,6 +7,8 @@ as deprecated aliases (as dockerspawner's ``_deprecated_aliases`` do).
 
 from __future__ import annotations
 
+import os
+
 from dockerspawner import SwarmSpawner
 from traitlets import (
     Bool,
@@ -107,9 +109,35 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         help="""
         Start a returning user's server on the machine that ran their previous one when a GPU
         there has room: home volumes (``jy-home-<user>``) are local to a machine, so elsewhere
-        the user would find an empty home. Turn off when homes are on shared storage.
+        the user would find an empty home. Not used with ``homes_dir`` (every machine has
+        every home); turn it off when Docker's volumes themselves are on shared storage.
         """,
     )
+
+    homes_dir = Unicode(
+        "",
+        config=True,
+        help="""
+        A folder on storage that every machine mounts at this same path (NFS, AWS EFS), e.g.
+        ``/srv/homes``: each participant's home is then its folder ``<homes_dir>/<escaped
+        username>``, bind-mounted at ``/home/jovyan`` in place of any ``volumes`` entry there,
+        and a participant whose machine is gone starts elsewhere with every file. The hub must
+        see the folder at the same path (the stack mounts it: ``GPUHUB_HOMES_DIR``): it makes
+        a participant's folder (owner uid 1000, gid 100, mode 0700) before their first server
+        starts. ``prefer_home_node`` is not used then. "" (default): homes are the per-machine
+        volumes of ``volumes``.
+        """,
+    )
+
+    @validate("homes_dir")
+    def _validate_homes_dir(self, proposal):
+        value = proposal["value"]
+        if value and (not value.startswith("/") or os.path.normpath(value) == "/"):
+            raise TraitError(
+                f"homes_dir must be an absolute path of a folder on shared storage, such as "
+                f"/srv/homes, got {value!r}"
+            )
+        return os.path.normpath(value) if value else ""
 
     gpu_kind_prefixes = List(
         Unicode(),

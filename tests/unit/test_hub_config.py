@@ -214,6 +214,14 @@ def test_settings_left_out_take_deploy_settings_env_defaults(hub_config):
     assert "template_vars" not in config.JupyterHub  # real GPUs: no banner
 
 
+def test_homes_on_shared_storage_take_the_place_of_the_home_volume(hub_config):
+    config = hub_config(HOMES_DIR="/nfs/homes", DATASETS_DIR="/nfs/data")
+    spawner = config.GPUSwarmSpawner
+    assert spawner.homes_dir == "/nfs/homes"
+    assert spawner.volumes == {"/nfs/data": {"bind": "/srv/datasets", "mode": "ro"}}
+    assert hub_config(HOMES_DIR="").GPUSwarmSpawner.homes_dir == ""
+
+
 def test_culling_off_and_no_full_gpu(hub_config):
     config = hub_config(IDLE_TIMEOUT="0", FULL_GPU="off", WAITING_LINE="off")
     assert "concurrent_spawn_limit" not in config.JupyterHub  # JupyterHub's own

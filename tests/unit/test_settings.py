@@ -344,6 +344,18 @@ def test_placeholders_that_do_not_matter_for_the_setup_are_let_through():
         ({"GPUHUB_NETWORK_SUBNET": "fd00::/64"}, "a private IPv4 range"),
         ({"GPUHUB_NETWORK_SUBNET": "10.120.0.0/20 "}, "GPUHUB_NETWORK_SUBNET is '10.120.0.0/20 '"),
         ({"GPUHUB_NETWORK_SUBNET": "big"}, "write an address range such as 10.120.0.0/20"),
+        ({"GPUHUB_HOMES_DIR": "homes"}, "GPUHUB_HOMES_DIR is 'homes'; write the absolute path"),
+        ({"GPUHUB_HOMES_DIR": "/"}, "such as /srv/homes"),
+        ({"GPUHUB_HOMES_DIR": "/nfs/a:b"}, "Docker's volume syntax takes no ':'"),
+        ({"GPUHUB_DATASETS_DIR": "data"}, "GPUHUB_DATASETS_DIR is 'data'; write the absolute"),
+        ({"GPUHUB_TUTORIALS_DIR": ""}, "GPUHUB_TUTORIALS_DIR is ''; write the absolute path"),
+        (
+            {"GPUHUB_HOMES_DIR": "/nfs", "GPUHUB_DATASETS_DIR": "/nfs/data"},
+            "GPUHUB_HOMES_DIR (/nfs) and GPUHUB_DATASETS_DIR (/nfs/data) overlap",
+        ),
+        ({"GPUHUB_HOMES_DIR": "/nfs/t/", "GPUHUB_TUTORIALS_DIR": "/nfs/t"}, "overlap"),
+        # `make down PURGE=1` empties the state directory
+        ({"GPUHUB_HOMES_DIR": "/var/lib/gpu-jupyterhub/gpuhub/homes"}, "and GPUHUB_STATE_DIR"),
     ],
 )
 def test_each_problem_is_one_line_naming_the_key(base, changes, key):
