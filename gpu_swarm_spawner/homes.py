@@ -7,9 +7,11 @@ on another with every file. The hub sees the folder at the same path (deploy/sta
 and makes it before the server's service is created (a bind mount's source must exist).
 
 Without it the home is the volume ``jy-home-<user>`` on the machine that ran the server; a
-returning participant goes back there when a GPU there has room.
+returning participant goes back there when a GPU there has room, and is told plainly where
+their files are when that machine is full or unavailable (``away_message``).
 
-``folder_of`` is pure; ``ensure_folder`` does the I/O (the spawner runs it on a thread).
+``folder_of``, ``machine_state`` and ``away_message`` are pure; ``ensure_folder`` does the I/O
+(the spawner runs it on a thread).
 """
 
 from __future__ import annotations
@@ -55,3 +57,56 @@ def ensure_folder(path: str, uid: int = OWNER_UID, gid: int = OWNER_GID) -> bool
         os.rmdir(path)  # not left half made: the next start tries again
         raise
     return True
+
+
+# ---- the home machine, without shared homes ------------------------------------------------
+
+#: ``machine_state``'s words: the machine is in the swarm and takes servers ("").
+AVAILABLE = ""
+GONE = "gone"
+DOWN = "down"
+PAUSED = "paused"
+DRAINED = "drained"
+
+
+def machine_state(nodes: list[dict], hostname: str) -> str:
+    """What became of machine ``hostname`` in a read of the swarm's nodes (as
+    ``docker.APIClient.nodes()`` returns them): AVAILABLE (ready and active), PAUSED or
+    DRAINED (an organizer took it out of service), DOWN (the manager does not hear from it),
+    or GONE (not in the swarm). A machine that joined again has a second node, the old one
+    left down: the best of them counts."""
+    found = [n for n in nodes if (n.get("Description") or {}).get("Hostname") == hostname]
+    if not found:
+        return GONE
+    ready = [n for n in found if (n.get("Status") or {}).get("State") == "ready"]
+    if not ready:
+        return DOWN
+    availability = {(n.get("Spec") or {}).get("Availability", "active") for n in ready}
+    if "active" in availability:
+        return AVAILABLE
+    return PAUSED if "pause" in availability else DRAINED
+
+
+_UNAVAILABLE = {
+    GONE: "which is no longer part of this hub",
+    DOWN: "which is not answering",
+    PAUSED: "which takes no new servers now (an organizer paused it)",
+    DRAINED: "which takes no new servers now (an organizer drained it)",
+}
+
+
+def away_message(home: str, state: str, here: str, volume: str) -> str:
+    """What a participant reads when their server starts on ``here`` instead of ``home``, the
+    machine whose volume ``volume`` holds their files from last time, in ``state``
+    (``machine_state``)."""
+    if state == AVAILABLE:  # there, but no GPU of it has room
+        return (
+            f"No GPU on {home}, where your files from last time are, has room: this server "
+            f"starts on {here} with the home there (your files stay on {home})"
+        )
+    return (
+        f"Your files from last time are on the machine {home}, {_UNAVAILABLE[state]}. This "
+        f"server starts on {here} with an empty home (or the one you had there before). Your "
+        f"files are not lost: an organizer can copy them from {home}'s Docker volume {volume}; "
+        "with GPUHUB_HOMES_DIR (homes on shared storage) every machine has them"
+    )

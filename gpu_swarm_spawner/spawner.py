@@ -68,7 +68,7 @@ from . import (
     reconcile,
     tasks,
 )
-from .homes import HOME_PATH, ensure_folder, folder_of
+from .homes import HOME_PATH, away_message, ensure_folder, folder_of, machine_state
 from .reconcile import Health
 from .tasks import Phase
 from .traits import GPUSwarmSpawnerTraits
@@ -540,7 +540,11 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                     status_code=503,
                 )
         gpus = await self.gpu_inventory()
-        return placement.cpu_node(gpus, self._home_to_prefer())
+        home = self._home_to_prefer()
+        chosen = placement.cpu_node(gpus, home)
+        if home and chosen != home:
+            await self._tell_away_from_home(home, chosen)
+        return chosen
 
     def _hold(self, reservation: broker.Reservation, attempt: int) -> None:
         """Take the reserved slices as this server's (create_object reads them)."""
@@ -985,7 +989,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         """
         request = self.gpu_request()
         try:
-            return self._placed(
+            return await self._placed(
                 request, await self.broker.reserve(self, request, self._read_swarm, exclude)
             )
         except broker.NoRoom as e:
@@ -994,7 +998,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         if not (may_wait and self._joins_line(refused.gpus, request, self.user_options)):
             raise refusal
         self.log.info("%s; joining the line", refusal.log_message)
-        return self._placed(request, await self._wait_in_line(request))
+        return await self._placed(request, await self._wait_in_line(request))
 
     def _refusal(
         self, refused: broker.NoRoom, request: broker.Request, options: dict
@@ -1010,22 +1014,38 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         offer = self._refusal_offer(refused.gpus, request, str(refused), options)
         return NoGPUSliceAvailable(str(refused), log_message, offer)
 
-    def _placed(
+    async def _placed(
         self, request: broker.Request, reservation: broker.Reservation
     ) -> broker.Reservation:
         """The reservation, after telling a returning participant when it is not on their
         home machine."""
         home, gpu = request.prefer_node, reservation.gpu
         if home and gpu.node_name != home:
+            await self._tell_away_from_home(home, gpu.node_name)
+        return reservation
+
+    async def _tell_away_from_home(self, home: str, here: str) -> None:
+        """A returning participant starts on ``here``, not on ``home``, the machine whose
+        volume holds their files (homes not shared): the spawn page says why and where their
+        files are, from the swarm's latest read (the one the choice was made from)."""
+        nodes, _ = await self.broker.read_swarm(self._read_swarm)
+        state = machine_state(nodes, home)
+        volume = self._home_volume()
+        if state:
+            self.log.warning(
+                "%s: their home machine %s is %s; starting on %s with another home (their "
+                "files are in %s there)",
+                self._log_name,
+                home,
+                state,
+                here or "a machine Swarm chooses",
+                volume,
+            )
+        else:
             self.log.info(
                 "%s: no room on %s (their home), starting elsewhere", self._log_name, home
             )
-            self._report(
-                18,
-                f"No GPU on {home}, where your files from last time are, has room: this server "
-                f"starts on {gpu.node_name} with the home there (your files stay on {home})",
-            )
-        return reservation
+        self._report(18, away_message(home, state, here or "another machine", volume))
 
     # ---- the waiting line --------------------------------------------------------------------
 
@@ -1398,6 +1418,13 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             ) from None
         if made:
             self.log.info("Made the home folder %s for %s", path, self._log_name)
+
+    def _home_volume(self) -> str:
+        """The name of the participant's home volume on a machine (``jy-home-<user>``)."""
+        for source, vol in self.volume_binds.items():
+            if vol["bind"] == HOME_PATH and not os.path.isabs(source):
+                return naming.volume_name(source)
+        return naming.volume_name(self.format_volume_name(contract.HOME_VOLUME, self))
 
     def _home_to_prefer(self) -> str:
         """The machine this server goes to first: the one holding the participant's home

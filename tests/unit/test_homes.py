@@ -1,5 +1,6 @@
 """Participants' homes: a folder each on shared storage (``homes_dir``, GPUHUB_HOMES_DIR), or a
-volume on one machine (gpu_swarm_spawner/homes.py and the spawner's use of it)."""
+volume on one machine, whose participant is told where their files are when they start
+elsewhere (gpu_swarm_spawner/homes.py and the spawner's use of it)."""
 
 from __future__ import annotations
 
@@ -151,15 +152,81 @@ async def test_the_folder_is_made_off_the_event_loop(tmp_path, monkeypatch):
 # ---- where a returning participant starts -------------------------------------------------
 
 
-async def test_with_shared_homes_the_home_machine_is_not_preferred():
+def bob(**traits) -> FakeDockerSpawner:
+    """Bob, whose last server ran on beta (its volume holds his files)."""
     spawner = FakeDockerSpawner(
-        user=SimpleNamespace(name="bob", id=2, url="/user/bob/"),
-        inventory_max_age=0,
-        homes_dir="/srv/homes",
+        user=SimpleNamespace(name="bob", id=2, url="/user/bob/"), inventory_max_age=0, **traits
     )
-    spawner.home_node = "beta"  # bob's last server ran there
+    spawner.home_node = "beta"
+    spawner._progress_events = []
+    return spawner
+
+
+def told(spawner) -> str:
+    return " ".join(e["message"] for e in spawner._progress_events)
+
+
+async def test_with_shared_homes_the_home_machine_is_not_preferred_nor_mentioned():
+    spawner = bob(homes_dir="/srv/homes")
     spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3}), node("n2", "beta", {"GPU-b0": 3})]
-    spawner.tasks = [task("n2", {"GPU-b0": 2})]  # spread picks alpha
+    spawner.tasks = [task("n2", {"GPU-b0": 2})]  # spread picks alpha; beta is bob's last
     assert (await spawner.reserve_gpu()).gpu.node_name == "alpha"
+    assert told(spawner) == ""
     spawner.homes_dir = ""
     assert (await spawner.reserve_gpu()).gpu.node_name == "beta"  # his volume is there
+
+
+@pytest.mark.parametrize(
+    "beta, says",
+    [
+        (None, "which is no longer part of this hub"),
+        (node("n2", "beta", {"GPU-b0": 3}, state="down"), "which is not answering"),
+        (node("n2", "beta", {"GPU-b0": 3}, availability="pause"), "an organizer paused it"),
+        (node("n2", "beta", {"GPU-b0": 3}, availability="drain"), "an organizer drained it"),
+    ],
+)
+async def test_a_participant_whose_home_machine_is_unavailable_reads_where_the_files_are(
+    beta, says, caplog
+):
+    spawner = bob()
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})] + ([beta] if beta else [])
+    assert (await spawner.reserve_gpu()).gpu.node_name == "alpha"
+    message = told(spawner)
+    assert "Your files from last time are on the machine beta, " in message and says in message
+    assert "This server starts on alpha with an empty home" in message
+    assert "an organizer can copy them from beta's Docker volume jy-home-bob" in message
+    assert "GPUHUB_HOMES_DIR" in message
+    assert "their home machine beta is" in caplog.text
+
+
+async def test_a_machine_that_joined_again_counts_as_there():
+    spawner = bob()
+    old = node("n2", "beta", {"GPU-b0": 3}, state="down")
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3}), old, node("n3", "beta", {"GPU-b0": 3})]
+    spawner.tasks = [task("n3", {"GPU-b0": 3})]  # full
+    assert (await spawner.reserve_gpu()).gpu.node_name == "alpha"
+    assert "No GPU on beta, where your files from last time are, has room" in told(spawner)
+
+
+async def test_the_message_names_the_home_volume_as_configured():
+    spawner = bob(volumes={"course-{username}": "/home/jovyan"})
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
+    await spawner.reserve_gpu()
+    assert "Docker volume course-bob" in told(spawner)
+
+
+async def test_a_server_without_a_gpu_whose_home_machine_is_gone_is_told_too():
+    spawner = bob()
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
+    assert await spawner._choose_cpu_node() == "alpha"
+    assert "on the machine beta, which is no longer part of this hub" in told(spawner)
+
+
+def test_machine_states():
+    ready = node("n1", "beta", {})
+    assert homes.machine_state([ready], "beta") == homes.AVAILABLE
+    assert homes.machine_state([ready], "gamma") == homes.GONE
+    assert homes.machine_state([node("n1", "beta", {}, state="unknown")], "beta") == homes.DOWN
+    assert homes.machine_state([node("n1", "beta", {}, state="disconnected")], "beta") == "down"
+    paused = node("n1", "beta", {}, availability="pause")
+    assert homes.machine_state([paused], "beta") == homes.PAUSED
