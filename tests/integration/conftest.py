@@ -92,6 +92,8 @@ def hub(hub_settings):
         *services.list(filters={"label": f"com.docker.stack.namespace={stack}"}),
         *services.list(filters={"label": f"gpu-jupyterhub.stack={stack}"}),  # its servers
     ]
+    for service in services.list(filters={"label": f"gpu-jupyterhub.stack={stack}-direct"}):
+        service.remove()  # servers a test made without the hub (spawners.py) and left
     if left and os.environ.get("GPUHUB_TEST_KEEP_STACK") != "1":
         deploy("down", "--purge")
     deploy("stack")

@@ -145,7 +145,7 @@ def dump_logs(stack: str) -> str:
     for service in client.services.list():
         labels = service.attrs["Spec"].get("Labels", {})
         ours = labels.get("com.docker.stack.namespace") == stack or (
-            labels.get("gpu-jupyterhub.stack") == stack
+            labels.get("gpu-jupyterhub.stack") in (stack, stack + "-direct")  # spawners.DIRECT
         )
         if not ours:
             continue

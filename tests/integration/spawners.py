@@ -14,11 +14,17 @@ import docker
 from jupyterhub.objects import Hub
 
 from gpu_swarm_spawner import GPUSwarmSpawner
-from gpu_swarm_spawner.contract import USER_LABEL
+from gpu_swarm_spawner.contract import STACK_LABEL, USER_LABEL
 from gpu_swarm_spawner.inventory import build_inventory
 from gpu_swarm_spawner.tasks import is_live
 
 _ids = itertools.count(1000)
+
+
+#: The stack label of servers made here carries this after the stack's name: the test stack's
+#: hub removes services of its own label that none of its servers owns (keeper.py), as it would
+#: leave another hub's alone.
+DIRECT = "-direct"
 
 
 def make_spawner(name: str, settings: dict, **traits) -> GPUSwarmSpawner:
@@ -32,7 +38,7 @@ def make_spawner(name: str, settings: dict, **traits) -> GPUSwarmSpawner:
         # extra arguments (--port=...) land in $1.. of sh and are ignored
         cmd=["sh", "-c", "exec sleep infinity", "sleep"],
         probe_server=False,  # nothing listens, and the host cannot resolve service names
-        service_labels={"gpu-jupyterhub.stack": settings["GPUHUB_STACK"]},
+        service_labels={STACK_LABEL: settings["GPUHUB_STACK"] + DIRECT},
         **traits,
     )
 
@@ -43,8 +49,13 @@ def inventory():
 
 
 def services_of(stack: str) -> list:
+    """The servers' services of ``stack``: its hub's and those made here."""
     client = docker.from_env()
-    return client.services.list(filters={"label": f"gpu-jupyterhub.stack={stack}"})
+    return [
+        service
+        for value in (stack, stack + DIRECT)
+        for service in client.services.list(filters={"label": f"{STACK_LABEL}={value}"})
+    ]
 
 
 def wait_slices_free(timeout: float = 120, on=all) -> None:
