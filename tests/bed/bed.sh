@@ -22,6 +22,12 @@
 #                                    veths, the bridge and its rules; the manager's data (its
 #                                    images) stays for the next run
 #   tests/bed/bed.sh stop wN         kill one worker's dockerd (a machine that disappears)
+#   tests/bed/bed.sh restart M       stop machine M's engine (manager or wN) and start it again,
+#                                    as a reboot or an engine upgrade does
+#   tests/bed/bed.sh cut wN          cut worker wN off from the manager: every packet between
+#                                    them dropped (in wN's namespace), wN still up; uncut wN: back
+#   tests/bed/bed.sh small-dir NAME SIZE  a folder on a file system of its own of SIZE (tmpfs,
+#                                    e.g. 64m) at $BED_RUN/small/NAME, printed: a disk to fill
 #   tests/bed/bed.sh join wN A       setup.sh on worker wN as `up` runs it, plus the arguments A
 #   tests/bed/bed.sh fresh NAME      a fresh machine (removed first if it exists)
 #   tests/bed/bed.sh on NAME CMD     run the shell command CMD on fresh machine NAME, as root in
@@ -303,6 +309,53 @@ remove_worker() {
   ip link del "gjb-$w" 2>/dev/null || true
 }
 
+# The manager or worker wN: its engine stopped (as its machine shuts down: containers stopped)
+# and started again with the same settings.
+restart_machine() {  # restart_machine manager|wN
+  case $1 in
+    manager) engine restart ;;
+    w[0-9]*) [ -e "/run/netns/gjbed-$1" ] || die "no bed worker $1 (tests/bed/bed.sh up N)"
+             ( set -a; eval "$(worker_env "$1")"; set +a; engine restart ) ;;
+    *) die "restart: manager or a worker (w1, w2, ...), not '$1'" ;;
+  esac
+}
+
+# Worker wN and the manager cannot reach each other (a switch or link between them down):
+# rules at the top of wN's own INPUT and OUTPUT chains, which go with its namespace.
+CUT_RULES=("INPUT -s $MGR -j DROP" "OUTPUT -d $MGR -j DROP")
+cut_worker() {  # cut_worker wN on|off
+  local w=$1 spec
+  [ -e "/run/netns/gjbed-$w" ] || die "no bed worker $w (tests/bed/bed.sh up N)"
+  for spec in "${CUT_RULES[@]}"; do
+    # shellcheck disable=SC2086
+    if [ "$2" = on ]; then
+      ip netns exec "gjbed-$w" iptables -C $spec 2>/dev/null || ip netns exec "gjbed-$w" iptables -I ${spec%% *} 1 ${spec#* }
+    else
+      while ip netns exec "gjbed-$w" iptables -D $spec 2>/dev/null; do :; done
+    fi
+  done
+}
+
+# A folder on a tmpfs of SIZE: a volume bound to it (docker volume create -o type=none -o o=bind
+# -o device=DIR) is a disk that fills up at SIZE. `down` unmounts it.
+SMALL=$BED_RUN/small
+small_dir() {  # small_dir NAME SIZE
+  local dir=$SMALL/$1
+  mkdir -p "$dir"
+  mountpoint -q "$dir" || mount -t tmpfs -o "size=$2,mode=0755" "gjbed-$1" "$dir"
+  echo "$dir"
+}
+
+remove_small_dirs() {
+  local dir
+  unmount_under "$SMALL"
+  for dir in "$SMALL"/*; do
+    [ -d "$dir" ] || continue
+    if mountpoint -q "$dir"; then umount -l "$dir"; fi
+    rmdir "$dir"
+  done
+}
+
 # ---- fresh machines (containers with their own root filesystem and engine) --------------------
 
 fresh_addr() { echo "$BED_NET.$((30 + ${1#fresh}))"; }
@@ -428,6 +481,7 @@ down() {
   if [ -e /run/netns/gjbed-m ]; then ip netns del gjbed-m; fi
   ip link del gjb-m 2>/dev/null || true
   remove_bridge
+  remove_small_dirs
   log "test bed removed (the manager's images stay in $BED_DATA/manager)"
 }
 
@@ -436,11 +490,15 @@ case "${1:-}" in
   workers) workers_up "${2:-2}" ;;
   down) down ;;
   stop) stop_daemon "$BED_RUN/${2:?which worker, e.g. w1}.pid" ;;
+  restart) restart_machine "${2:?which machine, manager or e.g. w1}" ;;
+  cut) cut_worker "${2:?which worker, e.g. w1}" on ;;
+  uncut) cut_worker "${2:?which worker, e.g. w1}" off ;;
+  small-dir) small_dir "${2:?a name}" "${3:?a size, e.g. 64m}" ;;
   join) w=${2:?which worker, e.g. w1}; shift 2; join_worker "$w" "$@" ;;
   fresh) fresh_machine "${2:?which machine, e.g. fresh1}" ;;
   on) on_machine "${2:?which machine, e.g. fresh1}" "${3:?a command}" ;;
   image-tar) image_tar_to "${2:?which machine, e.g. fresh1}" ;;
   remove) remove_machine "${2:?which machine, e.g. fresh1}" ;;
-  *) echo "usage: $0 env | up [N] | workers [N] | down | stop wN | join wN ARGS | fresh NAME | on NAME CMD | image-tar NAME | remove NAME" >&2
+  *) echo "usage: $0 env | up [N] | workers [N] | down | stop wN | restart manager|wN | cut wN | uncut wN | small-dir NAME SIZE | join wN ARGS | fresh NAME | on NAME CMD | image-tar NAME | remove NAME" >&2
      exit 2 ;;
 esac
