@@ -226,6 +226,8 @@ else:
     c.GPUSwarmSpawner.cpu_only_max_servers = cfg.cpu_only_max
     # what the organizer's dashboard reads: spawn events and the waiting line (events.py)
     c.GPUSwarmSpawner.dashboard_dir = str(DATA / "dashboard")
+    # starts are refused with a clear message while the hub's data volume is (nearly) full
+    c.GPUSwarmSpawner.hub_data_dir = str(DATA)
     if cfg.waiting_line != "off":
         # each participant in line is a pending spawn to JupyterHub, whose limit (100 by
         # default) would answer the next ones "429 Too many users" instead of the line's words

@@ -366,6 +366,9 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self._away_since = None
         t0 = time.monotonic()
         try:
+            full = self.hub_disk_refusal()
+            if full is not None:
+                raise full
             await self._clear_leftover()
             if self.cpu_only_requested:
                 started = await self._start_without_gpu()
@@ -389,6 +392,31 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             node=self.gpu_node or self.cpu_node,
         )
         return started
+
+    def hub_disk_refusal(self) -> SpawnFailed | None:
+        """The refusal every start meets while the hub's data folder (``hub_data_dir``) has
+        less than ``hub_data_min_free_mb`` free: the hub could not record the server (its
+        database refuses every write), and the participant would read "500: Unhandled error".
+        None when there is room, or nothing to check."""
+        if not self.hub_data_dir:
+            return None
+        try:
+            found = os.statvfs(self.hub_data_dir)
+        except OSError:
+            return None
+        free_mb = found.f_bavail * found.f_frsize // 2**20
+        if free_mb >= self.hub_data_min_free_mb:
+            return None
+        return SpawnFailed(
+            "The hub's disk is full, so no server can start right now. Please tell an "
+            "organizer; servers already running go on.",
+            f"The hub's data folder {self.hub_data_dir} has {free_mb} MiB free (fewer than "
+            f"hub_data_min_free_mb, {self.hub_data_min_free_mb}): refusing {self._log_name}. "
+            "Free space on the hub's data volume (`docker system df`, old files in "
+            f"{self.hub_data_dir}), then servers start again",
+            reason="disk",
+            status_code=503,
+        )
 
     async def _clear_leftover(self) -> None:
         """Remove a service of this server's name that still exists although the hub starts
@@ -423,7 +451,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.log.info("%s refused after %.2f s %s", self._log_name, seconds, where)
         self._record("refused", reason=refusal.jupyterhub_message, seconds=seconds)
 
-    async def refusal_before_spawn(self, user_options: dict | None) -> NoGPUSliceAvailable | None:
+    async def refusal_before_spawn(self, user_options: dict | None) -> SpawnFailed | None:
         """The refusal a start with ``user_options`` would meet at once, asked before
         JupyterHub does its own work for a spawn (``gate.py``). None when the spawn may go on:
         a GPU fits (its slices are claimed for this spawn from now, so the others asking in
@@ -432,6 +460,10 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         or the options are not valid (JupyterHub's spawn then says what is wrong). The same
         inventory, claims and rules as ``reserve_gpu``."""
         t0 = time.monotonic()
+        full = self.hub_disk_refusal()
+        if full is not None:
+            self.log.warning("%s", full.log_message)
+            return full
         options = user_options
         if options is None:  # JupyterHub starts with the last start's options
             options = getattr(self.orm_spawner, "user_options", None) or {}

@@ -270,6 +270,24 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         """,
     )
 
+    hub_data_dir = Unicode(
+        "",
+        config=True,
+        help="""
+        The hub's data folder (its database, the dashboard's events). While the file system
+        holding it has less than ``hub_data_min_free_mb`` free, every start is refused with a
+        message that says so (the participant: "the hub's disk is full", the organizer in the
+        log: how much is free and where), before JupyterHub writes anything for the spawn, so
+        its database stays as it was. "": not checked.
+        """,
+    )
+    hub_data_min_free_mb = _AtLeast(
+        32,
+        least=0,
+        config=True,
+        help="MiB the hub's data folder (``hub_data_dir``) must have free for a start. Default 32.",
+    )
+
     server_lost_after = _FloatAtLeast(
         30.0,
         least=0,
