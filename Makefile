@@ -60,10 +60,13 @@ bench-images:  ## build the real PyTorch and TensorFlow images and run check-env
 bench-scale:  ## 500 participants on a bed of 10 GPU machines (stand-in servers), against stock SwarmSpawner (prints figures)
 	bash tests/bench/scale.sh $(ARGS)
 
+bench-faults:  ## faults with servers running (proxy, engines, hub killed, machine lost or cut off, Prometheus, full disk): time to heal, what was lost (prints figures)
+	bash tests/bench/faults.sh $(ARGS)
+
 unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 	bash tests/run.sh unit
 
 lint:  ## ruff lint + format check
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
-.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check bench-join test bench bench-images bench-scale unit lint
+.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check bench-join test bench bench-images bench-scale bench-faults unit lint

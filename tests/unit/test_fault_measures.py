@@ -1,0 +1,24 @@
+"""The fault suite's counts (tests/integration/aftermath.py) on made-up readings: a server
+running twice and a slice given twice are seen, and nothing is seen where there is none."""
+
+from tests.integration.aftermath import Copy, over_capacity, twice
+
+CAPACITY = {"GPU-a": 3, "GPU-b": 3}
+
+
+def test_one_copy_each_is_neither_twice_nor_over():
+    copies = [Copy("w1", "ann", "GPU-a", 1), Copy("w2", "bob", "GPU-b", 3)]
+    assert twice(copies) == {}
+    assert over_capacity(copies, CAPACITY) == {}
+
+
+def test_a_server_on_two_machines_runs_twice():
+    copies = [Copy("w1", "ann", "GPU-a", 1), Copy("w2", "ann", "GPU-b", 1)]
+    assert twice(copies) == {"ann": 2}
+
+
+def test_slices_beyond_a_gpus_own_are_given_twice():
+    copies = [Copy("w1", "ann", "GPU-a", 3), Copy("w1", "bob", "GPU-a", 1)]
+    assert over_capacity(copies, CAPACITY) == {"GPU-a": 1}
+    # a GPU this reading does not know (its machine gone) is not counted against anything
+    assert over_capacity([Copy("w9", "cy", "GPU-z", 9)], CAPACITY) == {}
