@@ -11,6 +11,7 @@ from pathlib import Path
 
 from deploy.settings import from_environment
 from gpu_swarm_spawner import HUB_TEMPLATES, contract, gate, hubdb
+from gpu_swarm_spawner.keeper import FreshResolver
 from gpu_swarm_spawner.priority import CPUPriority
 
 c = get_config()  # noqa: F821  (provided by JupyterHub)
@@ -36,6 +37,9 @@ c.ConfigurableHTTPProxy.should_start = False  # the proxy is its own service
 c.ConfigurableHTTPProxy.api_url = "http://proxy:8001"
 c.ConfigurableHTTPProxy.auth_token = secret("proxy_token")
 c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
+# the hub's own HTTP client asks Docker's DNS each time (at most every 2 s) instead of keeping
+# an answer for its 600 s TTL: a restarted proxy has a new address (keeper.FreshResolver)
+c.JupyterHubHTTPClient.connector_options = {"resolver": FreshResolver(), "ttl_dns_cache": 2}
 c.JupyterHub.log_level = cfg.log_level
 # once up, the hub gives its and the proxy's containers more CPU weight than servers and tunes
 # its garbage collector (priority.py)

@@ -34,10 +34,12 @@ knows which servers it has.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import docker
+from aiohttp.resolver import ThreadedResolver
 from docker.errors import NotFound
 from jupyterhub.proxy import ConfigurableHTTPProxy
 from traitlets import Dict, Float, Unicode
@@ -208,3 +210,23 @@ class KeepingProxy(ConfigurableHTTPProxy):
 
     def _journal(self) -> events.Journal | None:
         return events.journal_for(self.dashboard_dir) if self.dashboard_dir else None
+
+
+class FreshResolver(ThreadedResolver):
+    """Names looked up the way every other program here does (``getaddrinfo``, which asks
+    Docker's DNS each time), for the hub's own HTTP client (``JupyterHubHTTPClient``).
+
+    That client (aiohttp) looks names up with c-ares (aiodns) by default, whose cache keeps an
+    answer for its TTL, and Docker's DNS answers with a TTL of 600 s. A proxy whose task Swarm
+    restarted has a new address, but the hub went on calling the old one for up to ten
+    minutes, and neither its routes nor the keeper's could reach it. Made in the hub's
+    configuration, before the event loop runs: the loop is taken at the first lookup.
+    """
+
+    def __init__(self) -> None:
+        self._loop = None
+
+    async def resolve(self, host: str, port: int = 0, family=socket.AF_INET):
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return await super().resolve(host, port, family)

@@ -307,3 +307,18 @@ def test_only_the_deploys_random_tokens_are_trusted_without_stretching(hub_confi
     tokens = [s["api_token"] for s in config.JupyterHub.services if "api_token" in s]
     assert tokens and set(tokens) <= set(generated.values())
     assert "api_tokens" not in config.JupyterHub
+
+
+def test_the_hub_keeps_its_proxy_and_services_and_its_client_asks_dns_afresh(hub_config):
+    """The keeper (routes, services nobody owns: keeper.py), the full-disk check, and the
+    hub's HTTP client asking Docker's DNS afresh (a restarted proxy's new address)."""
+    from gpu_swarm_spawner.keeper import FreshResolver
+
+    config = hub_config(STACK="workshop")
+    data = os.environ["GPUHUB_DATA_DIR"]
+    assert config.JupyterHub.proxy_class == "gpu_swarm_spawner.keeper.KeepingProxy"
+    assert config.KeepingProxy.server_labels == {contract.STACK_LABEL: "workshop"}
+    assert config.KeepingProxy.dashboard_dir == str(Path(data) / "dashboard")
+    assert config.GPUSwarmSpawner.hub_data_dir == data
+    options = config.JupyterHubHTTPClient.connector_options
+    assert isinstance(options["resolver"], FreshResolver) and options["ttl_dns_cache"] <= 2

@@ -361,3 +361,14 @@ async def test_without_the_hubs_labels_no_service_is_ever_swept(tmp_path):
 
     keeper._docker = docker
     await keeper.sweep_services()
+
+
+# ---- how the hub is wired ---------------------------------------------------------------------
+
+
+async def test_the_hubs_resolver_asks_afresh_and_needs_no_loop_when_made():
+    from gpu_swarm_spawner.keeper import FreshResolver
+
+    resolver = FreshResolver()  # as jupyterhub_config.py makes it, before any loop runs
+    (found, *_) = await resolver.resolve("127.0.0.1", 8001)
+    assert (found["host"], found["port"]) == ("127.0.0.1", 8001)
