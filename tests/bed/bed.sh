@@ -22,8 +22,9 @@
 #                                    veths, the bridge and its rules; the manager's data (its
 #                                    images) stays for the next run
 #   tests/bed/bed.sh stop wN         kill one worker's dockerd (a machine that disappears)
-#   tests/bed/bed.sh restart M       stop machine M's engine (manager or wN) and start it again,
-#                                    as a reboot or an engine upgrade does
+#   tests/bed/bed.sh restart M [--kill]  stop machine M's engine (manager or wN) and start it
+#                                    again, as a reboot or an engine upgrade does; --kill: kill it
+#                                    (SIGKILL, as the OOM killer does), then start it
 #   tests/bed/bed.sh cut wN          cut worker wN off from the manager: every packet between
 #                                    them dropped (in wN's namespace), wN still up; uncut wN: back
 #   tests/bed/bed.sh small-dir NAME SIZE  a folder on a file system of its own of SIZE (tmpfs,
@@ -310,14 +311,24 @@ remove_worker() {
 }
 
 # The manager or worker wN: its engine stopped (as its machine shuts down: containers stopped)
-# and started again with the same settings.
-restart_machine() {  # restart_machine manager|wN
+# and started again with the same settings; with --kill, killed instead (its containers stay
+# until the new engine finds them).
+restart_machine() {  # restart_machine manager|wN [--kill]
   case $1 in
-    manager) engine restart ;;
-    w[0-9]*) [ -e "/run/netns/gjbed-$1" ] || die "no bed worker $1 (tests/bed/bed.sh up N)"
-             ( set -a; eval "$(worker_env "$1")"; set +a; engine restart ) ;;
+    manager) ;;
+    w[0-9]*) [ -e "/run/netns/gjbed-$1" ] || die "no bed worker $1 (tests/bed/bed.sh up N)" ;;
     *) die "restart: manager or a worker (w1, w2, ...), not '$1'" ;;
   esac
+  case ${2:-} in ''|--kill) ;; *) die "restart: --kill or nothing after the machine, not '$2'" ;; esac
+  ( if [ "$1" != manager ]; then set -a; eval "$(worker_env "$1")"; set +a; fi
+    if [ "${2:-}" = --kill ]; then
+      local pid i; pid=$(cat "$GPUHUB_DOCKERD_PIDFILE" 2>/dev/null || true)
+      [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+      for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+      engine start
+    else
+      engine restart
+    fi )
 }
 
 # Worker wN and the manager cannot reach each other (a switch or link between them down):
@@ -490,7 +501,7 @@ case "${1:-}" in
   workers) workers_up "${2:-2}" ;;
   down) down ;;
   stop) stop_daemon "$BED_RUN/${2:?which worker, e.g. w1}.pid" ;;
-  restart) restart_machine "${2:?which machine, manager or e.g. w1}" ;;
+  restart) restart_machine "${2:?which machine, manager or e.g. w1}" "${3:-}" ;;
   cut) cut_worker "${2:?which worker, e.g. w1}" on ;;
   uncut) cut_worker "${2:?which worker, e.g. w1}" off ;;
   small-dir) small_dir "${2:?a name}" "${3:?a size, e.g. 64m}" ;;
@@ -499,6 +510,6 @@ case "${1:-}" in
   on) on_machine "${2:?which machine, e.g. fresh1}" "${3:?a command}" ;;
   image-tar) image_tar_to "${2:?which machine, e.g. fresh1}" ;;
   remove) remove_machine "${2:?which machine, e.g. fresh1}" ;;
-  *) echo "usage: $0 env | up [N] | workers [N] | down | stop wN | restart manager|wN | cut wN | uncut wN | small-dir NAME SIZE | join wN ARGS | fresh NAME | on NAME CMD | image-tar NAME | remove NAME" >&2
+  *) echo "usage: $0 env | up [N] | workers [N] | down | stop wN | restart manager|wN [--kill] | cut wN | uncut wN | small-dir NAME SIZE | join wN ARGS | fresh NAME | on NAME CMD | image-tar NAME | remove NAME" >&2
      exit 2 ;;
 esac
