@@ -193,10 +193,18 @@ def change_lines(plan: advertise.Plan) -> list[str]:
     return [f"{plan.path} would change:", *plan.diff().splitlines()]
 
 
+#: Docker's LocalNodeState of a machine that is a member of no working swarm but still holds
+#: one's state: "pending" (its node was removed on the manager, e.g. `docker node rm` of a sick
+#: machine that then came back; or a join that never completed), "error" (its certificate or
+#: state refused). `docker swarm join` refuses such a machine ("already part of a swarm").
+STUCK_STATES = ("pending", "error")
+
+
 def ensure_joined(m: Machine) -> None:
     swarm = m.docker.info().get("Swarm") or {}
-    if swarm.get("LocalNodeState") == "active":
-        managers = [r.get("Addr", "") for r in swarm.get("RemoteManagers") or []]
+    state = swarm.get("LocalNodeState") or "inactive"
+    managers = [r.get("Addr", "") for r in swarm.get("RemoteManagers") or []]
+    if state == "active":
         if m.manager not in managers:
             raise Stop(
                 f"this machine is already in another swarm (managers: {' '.join(managers)}); "
@@ -204,9 +212,24 @@ def ensure_joined(m: Machine) -> None:
             )
         m.checklist.row("swarm", f"already joined ({m.manager})")
         return
+    stuck = state in STUCK_STATES
+    if stuck and managers and m.manager not in managers:
+        raise Stop(
+            f"this machine is stuck joining another swarm (state {state}, managers: "
+            f"{' '.join(managers)}); run 'worker_setup/setup.sh --leave --force' first"
+        )
     if m.args.dry_run:
-        m.checklist.row("swarm", f"would join the swarm of {m.manager}")
+        forget = f"forget its stuck swarm state ({state}) and " if stuck else ""
+        m.checklist.row("swarm", f"would {forget}join the swarm of {m.manager}")
         return
+    if stuck:
+        # A member of no working swarm runs no task of one: leaving loses nothing.
+        error = " ".join(m.docker.swarm_leave().split())
+        if error:
+            raise Stop(f"forgetting the stuck swarm state ({state}) failed: {error}")
+        m.checklist.changed(
+            "swarm", f"forgot the stuck state of a swarm it is no member of ({state})"
+        )
     error = " ".join(m.docker.swarm_join(m.args.token, m.manager, m.args.advertise_addr).split())
     if error:
         # Docker's "Error response from daemon: rpc error: code = ... desc = <the reason>"

@@ -268,3 +268,21 @@ def test_leave_takes_the_machine_out_and_removes_the_gpu_settings(machine):
     assert machine_gpus() == [], "the spawner must not see the machine's GPUs any more"
     again = setup("--leave")
     assert again.returncode == 0 and "not in a swarm" in again.stdout
+
+
+def test_a_machine_removed_on_the_manager_joins_again_with_the_same_line(machine, image_tar):
+    """A sick machine taken out on the manager (`docker node rm --force`) that comes back (a
+    reboot: its engine starts again from its old state, "pending" in a swarm that no longer
+    knows it) joins again with the line it was given; Docker alone refuses: "already part of
+    a swarm"."""
+    line = f"{join_line()} --image-tar {image_tar} {shlex.join(SIMULATE)}"
+    assert on_machine(line).returncode == 0
+    old = node_of_machine()["ID"]
+    assert on_machine("kill -9 $(cat /run/docker.pid)").returncode == 0  # the machine goes down
+    docker.from_env().api.remove_node(old, force=True)
+    result = on_machine(line)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "forgot the stuck state of a swarm it is no member of (pending)" in result.stdout
+    node = node_of_machine()
+    assert node["ID"] != old and node["Status"]["State"] == "ready"
+    assert swarm_state() == "active"

@@ -288,6 +288,38 @@ def test_a_machine_in_another_swarm_is_left_alone(daemon_json, manager, capsys):
     assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
 
 
+@pytest.mark.parametrize("state", ["pending", "error"])
+@pytest.mark.parametrize("ours", [True, False], ids=["its-managers-ours", "no-managers"])
+def test_a_machine_stuck_in_a_swarm_it_is_no_member_of_joins_afresh(
+    state, ours, daemon_json, manager, capsys
+):
+    """Its node removed on the manager (a sick machine that came back): Docker says "pending"
+    and refuses to join ("already part of a swarm") until the state is forgotten."""
+    engine = FakeEngine(swarm=state, managers=[manager] if ours else [], images={IMAGE: "sha256:1"})
+    assert setup(engine, daemon_json, manager) == 0
+    out = capsys.readouterr().out
+    assert engine.changes[:2] == [("leave",), ("join", manager, "")]
+    assert engine.swarm == "active"
+    assert f"swarm: forgot the stuck state of a swarm it is no member of ({state})" in out
+    assert f"swarm: joined the swarm of {manager}" in out
+
+
+def test_a_machine_stuck_joining_another_swarm_is_left_alone(daemon_json, manager, capsys):
+    engine = FakeEngine(swarm="pending", managers=["10.9.9.9:2377"])
+    assert setup(engine, daemon_json, manager) == 1
+    line = one_error_line(capsys)
+    assert "stuck joining another swarm (state pending, managers: 10.9.9.9:2377)" in line
+    assert "--leave --force' first" in line
+    assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
+
+
+def test_a_dry_run_on_a_stuck_machine_changes_nothing(daemon_json, manager, capsys):
+    engine = FakeEngine(swarm="pending", managers=[manager])
+    assert setup(engine, daemon_json, manager, "--dry-run") == 0
+    assert "would forget its stuck swarm state (pending) and join" in capsys.readouterr().out
+    assert engine.changes == []
+
+
 @pytest.mark.parametrize("fixture", ["h100x4-gpu1-lost.json", "no-driver.json"])
 def test_an_nvml_failure_stops_outside_the_swarm(daemon_json, manager, capsys, fixture):
     engine = FakeEngine()
