@@ -150,7 +150,7 @@ def up(config: Config, log: Log, environ: Mapping[str, str] = os.environ) -> Non
     with deploy_started(STOPPED_UP):
         deployed = deploy_and_wait(client, config, log, environ, published)
     print(up_banner(config, deployed, published))
-    steps.print_join_command(client, config)
+    steps.print_join_command(client, config, log)
 
 
 def deploy(config: Config, log: Log, environ: Mapping[str, str] = os.environ) -> None:

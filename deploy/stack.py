@@ -120,11 +120,13 @@ def stack_values(
     return values
 
 
-def ensure_shared_dirs(config: Config) -> None:
-    """Bind-mount sources exist (on shared storage they then exist on every machine)."""
+def ensure_shared_dirs(config: Config, log: Log) -> None:
+    """Bind-mount sources exist (on shared storage they then exist on every machine), and
+    those the GPU machines must share are marked as this hub's (``steps.ensure_share_marks``)."""
     for directory in (config.tutorials_dir, config.datasets_dir, config.homes_dir):
         if directory:
             Path(directory).mkdir(mode=0o755, parents=True, exist_ok=True)
+    steps.ensure_share_marks(config, log)
 
 
 def service_specs(client, stack: str) -> dict[str, dict]:
@@ -152,7 +154,7 @@ def deploy_stack(
     """The stack deployed with the checked settings (`docker stack deploy --prune`: services
     no file names any more go); returns the settings as deployed, with what was filled in."""
     deployed = config.with_values(stack_values(client, config, log, published, environ), "deploy")
-    ensure_shared_dirs(config)
+    ensure_shared_dirs(config, log)
     command = ["docker", "stack", "deploy", "--prune", "--resolve-image", "never"]
     for path in stack_files(config, registry=published is not None):
         command += ["-c", str(path)]

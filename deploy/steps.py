@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import socket
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable
@@ -46,6 +47,8 @@ GENERATED = (
     "webhook_secret",
     "metrics_token",
 )
+#: The shared folders' id (contract.SHARE_MARKER in each holds it), made once per stack.
+SHARE_ID = "share_id"
 #: Where the hub's container reads the roster (the state directory's roster/, mounted read-only).
 ROSTER_IN_HUB = "/srv/jupyterhub/roster/roster.txt"
 #: The single-user image as a file for GPU machines that cannot pull it (GPUHUB_IMAGE_TAR).
@@ -304,6 +307,49 @@ def ensure_secrets(config: Config, log: Log) -> list[str]:
     return made
 
 
+def shared_folders(config: Config) -> list[str]:
+    """The folders on shared storage that servers mount, which every GPU machine must have at
+    the same path: the tutorials (with tutorial repositories), the datasets, the homes."""
+    folders = [config.tutorials_dir] if config.tutorial_repos else []
+    folders += [folder for folder in (config.datasets_dir, config.homes_dir) if folder]
+    return [os.path.normpath(folder) for folder in folders]
+
+
+def ensure_share_marks(config: Config, log: Log) -> dict[str, str]:
+    """Each shared folder exists and holds contract.SHARE_MARKER with this stack's share id
+    (made once, kept in GPUHUB_STATE_DIR), so that a GPU machine's join can tell the manager's
+    folder from an empty local one of the same name. Returns {folder: share id}."""
+    state = ensure_state_dir(config)
+    id_file = state / SHARE_ID
+    share_id = id_file.read_text().strip() if id_file.is_file() else ""
+    if not share_id:
+        share_id = secrets.token_hex(8)
+        private_file(id_file, share_id + "\n")
+    text = (
+        f"{share_id}\n# gpu-jupyterhub: shared storage of the hub {config.stack}; a GPU machine "
+        "joining checks that it sees this file (docs/homes.md)\n"
+    )
+    marked = {}
+    for folder in shared_folders(config):
+        marker = Path(folder, contract.SHARE_MARKER)
+        try:
+            Path(folder).mkdir(mode=0o755, parents=True, exist_ok=True)
+            if not marker.is_file() or marker.read_text() != text:
+                tmp = marker.with_name(f"{contract.SHARE_MARKER}.tmp")
+                tmp.write_text(text)
+                os.chmod(tmp, 0o644)
+                tmp.replace(marker)
+                log(f"shared folder {folder}: marked as this hub's ({contract.SHARE_MARKER})")
+        except OSError as e:
+            raise DeployError(
+                f"cannot write {marker} ({e.strerror}); root on this machine must be able to "
+                "write the shared folder (NFS: export it to the manager with no_root_squash), "
+                "then run this again"
+            ) from None
+        marked[folder] = share_id
+    return marked
+
+
 def ensure_roster(config: Config, log: Log) -> str:
     """GPUHUB_ROSTER checked and copied where the hub reads it (it re-reads it when it
     changes); returns that path inside the hub, "" when there is no roster."""
@@ -390,12 +436,24 @@ def guard_options(config: Config) -> str:
     )
 
 
+def shared_folder_options(marked: dict[str, str]) -> str:
+    """The join line's --shared-folder options: each shared folder with its share id
+    (" --shared-folder /srv/homes=ID ..."; "" when there is none)."""
+    return "".join(f" --shared-folder {folder}={share_id}" for folder, share_id in marked.items())
+
+
 def join_command(
-    addr: str, token: str, slices_per_gpu: int, image: str, registry: str = "", guard: str = ""
+    addr: str,
+    token: str,
+    slices_per_gpu: int,
+    image: str,
+    registry: str = "",
+    guard: str = "",
+    shared: str = "",
 ) -> str:
     """The lines an organizer runs on each GPU machine: the swarm's address and worker token,
-    with ``registry`` (`make up`) where the machine pulls the servers' images, and ``guard``
-    the GPU guard's options."""
+    with ``registry`` (`make up`) where the machine pulls the servers' images, ``guard``
+    the GPU guard's options and ``shared`` the shared folders it must have."""
     if registry:
         comment = (
             "# On each GPU machine, as root, in a checkout of this repository (it pulls the\n"
@@ -411,7 +469,7 @@ def join_command(
         extra = ""
     line = (
         f"sudo ./worker_setup/setup.sh --manager {addr}:2377 --token {token} "
-        f"--slices-per-gpu {slices_per_gpu}{extra}{guard}"
+        f"--slices-per-gpu {slices_per_gpu}{extra}{shared}{guard}"
     )
     return f"{comment}\n{line}"
 
@@ -425,11 +483,14 @@ def registry_running(client, config: Config) -> bool:
     return True
 
 
-def print_join_command(client, config: Config) -> None:
+def print_join_command(client, config: Config, log: Log | None = None) -> None:
     addr = manager_addr(client)
     client.swarm.reload()
     token = client.swarm.attrs["JoinTokens"]["Worker"]
     registry = f"{addr}:{config.registry_port}" if registry_running(client, config) else ""
+    # the folders as the line names them (a deploy marked them; settings changed since may not
+    # have been deployed yet), what it says besides the line on stderr
+    marked = ensure_share_marks(config, log or Log(out=sys.stderr))
     print(
         join_command(
             addr,
@@ -438,6 +499,7 @@ def print_join_command(client, config: Config) -> None:
             config.singleuser_image,
             registry,
             guard_options(config),
+            shared_folder_options(marked),
         )
     )
 

@@ -50,6 +50,12 @@ CPU_ONLY_LABEL = LABEL_PREFIX + "cpu-only"
 #: environment); absent when unknown.
 BUDGET_LABEL = LABEL_PREFIX + "gpu-memory-limit-mb"
 
+#: The file the manager writes into each folder on shared storage that servers mount (the
+#: tutorials, the datasets, the homes): its first line is the stack's share id, which the join
+#: line (``--shared-folder PATH=ID``) names, so that a GPU machine's join can tell the manager's
+#: folder from an empty local one of the same name.
+SHARE_MARKER = ".gpuhub-share"
+
 #: Participants' services are ``jy-<escaped user>[--<server>]``; homes ``jy-home-<user>``.
 SERVICE_PREFIX = "jy"
 HOME_VOLUME = SERVICE_PREFIX + "-home-{username}"

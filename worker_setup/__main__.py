@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import advertise, guard_service, join
+from . import advertise, guard_service, join, shared_folders
 from .docker_cli import DockerCLI
 from .guard_policy import GuardSettings
 
@@ -39,6 +39,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="",
         metavar="FILE",
         help="the single-user image, from 'make image-tar'",
+    )
+    shared = parser.add_argument_group("the hub's shared storage")
+    shared.add_argument(
+        "--shared-folder",
+        action="append",
+        type=shared_folders.parse,
+        metavar="PATH=ID",
+        help="a folder the hub mounts into servers, from the manager's shared storage, and the "
+        "id its marker holds; checked before anything changes (repeated: one per folder)",
+    )
+    shared.add_argument(
+        "--shared-folders-warn-only",
+        action="store_true",
+        help="a shared folder that is missing or not the manager's is a warning, not a stop",
     )
     advertise.add_gpu_arguments(parser.add_argument_group("GPUs and daemon.json"))
     guard_service.add_options(

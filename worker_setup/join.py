@@ -3,6 +3,8 @@
 Joining is a checklist of idempotent steps; a second run changes nothing and says so:
 
   checks       python3 and Linux, daemon.json is valid JSON, the token's form, the manager answers
+  shared       each --shared-folder is there and the manager's (its marker holds the stack's
+               share id), not an empty local folder of the same name
   engine       the Docker engine is installed (Debian's docker.io) and running
   gpus         GPUs found with NVML (or --simulate-gpus N), slices per GPU worked out
   swarm        joined to the manager's swarm (a wrong token stops here, before any change)
@@ -40,7 +42,7 @@ from pathlib import Path
 
 from gpu_swarm_spawner import contract
 
-from . import advertise, guard_service
+from . import advertise, guard_service, shared_folders
 from .docker_cli import DockerCLI
 from .engine import EngineError
 
@@ -157,6 +159,26 @@ def check_prerequisites(m: Machine, joining: bool = True) -> None:
             "7946 and UDP 4789 and 7946 are open between the machines"
         ) from None
     m.checklist.row("checks", f"root, python3, {m.daemon_json}, manager {m.manager} answers")
+
+
+def check_shared_folders(m: Machine) -> None:
+    """Each folder the hub mounts into servers is here and the manager's, before anything on
+    the machine changes; otherwise the join stops (or, with --shared-folders-warn-only, says so
+    and goes on)."""
+    folders = m.args.shared_folder or []
+    if not folders:
+        m.checklist.row("shared", "no shared folders named in the join line")
+        return
+    found = shared_folders.problems(folders)
+    if not found:
+        named = " ".join(folder for folder, _ in folders)
+        m.checklist.row("shared", f"the manager's: {named}")
+        return
+    line = shared_folders.refusal(found, m.manager.rpartition(":")[0] or "MANAGER")
+    if not m.args.shared_folders_warn_only:
+        raise Stop(line)
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+    m.checklist.row("shared", f"WARNING, joining anyway: {'; '.join(found)}")
 
 
 def ensure_engine(m: Machine) -> None:
@@ -371,6 +393,7 @@ def join(m: Machine) -> None:
         contract.image_in_registry(m.args.registry, singleuser) if use_registry else singleuser
     )
     check_prerequisites(m)
+    check_shared_folders(m)
     ensure_engine(m)
     plan = plan_gpus(m)
     ensure_joined(m)

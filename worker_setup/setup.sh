@@ -3,7 +3,8 @@
 # this repository on the GPU machine; `make join-command` on the manager prints the exact line:
 #
 #   sudo ./worker_setup/setup.sh --manager ADDR[:2377] --token SWMTKN-... [--slices-per-gpu N]
-#        [--registry HOST:PORT | --image-tar FILE] [--simulate-gpus N] [--dry-run] ...
+#        [--registry HOST:PORT | --image-tar FILE] [--shared-folder PATH=ID ...]
+#        [--simulate-gpus N] [--dry-run] ...
 #   sudo ./worker_setup/setup.sh --leave [--wait SECONDS] [--force] [--dry-run]
 #
 # This only finds a python that can import pynvml (nvidia-ml-py) and prometheus_client (the GPU

@@ -12,7 +12,9 @@
 #             its own dockerd (not started: setup.sh starts it), a clean copy of the repository
 #             (tracked and untracked files, no ignored ones: no .venv), no internet; it reaches
 #             the manager only over the bridge. It runs on the manager's engine, with no
-#             network of Docker's: a veth pair puts it on the bridge.
+#             network of Docker's: a veth pair puts it on the bridge. The bed's shared storage
+#             ($BED_SHARED, the manager's NFS export on an installed hub) reaches it at
+#             /mnt/manager-share and is mounted at $BED_SHARED, as an organizer mounts the export.
 #
 #   tests/bed/bed.sh env             the environment that points Docker and python -m deploy
 #                                    at the manager (shell-quoted NAME=value lines, for eval)
@@ -30,7 +32,9 @@
 #   tests/bed/bed.sh small-dir NAME SIZE  a folder on a file system of its own of SIZE (tmpfs,
 #                                    e.g. 64m) at $BED_RUN/small/NAME, printed: a disk to fill
 #   tests/bed/bed.sh join wN A       setup.sh on worker wN as `up` runs it, plus the arguments A
-#   tests/bed/bed.sh fresh NAME      a fresh machine (removed first if it exists)
+#   tests/bed/bed.sh fresh NAME [--unshared]  a fresh machine (removed first if it exists), with
+#                                    the bed's shared storage mounted (--unshared: not mounted;
+#                                    `mount --bind /mnt/manager-share $BED_SHARED` on it mounts it)
 #   tests/bed/bed.sh on NAME CMD     run the shell command CMD on fresh machine NAME, as root in
 #                                    its copy of the repository (like ssh)
 #   tests/bed/bed.sh image-tar NAME  `make image-tar` here, the file copied to NAME's /root
@@ -198,6 +202,24 @@ JSON
   engine_up && return 0
   log "starting the bed's manager engine (namespace gjbed-m, $MGR)"
   engine start
+  MANAGER_STARTED=1
+}
+
+# A bed whose run was killed before `down` (CI's time limit, a reboot) leaves its services in the
+# manager's swarm state, which outlives the engine: stacks and servers of that run would hold
+# GPU slices in the next. A manager engine that just started holds no test's services yet.
+remove_leftover_services() {
+  local ids='' names i
+  for i in $(seq 1 60); do  # the swarm's manager elects itself leader after its engine starts
+    ids=$(docker service ls -q 2>/dev/null) && break
+    sleep 0.5
+  done
+  [ -n "$ids" ] || return 0
+  # shellcheck disable=SC2086
+  names=$(docker service inspect --format '{{.Spec.Name}}' $ids | tr '\n' ' ')
+  log "removing the services an earlier bed left: $names"
+  # shellcheck disable=SC2086
+  docker service rm $ids >/dev/null
 }
 
 stop_daemon() {  # stop_daemon PIDFILE
@@ -390,18 +412,25 @@ ensure_machine_image() {
 }
 
 # Machine NAME, new: its container (its own root filesystem and /var/lib/docker volume), on the
-# bridge at its address, a clean copy of the repository in /root/gpu-jupyterhub.
+# bridge at its address, a clean copy of the repository in /root/gpu-jupyterhub, and the bed's
+# shared storage mounted at $BED_SHARED unless --unshared (SYS_ADMIN: its engine, and mount).
 fresh_machine() {  # SYS_PTRACE: as root on a GPU machine, the GPU guard reads (/proc/PID/...) and
   # signals its participants' processes
-  local name=$1 pid
+  local name=$1 shared=${2:-} pid
+  case $shared in ''|--unshared) ;; *) die "fresh $name: unknown option $shared (--unshared)" ;; esac
   remove_machine "$name"
   docker image inspect "$BED_MACHINE_IMAGE" >/dev/null 2>&1 || ensure_machine_image
+  mkdir -p "$BED_SHARED"
   docker run -d --name "gjbed-$name" --hostname "$name" --network none \
     --label gpu-jupyterhub-bed.machine="$name" \
     --cap-add SYS_ADMIN --cap-add NET_ADMIN --cap-add SYS_PTRACE \
     --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
     -v /sys/fs/cgroup:/sys/fs/cgroup:rw -v "gjbed-$name-docker:/var/lib/docker" \
+    -v "$BED_SHARED:/mnt/manager-share" \
     "$BED_MACHINE_IMAGE" >/dev/null
+  if [ -z "$shared" ]; then  # as /etc/fstab would at boot
+    docker exec "gjbed-$name" sh -c "mkdir -p '$BED_SHARED' && mount --bind /mnt/manager-share '$BED_SHARED'"
+  fi
   # its name resolves on it, as on any installed machine (sudo asks)
   docker exec "gjbed-$name" sh -c "echo '127.0.1.1 $name' >>/etc/hosts"
   pid=$(docker inspect -f '{{.State.Pid}}' "gjbed-$name")
@@ -467,6 +496,7 @@ up() {
   # GPUHUB_SIMULATE_IF_NO_GPU=0: a manager with no GPU slices (it runs only the hub)
   if [ "${GPUHUB_SIMULATE_IF_NO_GPU:-}" = 0 ]; then deploy gpu-slices --optional; else deploy gpu-slices; fi
   deploy swarm
+  if [ -n "${MANAGER_STARTED:-}" ]; then remove_leftover_services; fi
   deploy images
   ensure_machine_image
   workers_up "${1:-2}"
@@ -506,7 +536,7 @@ case "${1:-}" in
   uncut) cut_worker "${2:?which worker, e.g. w1}" off ;;
   small-dir) small_dir "${2:?a name}" "${3:?a size, e.g. 64m}" ;;
   join) w=${2:?which worker, e.g. w1}; shift 2; join_worker "$w" "$@" ;;
-  fresh) fresh_machine "${2:?which machine, e.g. fresh1}" ;;
+  fresh) fresh_machine "${2:?which machine, e.g. fresh1}" "${3:-}" ;;
   on) on_machine "${2:?which machine, e.g. fresh1}" "${3:?a command}" ;;
   image-tar) image_tar_to "${2:?which machine, e.g. fresh1}" ;;
   remove) remove_machine "${2:?which machine, e.g. fresh1}" ;;

@@ -7,9 +7,11 @@ Faults (--only NAME,...; run in this order):
   prometheus  Prometheus stopped (scaled to 0) for 30 s, then started again; meanwhile the
               organizer's dashboard is read (its live state, and its plots, which need it)
   worker      a GPU machine's engine stopped and started again (tests/bed/bed.sh restart wN)
+  worker-killed  the same engine killed (SIGKILL, as the OOM killer does) and started again
   hub-kill    the hub killed (SIGKILL) in the middle of a burst of 20 spawns and 5 stops
   cut         a GPU machine cut off from the manager for 60 s, then back (bed.sh cut/uncut)
   manager     the manager's engine stopped and started again (bed.sh restart manager)
+  manager-killed  the manager's engine killed (SIGKILL) and started again
   gone        a GPU machine gone for good (bed.sh stop wN; afterwards it joins again afresh)
   full        the hub's data volume full (a tmpfs of 64 MiB filled up), then space freed
   broken      (only when named) no fault: the instrument's check. One route deleted from the
@@ -18,30 +20,41 @@ Faults (--only NAME,...; run in this order):
               silent, lost, orphans, leaked, twice and over must each read at least 1 where the
               hub does not heal them (on 72cddb7, none is healed)
 
+The bed is filled first (--spare): "fillers" (services of their own, not the hub's, running
+`sleep`) hold every slice the participants do not, but for the spare ones (as many as the
+participants on the machine a fault takes away, where one does), so that a slice the hub leaves
+held is one a participant is refused for, as on a full event day. The hub-kill burst runs on an
+unfilled bed.
+
 After the fault, every participant acts as one would: while the hub lists their server, they
 use it (GET /user/NAME/api/status through the proxy, with their own token); once the hub lists
 it as stopped, they press Start (POST /hub/api/users/NAME/server, their token), and again every
 10 s while refused for slices of their own. Columns:
-  hub s        the fault injected -> the hub's API answers through the proxy
+  hub s        the fault injected -> the hub's API answers again through the proxy (probed
+               every 0.5 s from the fault on; 0.0: it answered throughout)
   answer s     the hub answers and the fault is over -> every server that should still run
                (all but those on the machine hit) answers through the proxy; "-": not all did
   silent       of those, how many never answered as the same server within the limit
   dropped      of those, how many the hub listed as stopped (their participants pressed Start)
   orphans      services holding GPU slices whose participant the hub lists no server for,
                60 s after the hub answers and the fault is over
-  died         participants the hub listed as stopped, who pressed Start
+  died         participants the hub listed as stopped, who pressed Start (hub-kill: those of
+               the burst; full: those refused while the disk was full)
   own          of those, refused on their first press while a service of their own held slices
-  refused      of those, refused on their first press (any reason)
+  refused      of those, refused on their first press (any reason); a participant refused
+               presses again every 10 s, unless the refusal was true (every slice the bed had
+               before the fault held by others): then they give up
   back s       Start pressed -> their server ready, p50 (max)
   lost         marker files gone from homes (read back through the contents API at the end)
   unread       markers not read: no server of theirs answered at the end
   twice        most participants seen running in two containers at once (sampled every ~2 s
                on every machine's own engine, during and after the fault)
   over         most slices held by running containers beyond a GPU's slices (a slice given twice)
-  leaked       slices Swarm counts as used that no running server of a listed participant holds
+  leaked       slices Swarm counts on a GPU beyond those held there by running servers of
+               participants the hub lists
 
     python -m tests.bench.faults [--servers 6] [--only proxy,cut,...] [--json FILE]
-                                 [--limit 300] [--homes-dir DIR]
+                                 [--limit 300] [--homes-dir DIR] [--no-fill]
 """
 
 from __future__ import annotations
@@ -97,7 +110,8 @@ STACK = {"STACK": "bench-faults", "HTTP_PORT": "18500", "NETWORK": "bench-faults
 STACK["CONFIG"] = "none"  # an organizer's ./config.env is not the bench's
 #: the hub's data volume, bound to a tmpfs of this size (tests/bed/bed.sh small-dir)
 HUB_DATA_SIZE = "64m"
-FAULTS = ["proxy", "prometheus", "worker", "hub-kill", "cut", "manager", "gone", "full"]
+FAULTS = ["proxy", "prometheus", "worker", "worker-killed", "hub-kill", "cut", "manager"]
+FAULTS += ["manager-killed", "gone", "full"]
 #: not a fault: the instrument's own check (--only broken), each figure made bad on purpose
 CHECKS = ["broken"]
 ORPHAN_AFTER_S = 60  # the goal: no orphan 60 s after the hub answers
@@ -105,6 +119,9 @@ PRESS_AGAIN_S = 10  # a participant refused for their own slices presses Start a
 CUT_S = 60
 PROMETHEUS_OUTAGE_S = 30
 BURST, BURST_STOPS = 20, 5
+#: the label of the fillers' services: not the hub's stack (whose keeper removes services of its
+#: own label that no server owns), and not counted as orphans here
+FILLER_LABEL = "bench-faults-filler"
 #: the burst's requests answered before the hub is killed (the rest are in flight)
 KILL_AFTER_ANSWERS = 10
 
@@ -376,6 +393,11 @@ class Suite:
                     found[user] = hostnames.get(task["NodeID"], task["NodeID"][:7])
         return found
 
+    def on_busiest_worker(self, ps: list[Participant]) -> int:
+        """How many of ``ps`` run on the worker a fault will take away."""
+        w = self.busiest_worker(ps)
+        return sum(p.node == w for p in ps)
+
     def busiest_worker(self, ps: list[Participant]) -> str:
         on = {w: sum(p.node == w for p in ps) for w in ("w1", "w2")}
         return max(on, key=lambda w: (on[w], w == "w1"))
@@ -394,6 +416,7 @@ class Suite:
         label = f"{STACK_LABEL}={STACK['STACK']}"
         for service in self.client.services.list(filters={"label": label}):
             service.remove()
+        self.unfill()
         self.until(
             "every slice is free", lambda: all(g.used == 0 for g in inventory().values()), 120
         )
@@ -570,9 +593,12 @@ class Suite:
         except requests.RequestException as e:
             status, text = 0, str(e)
         t.last_press_at = now
-        own = False
+        own, full = False, False
         if status not in (201, 202):
             own = t.p.name in slice_holders(STACK["STACK"], self.client)
+            # every slice of the bed as it was before the fault (a machine still coming back
+            # is not counted by Swarm meanwhile) held: a true refusal
+            full = sum(g.used for g in inventory().values()) >= sum(self.capacity.values())
         outcome = "accepted" if status in (201, 202) else ("refused-own" if own else "refused")
         if first:
             t.pressed_at = now
@@ -581,10 +607,22 @@ class Suite:
             row.own += own
             row.refused += outcome != "accepted"
             if outcome != "accepted":
-                row.notes.setdefault("refusals", []).append(f"{t.p.name}: {status} {text[:160]}")
+                row.notes.setdefault("refusals", []).append(
+                    f"{t.p.name}: {status} {text[:160]} ({self.swarm_use()})"
+                )
             say(f"{t.p.name} pressed Start: {status} {outcome}")
-        if outcome == "refused":
-            t.gave_up = True
+        if outcome == "refused" and full:
+            t.gave_up = True  # every slice is in use by others: a true refusal
+
+    def swarm_use(self) -> str:
+        """What Swarm counts now: slices in use, and the services holding them."""
+        try:
+            gpus = inventory().values()
+            holders = slice_holders(STACK["STACK"], self.client)
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            return f"Swarm not read: {e}"
+        used, total = sum(g.used for g in gpus), sum(g.slices for g in gpus)
+        return f"Swarm counts {used}/{total} slices in use; {len(holders)} participants hold some"
 
     def markers(self, row: Row, tracked: list[Tracked]) -> None:
         for t in tracked:
@@ -598,20 +636,19 @@ class Suite:
                 row.notes.setdefault("markers lost", []).append(f"{t.p.name} (was on {t.p.node})")
 
     def leaks(self, row: Row) -> None:
-        """Slices Swarm counts against ready machines that no running container of a
-        participant the hub lists holds (least of three readings, 2 s apart)."""
+        """Slices Swarm counts on each GPU of a ready machine beyond those the running
+        containers of participants the hub lists hold there (least of three readings, 2 s
+        apart)."""
         readings = []
         for _ in range(3):
             try:
                 gpus = inventory()  # ready machines only: one gone counts nothing here
-                used = sum(g.used for g in gpus.values())
                 servers = listed(self.hub)
-                held = sum(
-                    c.slices
-                    for c in running_copies(self.engines)
-                    if c.user in servers and c.gpu in gpus
-                )
-                readings.append(max(0, used - held))
+                held: dict[str, int] = {}
+                for c in running_copies(self.engines):
+                    if c.user in servers or c.user.startswith("fltfill-"):
+                        held[c.gpu] = held.get(c.gpu, 0) + c.slices
+                readings.append(sum(max(0, g.used - held.get(u, 0)) for u, g in gpus.items()))
             except (docker.errors.DockerException, requests.RequestException):
                 pass
             time.sleep(2)
@@ -630,16 +667,54 @@ class Suite:
         tag: str,
         inject: Callable[[list[Participant], Row], tuple[float, str]],
         copies: bool = False,
+        spare: Callable[[list[Participant]], int] = lambda ps: 0,
     ) -> Row:
         """A fault that hits one machine (or none): ``inject`` returns when it is over, with the
-        time it began and the machine it hit ("" for none)."""
+        time it began and the machine it hit ("" for none). ``spare``: the slices left free
+        when the bed is filled."""
         row, ps = self.base(tag)
+        self.fill(row, spare(ps))
         self.arm()
         t_fault, machine = inject(ps, row)
         t_end = time.monotonic()
         tracked = [Tracked(p, expected=p.node != machine) for p in ps]
         self.watch(row, tracked, t_fault, t_end, self.args.limit, copies=copies)
         return row
+
+    def fill(self, row: Row, spare: int) -> None:
+        """Fillers on every slice but ``spare``: one service per GPU, holding its free slices,
+        with the labels of a server's container (counted as holders, never as orphans)."""
+        if self.args.no_fill:
+            return
+        image = deploy_cli(self.extra, "settings", "GPUHUB_SINGLEUSER_IMAGE").strip()
+        gpus = sorted(inventory().values(), key=lambda g: -g.free)
+        left = sum(g.free for g in gpus) - spare
+        for g in gpus:
+            n = min(g.free, left)
+            if n <= 0:
+                continue
+            left -= n
+            name = f"fltfill-{g.uuid[-10:].lower()}"
+            self.client.services.create(
+                image,
+                ["sleep", "infinity"],
+                name=name,
+                labels={STACK_LABEL: FILLER_LABEL},
+                container_labels={USER_LABEL: name, GPU_LABEL: g.uuid, SLICES_LABEL: str(n)},
+                resources=docker.types.Resources(generic_resources={g.uuid: n}),
+            )
+        self.until(
+            f"fillers hold all but {spare} slices",
+            lambda: sum(g.free for g in inventory().values()) <= spare,
+            120,
+        )
+        row.notes["free slices (spare)"] = sum(g.free for g in inventory().values())
+
+    def unfill(self) -> None:
+        for service in self.client.services.list(
+            filters={"label": f"{STACK_LABEL}={FILLER_LABEL}"}
+        ):
+            service.remove()
 
     def fault_proxy(self) -> Row:
         def inject(ps, row):
@@ -650,28 +725,34 @@ class Suite:
 
         return self.simple("proxy", inject)
 
-    def fault_worker(self) -> Row:
+    def fault_worker(self, kill: bool = False) -> Row:
         def inject(ps, row):
             w = self.busiest_worker(ps)
             row.notes["machine"] = w
             t = time.monotonic()
-            say(f"restarting {w}'s engine")
-            bed("restart", w)
+            say(f"{'killing' if kill else 'restarting'} {w}'s engine")
+            bed("restart", w, *(["--kill"] if kill else []))
             say(f"{w}'s engine answers again after {time.monotonic() - t:.1f} s")
             return t, w
 
-        return self.simple("worker", inject)
+        return self.simple("worker-killed" if kill else "worker", inject)
 
-    def fault_manager(self) -> Row:
+    def fault_worker_killed(self) -> Row:
+        return self.fault_worker(kill=True)
+
+    def fault_manager(self, kill: bool = False) -> Row:
         def inject(ps, row):
             t = time.monotonic()
-            say("restarting the manager's engine")
-            bed("restart", "manager")
+            say(f"{'killing' if kill else 'restarting'} the manager's engine")
+            bed("restart", "manager", *(["--kill"] if kill else []))
             row.notes["engine back s"] = round(time.monotonic() - t, 1)
             say(f"the manager's engine answers again after {time.monotonic() - t:.1f} s")
             return t, "manager"
 
-        return self.simple("manager", inject)
+        return self.simple("manager-killed" if kill else "manager", inject)
+
+    def fault_manager_killed(self) -> Row:
+        return self.fault_manager(kill=True)
 
     def fault_cut(self) -> Row:
         def inject(ps, row):
@@ -696,7 +777,7 @@ class Suite:
             say(f"{w} back")
             return t, w
 
-        return self.simple("cut", inject, copies=True)
+        return self.simple("cut", inject, copies=True, spare=self.on_busiest_worker)
 
     def fault_gone(self) -> Row:
         w = "w1"
@@ -711,7 +792,7 @@ class Suite:
             return t, w
 
         try:
-            return self.simple("gone", inject)
+            return self.simple("gone", inject, spare=self.on_busiest_worker)
         finally:
             say(f"{w} joins afresh for the next faults")
             bed("remove", w)
@@ -789,6 +870,7 @@ class Suite:
                 answers.append(out)
 
         self.arm()
+        wall_burst = time.time()
         with ThreadPoolExecutor(BURST + BURST_STOPS) as pool:
             t_burst = time.monotonic()
             for p in burst:
@@ -804,12 +886,30 @@ class Suite:
                 f"hub killed {t - t_burst:.2f} s into the burst, {len(answers)} of "
                 f"{BURST + BURST_STOPS} requests answered"
             )
+        refused = {
+            what.split()[1] for what, status, _ in answers if what[:5] == "start" and status == 503
+        }
+        try:
+            holders = slice_holders(STACK["STACK"], self.client)
+            row.notes["burst: answered a refusal, yet holding slices in Swarm"] = sorted(
+                refused & holders.keys()
+            )
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            say(f"slices not read after the burst: {e}")
         codes: dict[str, int] = {}
         for what, status, text in answers:
             key = f"{what.split()[0]} {status}"
             codes[key] = codes.get(key, 0) + 1
             row.notes.setdefault(f"burst: {key}, e.g.", f"{what}: {text}")
         row.notes["burst answers"] = codes
+        row.notes["after the burst"] = self.swarm_use()
+        try:  # what the killed hub logged of the burst
+            lines = hub.logs(since=int(wall_burst) - 1).decode(errors="replace").splitlines()
+            row.notes["killed hub's log"] = [
+                x[:300] for x in lines if "GET /" not in x and "/activity" not in x
+            ][-25:]
+        except docker.errors.DockerException as e:
+            row.notes["killed hub's log"] = f"not read: {e}"
         wall = time.time()
         tracked = [Tracked(ps[0], expected=True)]
         tracked += [Tracked(p, wanted=False) for p in stops]
@@ -828,6 +928,7 @@ class Suite:
     def fault_broken(self) -> Row:
         """The instrument's check: every figure made bad on purpose, no fault."""
         row, ps = self.base("broken")
+        self.fill(row, 1)  # the orphan's slice
         first, second = ps[0], ps[1]
         image = deploy_cli(self.extra, "settings", "GPUHUB_SINGLEUSER_IMAGE").strip()
         self.arm()
@@ -878,6 +979,7 @@ class Suite:
     def fault_full(self) -> Row:
         row, ps = self.base("full")
         late = self.participants(3, "late")
+        self.fill(row, len(late))
         wall = time.time()
         fill = self.hub_data / "fill"
         # the write-ahead log emptied first, as after a quiet moment or a restart: the hub's next
@@ -981,6 +1083,9 @@ def main() -> None:
         help="shared homes (GPUHUB_HOMES_DIR) under this folder, e.g. "
         "/var/lib/gpu-jupyterhub-bed/faults-homes (every bed machine sees this machine's files)",
     )
+    parser.add_argument(
+        "--no-fill", action="store_true", help="leave the slices nobody uses free (no fillers)"
+    )
     parser.add_argument("--keep", action="store_true", help="leave the stack deployed")
     args = parser.parse_args()
     chosen = [f.strip() for f in args.only.split(",") if f.strip()]
@@ -1012,7 +1117,8 @@ def main() -> None:
         if not args.keep:
             suite.remove()
     homes = f"shared homes ({args.homes_dir})" if args.homes_dir else "homes on their machine"
-    print(f"\nsummary: commit {commit}, {args.servers} servers per fault, {homes}")
+    fill = "bed not filled" if args.no_fill else "bed filled but for the spare slices"
+    print(f"\nsummary: commit {commit}, {args.servers} servers per fault, {homes}, {fill}")
     print(table(rows))
     if args.json:
         result = {
@@ -1020,6 +1126,7 @@ def main() -> None:
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "servers": args.servers,
             "homes": args.homes_dir or "local",
+            "filled": not args.no_fill,
             "rows": [asdict(r) for r in rows],
         }
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))

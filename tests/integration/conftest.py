@@ -1,5 +1,7 @@
 import os
+import shutil
 import subprocess
+from pathlib import Path
 
 import docker
 import pytest
@@ -20,9 +22,15 @@ _TEST_STACK["TUTORIAL_REPOS"] = (
     f"gpu101={TUTORIAL_REMOTE} gpu101-hook={TUTORIAL_REMOTE}#main:webhook"
 )
 _TEST_STACK["TUTORIAL_POLL"] = "2"
-# a shared dataset cache, read-only in servers
-DATASETS = f"{BED['BED_DATA']}/test-datasets"
+# The folders servers mount live on the bed's shared storage (what the manager's NFS export is
+# on an installed hub; every fresh machine has it mounted): the published tutorials, and a shared
+# dataset cache, read-only in servers. HOMES: participants' homes, for the tests that deploy
+# the stack with GPUHUB_HOMES_DIR (tests/integration/test_homes.py).
+SHARED = Path(BED["BED_SHARED"])
+_TEST_STACK["TUTORIALS_DIR"] = str(SHARED / "tutorials")
+DATASETS = str(SHARED / "datasets")
 _TEST_STACK["DATASETS_DIR"] = DATASETS
+HOMES = str(SHARED / "homes")
 # the waiting line as organizers get it (offered on the refusal), at most 6 waiting
 _TEST_STACK["WAITING_LINE"] = "offer"
 _TEST_STACK["LINE_MAX_LENGTH"] = "6"
@@ -94,8 +102,11 @@ def hub(hub_settings):
     ]
     for service in services.list(filters={"label": f"gpu-jupyterhub.stack={stack}-direct"}):
         service.remove()  # servers a test made without the hub (spawners.py) and left
-    if left and os.environ.get("GPUHUB_TEST_KEEP_STACK") != "1":
+    keep = os.environ.get("GPUHUB_TEST_KEEP_STACK") == "1"
+    if left and not keep:
         deploy("down", "--purge")
+    if not (left and keep):  # the shared storage as a new stack finds it: empty
+        empty_shared_storage()
     deploy("stack")
     port = hub_settings["GPUHUB_HTTP_PORT"]
     yield Hub(
@@ -105,8 +116,15 @@ def hub(hub_settings):
         admin_password=state_file(hub_settings, "admin_password"),
         stack=hub_settings["GPUHUB_STACK"],
     )
-    if os.environ.get("GPUHUB_TEST_KEEP_STACK") != "1":  # kept for a quicker next run
+    if not keep:  # kept for a quicker next run
         deploy("down", "--purge")
+        empty_shared_storage()
+
+
+def empty_shared_storage() -> None:
+    """What `down --purge` is to the state directory: the test stack's shared folders go."""
+    for name in ("tutorials", "datasets", "homes"):
+        shutil.rmtree(SHARED / name, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

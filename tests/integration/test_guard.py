@@ -245,10 +245,8 @@ def test_the_participant_sees_the_warning_and_the_stop_in_jupyterlab(
 ):
     """After the enforce test: the guard runs in enforce mode with a 6 s grace."""
     user = "ci-guard-carol"
-    # the hub's shared storage, which every server mounts, on the GPU machine as the organizer
-    # mounts it (NFS in production; empty folders at the same paths here)
-    shared = [hub_settings[f"GPUHUB_{d}_DIR"] for d in ("TUTORIALS", "DATASETS")]
-    on_machine(f"mkdir -p {shlex.join(d for d in shared if d)}")
+    # the hub's shared storage, which every server mounts, is mounted on fresh3 as on every bed
+    # machine (tests/bed/bed.sh fresh), which its join checked
     client = docker.from_env()
     # the other machines take no new servers meanwhile: carol's lands on fresh3 (GPU 1)
     others = [

@@ -998,3 +998,65 @@ def test_check_knows_the_verbs_of_the_cli(capsys):
     assert set(verbs.choices) - {"check"} == set(cli.VERBS)
     assert cli.main(["check", "frobnicate"], {"GPUHUB_CONFIG": "none"}) == 1
     assert capsys.readouterr().err == "error: unknown verb 'frobnicate'; make help lists them\n"
+
+
+# ---- the shared folders ---------------------------------------------------------------------
+
+
+def test_the_shared_folders_are_marked_and_named_in_the_join_line(tmp_path, fake, said, capsys):
+    shared = tmp_path / "nfs"
+    config = make_config(
+        tmp_path,
+        GPUHUB_TUTORIAL_REPOS="t=https://h/t.git",
+        GPUHUB_TUTORIALS_DIR=str(shared / "tutorials"),
+        GPUHUB_DATASETS_DIR=str(shared / "datasets"),
+        GPUHUB_HOMES_DIR=str(shared / "homes"),
+        GPUHUB_GUARD_MODE="enforce",
+    )
+    steps.ensure_images(fake, config, said.log)
+    umask = os.umask(0o077)  # an organizer's strict umask: the markers are readable anyway
+    try:
+        stack.deploy_stack(fake, config, said.log, environ={"PATH": "/bin"})
+    finally:
+        os.umask(umask)
+    share_id = (tmp_path / "state" / "share_id").read_text().strip()
+    assert re.fullmatch(r"[0-9a-f]{16}", share_id)
+    folders = [str(shared / n) for n in ("tutorials", "datasets", "homes")]
+    for folder in folders:
+        marker = Path(folder, ".gpuhub-share")
+        assert marker.read_text().splitlines()[0] == share_id
+        assert oct(marker.stat().st_mode & 0o777) == "0o644"  # root-squashed readers too
+        assert f"shared folder {folder}: marked as this hub's (.gpuhub-share)" in said.lines()
+    # the join line names each with its id; nothing is written again
+    said.clear()
+    fake.swarm.init(advertise_addr="10.0.0.5")
+    steps.print_join_command(fake, config, said.log)
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("sudo ")]
+    shared = "".join(f" --shared-folder {f}={share_id}" for f in folders)
+    assert line.endswith(f"{shared} --guard-mode enforce")  # the guard's options last
+    assert said.lines() == []
+    # a marker changed since (a participant of a writable dataset cache) is put back
+    Path(folders[1], ".gpuhub-share").write_text("changed\n")
+    assert steps.ensure_share_marks(config, said.log) == dict.fromkeys(folders, share_id)
+    assert Path(folders[1], ".gpuhub-share").read_text().startswith(f"{share_id}\n")
+    assert said.lines() == [f"shared folder {folders[1]}: marked as this hub's (.gpuhub-share)"]
+
+
+def test_without_tutorial_repositories_or_other_shared_folders_the_line_names_none(
+    tmp_path, fake, said, capsys
+):
+    config = make_config(tmp_path)
+    fake.swarm.init(advertise_addr="10.0.0.5")
+    steps.print_join_command(fake, config, said.log)
+    assert "--shared-folder" not in capsys.readouterr().out
+    assert steps.shared_folders(config) == []
+
+
+def test_a_marker_that_cannot_be_written_stops_the_deploy_with_the_fix(tmp_path, said):
+    homes = tmp_path / "nfs" / "homes"
+    (homes / ".gpuhub-share.tmp").mkdir(parents=True)  # in the way, even of root
+    config = make_config(tmp_path, GPUHUB_HOMES_DIR=str(homes))
+    with pytest.raises(DeployError) as refused:
+        steps.ensure_share_marks(config, said.log)
+    assert str(refused.value).startswith(f"cannot write {homes}/.gpuhub-share (Is a directory)")
+    assert "export it to the manager with no_root_squash" in str(refused.value)

@@ -5,6 +5,7 @@ registry a local HTTP server, GPUs from fake-NVML fixtures or simulated."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from worker_setup import join
+from gpu_swarm_spawner import contract
+from worker_setup import join, shared_folders
 from worker_setup.__main__ import main, parse_args
 from worker_setup.docker_cli import DockerCLI
 
@@ -179,6 +181,7 @@ def test_a_fresh_machine_joins_and_a_second_run_changes_nothing(daemon_json, man
     assert engine.changes == [("start",), ("join", manager, ""), ("pull", IMAGE), ("restart",)]
     assert summary(out) == {
         "checks": f"root, python3, {daemon_json}, manager {manager} answers",
+        "shared": "no shared folders named in the join line",
         "engine": "started (20.10.24)",
         "gpus": "2 GPU(s): 2 Simulated GPU 16384 MiB -> 3 slices (SIMULATED)",
         "swarm": f"joined the swarm of {manager}",
@@ -219,6 +222,7 @@ def test_dry_run_prints_the_plan_and_the_diff_and_changes_nothing(daemon_json, m
     assert not list(daemon_json.parent.glob("daemon.json.bak-*"))
     assert summary(out) == {
         "checks": f"root, python3, {daemon_json}, manager {manager} answers",
+        "shared": "no shared folders named in the join line",
         "engine": "would install docker.io if missing and start it",
         "gpus": "2 GPU(s): 2 Simulated GPU 16384 MiB -> 3 slices (SIMULATED)",
         "swarm": f"would join the swarm of {manager}",
@@ -754,3 +758,78 @@ def test_bad_guard_settings_stop_the_join_before_anything_changes(daemon_json, m
     err = capsys.readouterr().err
     assert "--guard-stop-percent is 90, below --guard-warn-percent (100); write at least 100" in err
     assert engine.changes == []
+
+
+# ---- the hub's shared folders ---------------------------------------------------------------
+
+SHARE_ID = "5f0c1a2b3c4d5e6f"
+
+
+def shared_folder(tmp_path: Path, name: str, marker: str | None = SHARE_ID) -> str:
+    """A folder as the manager's shared storage shows it (its marker holding ``marker``), or
+    an empty local folder of the same name (``marker=None``)."""
+    folder = tmp_path / "mnt" / name
+    folder.mkdir(parents=True)
+    if marker is not None:
+        (folder / contract.SHARE_MARKER).write_text(f"{marker}\n# gpu-jupyterhub: ...\n")
+    return str(folder)
+
+
+def test_shared_folders_are_read_from_the_join_line():
+    assert shared_folders.parse("/srv/homes/=ab12") == ("/srv/homes", "ab12")
+    assert shared_folders.parse("/srv/a=b=ab12") == ("/srv/a=b", "ab12")
+    for bad in ("/srv/homes", "srv/homes=ab12", "/srv/homes="):
+        with pytest.raises(argparse.ArgumentTypeError, match="make join-command"):
+            shared_folders.parse(bad)
+
+
+def test_each_shared_folder_must_be_there_and_the_managers(tmp_path):
+    ours = shared_folder(tmp_path, "tutorials")
+    local = shared_folder(tmp_path, "homes", marker=None)
+    other = shared_folder(tmp_path, "datasets", marker="0000aaaa0000aaaa")
+    missing = str(tmp_path / "mnt" / "scratch")
+    folders = [(f, SHARE_ID) for f in (ours, local, other, missing)]
+    assert shared_folders.problems(folders) == [
+        f"{local} is not the manager's (no .gpuhub-share in it: a local folder, the shared "
+        "storage not mounted)",
+        f"{other} is another hub's shared storage (its .gpuhub-share holds 0000aaaa0000aaaa, "
+        f"not {SHARE_ID})",
+        f"{missing} is missing",
+    ]
+    assert shared_folders.problems([(ours, SHARE_ID)]) == []
+
+
+def test_the_join_stops_before_any_change_naming_the_folder_and_the_fix(
+    daemon_json, manager, capsys, tmp_path
+):
+    ours, local = shared_folder(tmp_path, "tutorials"), shared_folder(tmp_path, "homes", None)
+    engine = FakeEngine(up=False)
+    line = ["--shared-folder", f"{ours}={SHARE_ID}", "--shared-folder", f"{local}={SHARE_ID}"]
+    assert setup(engine, daemon_json, manager, *line) == 1
+    error = one_error_line(capsys)
+    assert error.startswith(f"error: shared folder {local} is not the manager's")
+    assert f"mount -t nfs4 127.0.0.1:{local} {local}" in error and "docs/homes.md" in error
+    assert "--shared-folders-warn-only" in error
+    assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
+
+
+def test_with_its_shared_folders_mounted_the_machine_joins(daemon_json, manager, capsys, tmp_path):
+    folders = [shared_folder(tmp_path, name) for name in ("tutorials", "homes")]
+    engine = FakeEngine(up=False)
+    engine.pullable[IMAGE] = "sha256:" + "a" * 64
+    line = [a for f in folders for a in ("--shared-folder", f"{f}={SHARE_ID}")]
+    assert setup(engine, daemon_json, manager, *line) == 0
+    assert summary(capsys.readouterr().out)["shared"] == f"the manager's: {' '.join(folders)}"
+    assert ("join", manager, "") in engine.changes
+
+
+def test_warn_only_joins_anyway_and_says_what_is_wrong(daemon_json, manager, capsys, tmp_path):
+    missing = str(tmp_path / "srv" / "homes")
+    engine = FakeEngine(up=False)
+    engine.pullable[IMAGE] = "sha256:" + "a" * 64
+    line = ["--shared-folder", f"{missing}={SHARE_ID}", "--shared-folders-warn-only"]
+    assert setup(engine, daemon_json, manager, *line) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"warning: shared folder {missing} is missing;")
+    assert summary(captured.out)["shared"] == f"WARNING, joining anyway: {missing} is missing"
+    assert ("join", manager, "") in engine.changes
