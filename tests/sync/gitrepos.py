@@ -7,7 +7,10 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 from tutorial_sync import webhook
@@ -71,6 +74,20 @@ class Author:
         return self.git("rev-parse", "HEAD")
 
 
+GIT_PORT = 9418
+
+
+def listening(address: str, port: int) -> bool:
+    """Whether a TCP socket of this machine listens on address:port (read from /proc/net/tcp:
+    a connection attempt says nothing where the network answers for any address)."""
+    want = f"{socket.inet_aton(address)[::-1].hex().upper()}:{port:04X}"
+    with open("/proc/net/tcp") as table:
+        return any(
+            line.split()[1] == want and line.split()[3] == "0A"  # 0A: LISTEN
+            for line in list(table)[1:]
+        )
+
+
 class ServedRemote:
     """A bare repository NAME.git under ``base``, an author's clone pushing to it, and
     git daemon serving it at git://ADDRESS:9418/NAME.git (the tests' stand-in for GitHub)."""
@@ -78,16 +95,33 @@ class ServedRemote:
     def __init__(self, base: Path, name: str, address: str = "10.199.0.1"):
         shutil.rmtree(base, ignore_errors=True)
         base.mkdir(parents=True)
-        self.base, self.url = base, f"git://{address}:9418/{name}.git"
+        self.base, self.url = base, f"git://{address}:{GIT_PORT}/{name}.git"
         self.author = Author(base)
         self.author.git("init", "--bare", "-q", "-b", "main", str(base / f"{name}.git"), cwd=base)
         self.author.git("remote", "set-url", "origin", f"file://{base / f'{name}.git'}")
-        self.daemon = subprocess.Popen(
-            ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={base}"]
-            + [f"--listen={address}", "--port=9418", str(base)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        if listening(address, GIT_PORT):
+            raise RuntimeError(
+                f"{address}:{GIT_PORT} is taken (an earlier git daemon still running? "
+                f"pkill -f 'git daemon'), so this one could not serve {name}"
+            )
+        with tempfile.TemporaryFile() as errors:
+            self.daemon = subprocess.Popen(
+                ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={base}"]
+                + [f"--listen={address}", f"--port={GIT_PORT}", str(base)],
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+            )
+            deadline = time.monotonic() + 10
+            while self.daemon.poll() is None and time.monotonic() < deadline:
+                if listening(address, GIT_PORT):
+                    return
+                time.sleep(0.05)
+            if self.daemon.poll() is None:
+                self.daemon.kill()
+            self.daemon.wait()
+            errors.seek(0)
+            said = errors.read().decode(errors="replace").strip()
+        raise RuntimeError(f"git daemon on {address}:{GIT_PORT} did not start: {said}")
 
     def close(self) -> None:
         self.daemon.terminate()
