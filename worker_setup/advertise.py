@@ -103,7 +103,9 @@ def summary(found: list[gpus.GPUInfo], slices: dict[str, int], skipped: int = 0)
     row and ``make gpu-check`` say them; and how many were ``skipped``."""
     kinds = Counter(describe(g, slices) for g in found)
     each = "; ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
-    left_out = f"; {skipped} skipped (see the warning above)" if skipped else ""
+    left_out = (
+        f"; {skipped} skipped (see the warning{'s' if skipped > 1 else ''})" if skipped else ""
+    )
     return f"{len(found)} GPU(s): {each}{left_out}"
 
 
