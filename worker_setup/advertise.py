@@ -12,7 +12,8 @@ advertised as its MIG instances (each its own kind, ``MIG-...``, of ``--mig-slic
 never as itself; one in MIG mode without instances advertises nothing and says how to fix it.
 What NVML reports is screened first (worker_setup/usable.py): a GPU or MIG instance without
 usable memory (0 MiB: mid-reset) is skipped with a warning, GPUs sharing a UUID stop it; and no
-GPU gets more than the hub's 64 slices, or slices of less than 256 MiB (worker_setup/slicing.py).
+GPU gets more slices than the hub uses (``contract.MAX_SLICES_PER_GPU``), or slices of less than
+``slicing.MIN_SLICE_MB`` (worker_setup/slicing.py).
 
 Exit status: 0 nothing changed, 3 daemon.json changed (or would, with --dry-run: restart the
 Docker engine to apply), 1 error (one line on stderr saying how to fix it).
@@ -233,7 +234,12 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that say which GPUs this machine advertises and how (shared with
     ``python -m worker_setup``); ``check_gpu_arguments`` completes them after parsing."""
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--slices-per-gpu", type=int, metavar="N", help="slices per GPU (3)")
+    size.add_argument(
+        "--slices-per-gpu",
+        type=int,
+        metavar="N",
+        help=f"slices per GPU (3; at most {MAX_SLICES_PER_GPU}, the hub's limit)",
+    )
     size.add_argument("--slice-memory", metavar="SIZE", help="or: GPU memory per slice, e.g. 4GiB")
     parser.add_argument(
         "--mig-slices",
