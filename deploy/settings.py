@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable, NoReturn, TypeVar
 
 from gpu_swarm_spawner import roster
+from gpu_swarm_spawner.contract import MAX_SLICES_PER_GPU
 from tutorial_sync.repos import Repo
 from worker_setup.guard_policy import GuardSettings
 
@@ -492,8 +493,8 @@ def _numbers(settings) -> list[str]:
         ("GPUHUB_HTTP_PORT", 1, 65535),
         ("GPUHUB_HTTPS_PORT", 1, 65535),
         ("GPUHUB_REGISTRY_PORT", 1, 65535),
-        ("GPUHUB_SLICES_PER_GPU", 1, 64),
-        ("GPUHUB_SLICES_PER_SERVER", 1, 64),
+        ("GPUHUB_SLICES_PER_GPU", 1, MAX_SLICES_PER_GPU),
+        ("GPUHUB_SLICES_PER_SERVER", 1, MAX_SLICES_PER_GPU),
         ("GPUHUB_SIMULATE_IF_NO_GPU", 0, 16),
         ("GPUHUB_START_TIMEOUT", 10, None),
         ("GPUHUB_POLL_INTERVAL", 1, None),

@@ -20,6 +20,11 @@ MIG_PREFIX = "MIG-"
 #: ``str.startswith`` takes the tuple as it is.
 KIND_PREFIXES = (KIND_PREFIX, MIG_PREFIX)
 
+#: The most slices one GPU (or MIG instance) is split into: the hub's limit on
+#: GPUHUB_SLICES_PER_GPU (deploy/settings.py) and the join's on the slices it advertises
+#: (worker_setup/slicing.py), so a GPU machine never advertises what the hub would refuse.
+MAX_SLICES_PER_GPU = 64
+
 #: Simulated GPUs (machines without an NVIDIA GPU: demo, tests) carry this after the prefix.
 SIMULATED_MARKER = "simulated-"
 

@@ -63,10 +63,12 @@ def gpu_kinds(node: dict, kind_prefix: Prefixes = KIND_PREFIXES) -> dict[str, in
 
 
 def gpu_memory(node: dict, uuid: str) -> int:
-    """A GPU's total memory in MiB from its node's engine labels; 0 when not labelled."""
+    """A GPU's total memory in MiB from its node's engine labels; 0 (unknown) when not
+    labelled, or labelled with something no GPU has (not a whole number, or below 1: a budget
+    of it would put every server over)."""
     labels = node.get("Description", {}).get("Engine", {}).get("Labels") or {}
     try:
-        return int(labels.get(MEMORY_LABEL + uuid, 0))
+        return max(int(labels.get(MEMORY_LABEL + uuid, 0)), 0)
     except ValueError:
         return 0
 

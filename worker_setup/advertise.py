@@ -10,6 +10,10 @@ when the NVIDIA container runtime is installed, that runtime as the default. Eve
 daemon.json is kept, and the previous file is backed up next to it. A GPU in MIG mode is
 advertised as its MIG instances (each its own kind, ``MIG-...``, of ``--mig-slices`` slices),
 never as itself; one in MIG mode without instances advertises nothing and says how to fix it.
+What NVML reports is screened first (worker_setup/usable.py): a GPU or MIG instance without
+usable memory (0 MiB: mid-reset) is skipped with a warning, GPUs sharing a UUID stop it; and no
+GPU gets more slices than the hub uses (``contract.MAX_SLICES_PER_GPU``), or slices of less than
+``slicing.MIN_SLICE_MB`` (worker_setup/slicing.py).
 
 Exit status: 0 nothing changed, 3 daemon.json changed (or would, with --dry-run: restart the
 Docker engine to apply), 1 error (one line on stderr saying how to fix it).
@@ -29,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_swarm_spawner.contract import KIND_PREFIXES, MIG_PROFILE_LABEL
+from gpu_swarm_spawner.contract import KIND_PREFIXES, MAX_SLICES_PER_GPU, MIG_PROFILE_LABEL
 
-from . import daemon_config, gpus, slicing
+from . import daemon_config, gpus, slicing, usable
 from .fake_nvml import FakeNVML
 
 CHANGED = 3
@@ -42,8 +46,8 @@ NVIDIA_RUNTIME = "nvidia-container-runtime"
 
 
 class PlanError(Exception):
-    """daemon.json cannot be planned: it is unreadable, or this machine has no usable GPU. The
-    message is one line saying why and how to fix it."""
+    """daemon.json cannot be planned: it is unreadable, this machine has no usable GPU, or the
+    slices asked for do not fit its GPUs. The message is one line saying why and how to fix it."""
 
 
 @dataclass
@@ -59,6 +63,8 @@ class Plan:
     slices: dict[str, int] = field(default_factory=dict)
     #: The NVIDIA runtime made Docker's default ("": none).
     runtime: str = ""
+    #: One warning for each GPU or MIG instance NVML reported that is not advertised.
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def changes(self) -> bool:
@@ -93,23 +99,27 @@ def describe(gpu: gpus.GPUInfo, slices: dict[str, int]) -> str:
     return f"{gpu.name} {gpu.memory_mb} MiB -> {slices[gpu.uuid]} slices{tag}"
 
 
-def summary(found: list[gpus.GPUInfo], slices: dict[str, int]) -> str:
+def summary(found: list[gpus.GPUInfo], slices: dict[str, int], skipped: int = 0) -> str:
     """``2 GPU(s): 2 NVIDIA A10 24576 MiB -> 3 slices``: the GPUs by kind, as the join's gpus
-    row and ``make gpu-check`` say them."""
+    row and ``make gpu-check`` say them; and how many were ``skipped``."""
     kinds = Counter(describe(g, slices) for g in found)
     each = "; ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
-    return f"{len(found)} GPU(s): {each}"
+    left_out = (
+        f"; {skipped} skipped (see the warning{'s' if skipped > 1 else ''})" if skipped else ""
+    )
+    return f"{len(found)} GPU(s): {each}{left_out}"
 
 
-def find_gpus(args, say: Callable[[str], None] = print) -> list[gpus.GPUInfo]:
+def find_gpus(args, say: Callable[[str], None] = print) -> tuple[list[gpus.GPUInfo], list[str]]:
     """This machine's GPUs (MIG instances in place of a GPU in MIG mode), or simulated ones as
-    the options say; ``say`` tells where they came from, and names each GPU in MIG mode that
-    has no instances (skipped; the others are advertised). Raises PlanError when there is no
+    the options say, and a warning for each GPU or MIG instance skipped (worker_setup/usable.py).
+    ``say`` tells where they came from, names each GPU in MIG mode that has no instances and
+    gives each warning (skipped; the others are advertised). Raises PlanError when there is no
     usable GPU and the options want one."""
     machine = args.machine_id or gpus.machine_id()
     memory = slicing.parse_size_mb(args.simulated_memory)
     if args.simulate_gpus:
-        return gpus.simulated(args.simulate_gpus, machine, memory)
+        return gpus.simulated(args.simulate_gpus, machine, memory), []
     try:
         if args.nvml_fixture:
             say(f"FAKE NVML: GPUs from the fixture {args.nvml_fixture}, not from a driver")
@@ -120,23 +130,26 @@ def find_gpus(args, say: Callable[[str], None] = print) -> list[gpus.GPUInfo]:
     except gpus.NVMLUnavailable as e:
         found, reason, failed = [], str(e), e
     if found:
-        found, notes = gpus.advertised(found)
-        if found:
-            for note in notes:
+        screened = usable.screen(found)
+        if screened.units:
+            for note in screened.notes:
                 say(note)
-            return found
-        reason = "; ".join(notes)  # every GPU is in MIG mode without instances
+            for line in screened.skipped:
+                say(f"warning: {line}")
+            return screened.units, screened.skipped
+        # GPUs sharing a UUID; or every GPU skipped, or in MIG mode without instances
+        reason = screened.refusal or "; ".join(screened.notes + screened.skipped)
     # No usable GPU: simulated ones, none at all, or stop (in that order of the options). One
     # failed GPU makes the whole machine unusable: its fix (a reboot or GPU reset) stops every
     # server here, so it is done before participants arrive, not under them.
     if args.simulate_if_no_gpu:
         if reason:
             say(f"no NVIDIA GPU usable here ({reason}); advertising SIMULATED GPUs")
-        return gpus.simulated(args.simulate_if_no_gpu, machine, memory)
+        return gpus.simulated(args.simulate_if_no_gpu, machine, memory), []
     if args.none_if_no_gpu:
         why = f"no NVIDIA GPU usable here ({reason})" if reason else "NVML reports no GPU here"
         say(f"{why}; this machine advertises no GPU slices")
-        return []
+        return [], []
     test_machine = "For a test machine without a working GPU, pass --simulate-gpus N instead."
     if isinstance(failed, gpus.GPUFailed):
         raise PlanError(
@@ -176,12 +189,21 @@ def plan(args, path: Path | str, remove: bool = False, say=print) -> Plan:
     of ``add_gpu_arguments``), or without any GPU settings (``remove``). Writes nothing."""
     path = Path(path)
     current, exists = read_config(path)
-    found = [] if remove else find_gpus(args, say)
+    found, skipped = ([], []) if remove else find_gpus(args, say)
     if not found:
         wanted = daemon_config.merge(current, [], KIND_PREFIXES, NAMED_KIND, labels=[])
-        return Plan(path, current, exists, wanted)
+        return Plan(path, current, exists, wanted, skipped=skipped)
     mig_slices = getattr(args, "mig_slices", 1)
     slices = slicing.slices_per_gpu(found, args.slices_per_gpu, args.slice_memory_mb, mig_slices)
+    asked = (
+        f"--slice-memory {args.slice_memory}"
+        if args.slice_memory_mb
+        else f"--slices-per-gpu {args.slices_per_gpu}"
+    )
+    try:
+        slicing.check_slices(found, slices, asked)
+    except ValueError as e:
+        raise PlanError(f"{e}. Nothing was changed.") from None
     entries = daemon_config.slice_resources(slices, args.named_kind)
     labels = daemon_config.engine_labels(found, slices) + [
         f"{MIG_PROFILE_LABEL}{g.uuid}={g.profile}" for g in found if g.is_mig and g.profile
@@ -192,7 +214,7 @@ def plan(args, path: Path | str, remove: bool = False, say=print) -> Plan:
     runtime = nvidia_runtime(args.nvidia_runtime)
     if runtime:
         wanted = daemon_config.with_nvidia_runtime(wanted, runtime)
-    return Plan(path, current, exists, wanted, found, slices, runtime)
+    return Plan(path, current, exists, wanted, found, slices, runtime, skipped)
 
 
 def write(path: Path, config: dict) -> Path | None:
@@ -212,7 +234,12 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that say which GPUs this machine advertises and how (shared with
     ``python -m worker_setup``); ``check_gpu_arguments`` completes them after parsing."""
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--slices-per-gpu", type=int, metavar="N", help="slices per GPU (3)")
+    size.add_argument(
+        "--slices-per-gpu",
+        type=int,
+        metavar="N",
+        help=f"slices per GPU (3; at most {MAX_SLICES_PER_GPU}, the hub's limit)",
+    )
     size.add_argument("--slice-memory", metavar="SIZE", help="or: GPU memory per slice, e.g. 4GiB")
     parser.add_argument(
         "--mig-slices",
@@ -258,17 +285,32 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_gpu_arguments(parser: argparse.ArgumentParser, args) -> None:
-    if args.slices_per_gpu is not None and args.slices_per_gpu < 1:
-        parser.error(f"--slices-per-gpu must be 1 or more, got {args.slices_per_gpu}")
-    if args.mig_slices < 1:
-        parser.error(f"--mig-slices must be 1 or more, got {args.mig_slices}")
-    try:
-        args.slice_memory_mb = (
-            slicing.parse_size_mb(args.slice_memory) if args.slice_memory else None
-        )
-        slicing.parse_size_mb(args.simulated_memory)
-    except ValueError as e:
-        parser.error(str(e))
+    """Refuse, with what to write instead, the counts and sizes the hub could not use: more
+    slices than its limit of MAX_SLICES_PER_GPU a GPU, a slice of less than MIN_SLICE_MB."""
+    for option, value in (
+        ("--slices-per-gpu", args.slices_per_gpu),
+        ("--mig-slices", args.mig_slices),
+    ):
+        if value is not None and value < 1:
+            parser.error(f"{option} must be 1 or more, got {value}")
+        if value is not None and value > MAX_SLICES_PER_GPU:
+            parser.error(
+                f"{option} {value} is more than the hub's limit of {MAX_SLICES_PER_GPU} slices "
+                f"a GPU; give {MAX_SLICES_PER_GPU} or less"
+            )
+    sizes = {"--slice-memory": args.slice_memory, "--simulated-memory": args.simulated_memory}
+    for option, text in sizes.items():
+        try:
+            mb = slicing.parse_size_mb(text) if text else None
+        except ValueError as e:
+            parser.error(f"{option}: {e}")
+        if mb is not None and mb < slicing.MIN_SLICE_MB:
+            parser.error(
+                f"{option} {text} is less than the {slicing.MIN_SLICE_MB} MiB a CUDA program "
+                f"needs to start; give {slicing.MIN_SLICE_MB}MiB or more"
+            )
+        if option == "--slice-memory":
+            args.slice_memory_mb = mb
     if args.slice_memory_mb is None and args.slices_per_gpu is None:
         args.slices_per_gpu = 3
 

@@ -34,7 +34,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from . import advertise, gpus, slicing, telemetry
+from . import advertise, gpus, slicing, telemetry, usable
 
 #: What is allocated on cuda:0 to see NVML count it for this process.
 ALLOCATION_MIB = 256
@@ -121,24 +121,35 @@ def gpu_lines(found: list[gpus.GPUInfo | gpus.GPUFailed]) -> list[str]:
 
 def slice_lines(found: list[gpus.GPUInfo], args) -> tuple[list[str], int]:
     """What the join would advertise for ``found`` (GPUs read without failing), as its gpus
-    step says it; and the slices in all (0: the join stops)."""
-    units, notes = gpus.advertised(found)
+    step says it, with what it would skip or refuse (worker_setup/usable.py and the slice
+    checks); and the slices in all (0: the join stops)."""
+    screened = usable.screen(found)
     if args.slice_memory_mb:
         how = f"{args.slice_memory_mb} MiB of GPU memory a slice"
+        asked = f"--slice-memory {args.slice_memory}"
     else:
         how = f"{args.slices_per_gpu} a GPU"
+        asked = f"--slices-per-gpu {args.slices_per_gpu}"
     lines = [f"Slices the join would advertise ({how}, {args.mig_slices} a MIG instance):"]
+    units = screened.units
+    said = [*screened.notes, *(f"warning: {line}" for line in screened.skipped)]
+    if screened.refusal:
+        said = [screened.refusal]
     if not units:
-        return lines + [f"  {note}" for note in notes] + ["  none"], 0
+        return lines + [f"  {line}" for line in said] + ["  none"], 0
     slices = slicing.slices_per_gpu(
         units, args.slices_per_gpu, args.slice_memory_mb, args.mig_slices
     )
-    lines.append(f"  {advertise.summary(units, slices)}")
+    try:
+        slicing.check_slices(units, slices, asked)
+    except ValueError as e:
+        return lines + [f"  {e}", "  none"], 0
+    lines.append(f"  {advertise.summary(units, slices, len(screened.skipped))}")
     lines += [
         f"  GPU {g.index}{' MIG' if g.is_mig else ''}: {g.uuid} -> {slices[g.uuid]} slices"
         for g in units
     ]
-    lines += [f"  {note}" for note in notes]
+    lines += [f"  {line}" for line in said]
     return lines, sum(slices.values())
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import socket
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,16 @@ class GPUInfo:
     def is_mig(self) -> bool:
         return bool(self.parent_uuid)
 
+    @property
+    def described(self) -> str:
+        """How a line names it: ``GPU 1 (GPU-..., Tesla K80, 11441 MiB)``, or ``MIG instance
+        MIG-... of GPU 1 (NVIDIA A100-SXM4-80GB MIG 1g.10gb, 9728 MiB)``."""
+        if self.is_mig:
+            return (
+                f"MIG instance {self.uuid} of GPU {self.index} ({self.name}, {self.memory_mb} MiB)"
+            )
+        return f"GPU {self.index} ({self.uuid}, {self.name}, {self.memory_mb} MiB)"
+
 
 def load_nvml():
     """The real NVML bindings."""
@@ -68,7 +79,25 @@ def load_nvml():
 
 
 def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """NVML's text as str: bytes (older pynvml) decoded, bytes that are not UTF-8 replaced."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _read_text(call, handle) -> str:
+    """The text ``call`` answers for ``handle``. Newer pynvml decodes it itself and raises
+    UnicodeDecodeError when it is not UTF-8 (a corrupted VBIOS or InfoROM): read with the bad
+    bytes replaced instead."""
+    try:
+        return _text(call(handle))
+    except UnicodeDecodeError as e:
+        return _text(e.object)
+
+
+def _name(text: str) -> str:
+    """A GPU's name fit for a label and one line: control characters (a newline, a tab) as
+    spaces, runs of spaces as one, none at the ends; ``unnamed GPU`` when nothing is left."""
+    cleaned = " ".join("".join(" " if unicodedata.category(c) == "Cc" else c for c in text).split())
+    return cleaned or "unnamed GPU"
 
 
 def _reason(error: Exception) -> str:
@@ -122,12 +151,12 @@ def _read_gpu(nvml, index: int) -> GPUInfo:
     try:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         try:
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            uuid = _read_text(nvml.nvmlDeviceGetUUID, handle)
         except nvml.NVMLError:
             ident = _pci_bus_id(nvml, handle)
             raise
         ident = uuid
-        name = _text(nvml.nvmlDeviceGetName(handle))
+        name = _name(_read_text(nvml.nvmlDeviceGetName, handle))
         memory_mb = _memory_mb(nvml, handle)
         mig_mode = _in_mig_mode(nvml, handle)
         instances = _read_mig_instances(nvml, index, uuid, handle) if mig_mode else ()
@@ -161,9 +190,9 @@ def _read_mig_instances(nvml, index: int, parent_uuid: str, handle) -> tuple[GPU
             continue
         ident = f"{parent_uuid}, MIG instance {slot}"
         try:
-            uuid = _text(nvml.nvmlDeviceGetUUID(mig))
+            uuid = _read_text(nvml.nvmlDeviceGetUUID, mig)
             ident += f" {uuid}"
-            name = _text(nvml.nvmlDeviceGetName(mig))
+            name = _name(_read_text(nvml.nvmlDeviceGetName, mig))
             memory_mb = _memory_mb(nvml, mig)
         except nvml.NVMLError as e:
             raise GPUFailed(index, ident, _reason(e)) from e

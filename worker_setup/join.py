@@ -204,7 +204,7 @@ def plan_gpus(m: Machine) -> advertise.Plan:
     except advertise.PlanError as e:
         m.checklist.detail(notes)
         raise Stop(str(e)) from None
-    m.checklist.row("gpus", advertise.summary(plan.gpus, plan.slices))
+    m.checklist.row("gpus", advertise.summary(plan.gpus, plan.slices, len(plan.skipped)))
     m.checklist.detail(notes + plan.runtime_lines() + change_lines(plan))
     return plan
 

@@ -22,3 +22,28 @@ def task(node_id, reservations, state="running", desired="running", service_id="
         "Status": {"State": state},
         "Spec": {"Resources": {"Reservations": {"GenericResources": generic}}},
     }
+
+
+def node_from_daemon_json(config, node_id="n1", hostname="gpu-a"):
+    """The node a GPU machine with daemon.json ``config`` is, as the Docker API reports it: its
+    engine labels (``labels``, ``key=value``) as a dict, its ``node-generic-resources`` as
+    generic resources (``kind=<whole number>`` discrete, any other value a named one, as
+    Swarm reads them)."""
+    generic = []
+    for entry in config.get("node-generic-resources", []):
+        kind, _, value = entry.partition("=")
+        if value.isdigit():
+            generic.append({"DiscreteResourceSpec": {"Kind": kind, "Value": int(value)}})
+        else:
+            generic.append({"NamedResourceSpec": {"Kind": kind, "Value": value}})
+    labels = dict(label.split("=", 1) for label in config.get("labels", []))
+    return {
+        "ID": node_id,
+        "Spec": {"Availability": "active", "Role": "worker"},
+        "Status": {"State": "ready"},
+        "Description": {
+            "Hostname": hostname,
+            "Resources": {"GenericResources": generic},
+            "Engine": {"Labels": labels},
+        },
+    }

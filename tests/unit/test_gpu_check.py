@@ -192,6 +192,29 @@ def test_a_machine_with_nothing_to_advertise_fails_as_the_join_would(capsys):
                    "stop there (see above) (FAKE NVML)"]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "fixture, argv, says, status",
+    [
+        ("h100x4-gpu2-zero-memory.json", [], "  warning: GPU 2 (GPU-0a6f3c91-", 0),
+        ("t4x2-passthrough-same-uuid.json", [], "  GPU 0 and GPU 1 report one UUID", 1),
+        ("k80x2.json", ["--slices-per-gpu", "64"], "  --slices-per-gpu 64 leaves GPU 0", 1),
+    ],
+)
+def test_what_the_join_would_skip_or_refuse_is_said_as_it_would(
+    capsys, fixture, argv, says, status
+):
+    rc, out, err = check(capsys, "--nvml-fixture", str(FIXTURES / fixture), *argv)
+    assert rc == status
+    slices = section(out, "Slices")
+    assert any(line.startswith(says) for line in slices), slices
+    if status == 0:
+        assert slices[1] == (
+            "  3 GPU(s): 3 NVIDIA H100 80GB HBM3 81559 MiB -> 3 slices; 1 skipped (see the warning)"
+        )
+    else:
+        assert slices[-1] == "  none" and err[0].startswith("GPU check failed: no GPU of")
+
+
 def test_the_real_nvml_of_this_machine():
     """No fixture: the driver's NVML, as on a GPU machine. Without a driver (here, usually),
     one line and status 1."""

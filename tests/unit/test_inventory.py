@@ -115,3 +115,12 @@ def test_gpu_memory_comes_from_the_engine_labels():
     assert gpus[A0].memory_mb == 12288
     assert gpus[A0].memory_budget_mb(1) == 4096 and gpus[A0].memory_budget_mb(3) == 12288
     assert gpus[A1].memory_mb == 0 and gpus[A1].memory_budget_mb(2) == 0  # unknown stays 0
+
+
+def test_a_memory_label_no_gpu_has_reads_as_unknown():
+    """A negative memory (a hand-edited daemon.json) would give each server a negative budget,
+    over which the guard finds everyone: unknown instead, as without a label."""
+    labelled = node("n1", "alpha", {A0: 3})
+    labelled["Description"]["Engine"] = {"Labels": {f"{contract.MEMORY_LABEL}{A0}": "-1"}}
+    (gpu,) = build_inventory([labelled], [])
+    assert gpu.memory_mb == 0 and gpu.memory_budget_mb(1) == 0

@@ -345,6 +345,38 @@ def test_real_gpus_are_summed_up_by_model(daemon_json, manager, capsys):
     assert "\n      warning: nvidia-container-runtime not found; containers will not" in out
 
 
+def test_a_gpu_reporting_0_mib_is_skipped_and_the_summary_says_so(daemon_json, manager, capsys):
+    engine = FakeEngine(images={IMAGE: "sha256:1"})
+    nvml = ["--nvml-fixture", str(FIXTURES / "h100x4-gpu2-zero-memory.json")]
+    assert setup(engine, daemon_json, manager, *nvml, "--guard-mode", "off", simulate=False) == 0
+    out = capsys.readouterr().out
+    assert summary(out)["gpus"] == (
+        "3 GPU(s): 3 NVIDIA H100 80GB HBM3 81559 MiB -> 3 slices; 1 skipped (see the warning)"
+    )
+    assert "\n      warning: GPU 2 (GPU-0a6f3c91-7d2e-4b58-a1c4-000000000002, NVIDIA H100" in out
+    resources = json.loads(daemon_json.read_text())["node-generic-resources"]
+    assert len(resources) == 3 and not any(
+        r.startswith("GPU-0a6f3c91-7d2e-4b58-a1c4-000000000002") for r in resources
+    )
+
+
+def test_gpus_sharing_a_uuid_stop_the_join_outside_the_swarm(daemon_json, manager, capsys):
+    engine = FakeEngine()
+    nvml = ["--nvml-fixture", str(FIXTURES / "t4x2-passthrough-same-uuid.json")]
+    assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 1
+    line = one_error_line(capsys)
+    assert line.startswith("error: GPU 0 and GPU 1 report one UUID, GPU-5f8c2e61-")
+    assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
+
+
+def test_more_slices_than_the_hub_uses_stop_the_join_line(daemon_json, manager, capsys):
+    engine = FakeEngine()
+    with pytest.raises(SystemExit):
+        setup(engine, daemon_json, manager, "--slices-per-gpu", "1000")
+    assert "--slices-per-gpu 1000 is more than the hub's limit of 64" in capsys.readouterr().err
+    assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
+
+
 def test_a_corrupt_daemon_json_is_refused_and_left_alone(daemon_json, manager, capsys):
     daemon_json.write_text('{"log-driver": "json-file",')
     engine = FakeEngine(up=False)
