@@ -375,6 +375,8 @@ def test_names_up_to_255_bytes_reach_homes_longer_ones_are_said(course, capsys):
 def small_home(course):
     """The participant's home on a filesystem of 600 KiB (a tmpfs in the suite's own mount
     namespace: tests/hermetic.sh), as a home volume or NFS export that fills up."""
+    if not os.environ.get("GPUHUB_HERMETIC_RUN"):
+        pytest.skip("mounts a small filesystem only in tests/hermetic.sh's mount namespace")
     home = course.home.parent
     home.mkdir(parents=True)
     mounted = subprocess.run(
@@ -383,7 +385,7 @@ def small_home(course):
         text=True,
     )
     if mounted.returncode:
-        pytest.fail(f"a small filesystem is needed (run under tests/hermetic.sh): {mounted.stderr}")
+        pytest.fail(f"could not mount a small filesystem for the home: {mounted.stderr}")
     yield home
     subprocess.run(["umount", "-l", str(home)], check=True)
 
