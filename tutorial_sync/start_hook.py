@@ -34,6 +34,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -302,10 +303,41 @@ class Report:
         )
 
 
+_BESIDE_LINE = re.compile(
+    r"^- `(.+)`: new version in `(.+)`( \(your home has a folder or link there\))?$"
+)
+_MOVED_LINE = re.compile(r"^- `(.+)` is now `(.+)`$")
+
+
+def carry_over(root: Path, report: Report) -> None:
+    """Add to ``report`` what the last notice said about new versions beside changed copies
+    and files moved aside, while those files are still in the home: a later start must not
+    make the participant lose track of them."""
+    try:
+        old = (root / NOTICE).read_text().splitlines()
+    except (OSError, ValueError):
+        return
+    have = {path for path, _, _ in report.beside}
+    moved = {aside for _, aside in report.moved}
+    for line in old:
+        beside, aside = _BESIDE_LINE.match(line), _MOVED_LINE.match(line)
+        if beside and beside[1] not in have and (root / beside[2]).exists():
+            report.beside.append((beside[1], beside[2], bool(beside[3])))
+            have.add(beside[1])
+        elif aside and aside[2] not in moved and os.path.lexists(root / aside[2]):
+            report.moved.append((aside[1], aside[2]))
+            moved.add(aside[2])
+
+
 def write_notice(root: Path, report: Report) -> None:
-    """``UPDATED-TUTORIALS.md``, rewritten when this start has something to say (else left as
-    it is); written under another name and renamed, so never half written."""
+    """``UPDATED-TUTORIALS.md``: what this start has to say, and what the last notice said that
+    is still true (carry_over); removed when nothing is. Written under another name and renamed,
+    so never half written."""
+    carry_over(root, report)
+    notice = root / NOTICE
     if not report:
+        if notice.is_file() and not notice.is_symlink():
+            notice.unlink()  # ours, and all it said is past
         return
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime())
     lines = [f"# Updated tutorials\n\nWhat your server's start on {when} has to tell you.\n"]
@@ -335,7 +367,6 @@ def write_notice(root: Path, report: Report) -> None:
         lines.append("\n## Not copied into your home\n\nTried again at your next start.\n\n")
         lines += [f"- `{path}`: your home is full ({report.full_reason})\n" for path in report.full]
         lines += [f"- `{path}`: {why}\n" for path, why in report.failed]
-    notice = root / NOTICE
     tmp = notice.with_name(f".{NOTICE}.tmp")
     try:
         root.mkdir(parents=True, exist_ok=True)

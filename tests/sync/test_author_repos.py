@@ -475,3 +475,34 @@ def test_a_quota_reached_mid_copy_leaves_nothing_half_written(course, monkeypatc
     monkeypatch.undo()
     out, _ = course.start(capsys)
     assert "1 copy, 2 keep" in out
+
+
+def test_the_notice_says_what_is_still_true_and_goes_when_nothing_is(course, capsys):
+    author = course.author
+    author.write(".gitattributes", LFS_TRACK.format(pattern="*.pt"))
+    author.write("model.pt", lfs_pointer(b"weights"))
+    author.write("01-intro.ipynb", '{"v": 1}')
+    course.push("first")
+    course.start(capsys)
+    assert "`gpu101/model.pt`: it is a Git LFS pointer" in course.notice()
+    (course.home / "gpu101/01-intro.ipynb").write_text('{"v": "mine"}')
+    author.write("01-intro.ipynb", '{"v": 2}')
+    course.push("second")
+    course.start(capsys)
+    course.start(capsys)  # nothing new: what was said and is still true stays said
+    notice = course.notice()
+    assert "`gpu101/01-intro.ipynb`: new version in `gpu101/01-intro.new-" in notice
+    assert "`gpu101/model.pt`: it is a Git LFS pointer" in notice
+
+    (author.work / ".gitattributes").unlink()
+    author.write("model.pt", b"weights")  # committed without LFS, as the notice advised
+    course.push("model without LFS")
+    out, _ = course.start(capsys)
+    assert "1 copy" in out and (course.home / "gpu101/model.pt").read_bytes() == b"weights"
+    notice = course.notice()
+    assert "model.pt" not in notice and "`gpu101/01-intro.ipynb`: new version in" in notice
+
+    (beside,) = (course.home / "gpu101").glob("01-intro.new-*")
+    beside.unlink()  # the participant took what they wanted from it
+    course.start(capsys)
+    assert not (course.home / start_hook.NOTICE).exists(), "nothing left to say"
