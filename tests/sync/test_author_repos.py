@@ -9,15 +9,17 @@ import errno
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 from pathlib import Path
 
 import pytest
+from tornado.httpclient import AsyncHTTPClient
 
 from tutorial_sync import MANIFEST, start_hook
 from tutorial_sync.publish import Publisher, Repo
-from tutorial_sync.service import SyncService
+from tutorial_sync.service import SyncService, make_app
 
 from .gitrepos import LFS_TRACK, Author, add_by_plumbing, add_submodule, blob_id, lfs_pointer
 
@@ -227,7 +229,17 @@ async def test_a_submodule_is_no_empty_folder_and_is_said_on_status_and_at_start
     service = SyncService(course.publisher, [course.repo])
     await service.sync_all("start")
 
-    why = service.status["gpu101"].skipped["vendor/helpers"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = make_app(service).listen(port, address="127.0.0.1")
+    try:
+        answer = await AsyncHTTPClient().fetch(f"http://127.0.0.1:{port}/status")
+    finally:
+        server.stop()
+    assert TOKEN not in answer.body.decode()
+    (status,) = json.loads(answer.body)["repos"]
+    why = status["skipped"]["vendor/helpers"]
     assert why.startswith("is a git submodule (https://github.com/gpu-school/helpers.git at ")
     assert commit[:12] in why and "copy its files into this repository" in why
     assert not (course.version / "vendor").exists(), "no empty folder"
