@@ -31,10 +31,27 @@ class Action:
     blob: str = ""  # the upstream blob to write (copy, update, beside)
 
 
+NAME_MAX = 255  # bytes in one file name on a Linux filesystem
+
+
+def marked_name(path: str, mark: str) -> str:
+    """``path`` with ``.MARK`` before its suffix (``lesson.new-1a2b3c4.ipynb``), the stem cut
+    short where the name would pass NAME_MAX bytes: a tutorial name of 255 bytes has room."""
+    p = PurePosixPath(path)
+    tail = f".{mark}{p.suffix}"
+    if len(tail.encode("utf-8", "surrogateescape")) > NAME_MAX // 2:
+        tail = f".{mark}"  # a "suffix" that long is no extension: keep the room for the stem
+    room = NAME_MAX - len(tail.encode("utf-8", "surrogateescape"))
+    stem = p.name[: len(p.name) - len(p.suffix)] if tail.endswith(p.suffix) else p.name
+    encoded = stem.encode("utf-8", "surrogateescape")
+    if len(encoded) > room:
+        stem = encoded[:room].decode("utf-8", "ignore")  # never half a character
+    return str(p.with_name(f"{stem}{tail}"))
+
+
 def beside_name(path: str, blob: str) -> str:
     """Where the new upstream version of a modified file goes: ``lesson.new-1a2b3c4.ipynb``."""
-    p = PurePosixPath(path)
-    return str(p.with_name(f"{p.stem}.new-{blob[:7]}{p.suffix}"))
+    return marked_name(path, f"new-{blob[:7]}")
 
 
 def plan(

@@ -15,13 +15,39 @@ A version holds regular files and folders only. The repository's own symbolic li
 written: one pointing inside the repository is published as a copy of what it points to (a hard
 link to the extracted file where the filesystem allows), any other is skipped and listed in the
 manifest's ``skipped`` (see tutorial_sync.links).
+
+The files are what ``git archive`` writes, and the manifest records what was written. Authors'
+``.gitattributes`` are applied as a release archive applies them: ``eol=crlf`` and ``text``
+give the line endings a checkout gives, ``export-subst`` fills in ``$Format:...$``,
+``export-ignore`` leaves a path out. Each written file is hashed after extraction (git's blob id
+of the bytes on the share), so a home copy the participant never touched is always recognised
+as such and no start looks for a file that was left out. (The tree's blob ids would differ from
+the bytes for every converted file.) ``git archive`` runs without the machine's global and system
+git configuration: the published bytes depend on the repository alone, and no filter driver
+configured there (git-lfs's ``smudge``) runs or reaches a network.
+
+Nothing is published that is not the file itself; each such path is in the manifest's
+``skipped`` with the reason and the fix, shown on the service's ``/status`` and at every start:
+
+- a Git LFS pointer (the file's content is on an LFS server, which the service does not reach);
+- a submodule (its repository is not fetched: it may need other credentials);
+- a name longer than the 255 bytes a Linux filesystem allows (Windows and macOS count 255
+  characters, so a long name in Chinese or Greek can pass there);
+- a link that does not lead to a file or folder inside the repository.
+
+Git has no empty folders: a folder left empty (a submodule's, or one whose files are all
+``export-ignore``) is not published. Nor is ``.gitmodules``, which serves a participant nothing
+and whose URLs may carry a token.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tarfile
@@ -36,10 +62,23 @@ from .repos import Repo
 
 VERSIONS = ".versions"
 #: The layout of a published version. 2: links published as copies, never as links. A version in
-#: another format is published again even when its commit is current.
-FORMAT = 2
+#: another format is published again even when its commit is current. 3: the manifest hashes the
+#: bytes written (.gitattributes applied), no LFS pointers, submodules and overlong names listed.
+FORMAT = 3
 _LINK_MODE = "120000"  # git's file mode of a symbolic link
+_GITLINK_MODE = "160000"  # git's file mode of a submodule
 _MAX_LINK_TEXT = 4096  # PATH_MAX: a longer "link" is no path
+NAME_MAX = 255  # bytes in one file name, on every Linux filesystem a share or home may use
+#: git-lfs writes pointers of at most this many bytes (its own cut-off when it reads them)
+_LFS_POINTER_MAX = 1024
+_LFS_POINTER = re.compile(
+    rb"version https://(git-lfs\.github\.com|hawser\.github\.com)/spec/v1\n"
+    rb"(?:[a-z0-9.-]+ [^\n]*\n)*"
+)
+_ARCHIVE_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+LINK_ADVICE = (
+    "a link is published, as a copy, only when it points to a file or folder inside the repository"
+)
 
 
 class SyncError(RuntimeError):
@@ -77,11 +116,93 @@ def regular_members(archive: tarfile.TarFile):
             yield member
 
 
-def extract_regular(stream, target: Path) -> None:
-    """The regular files and folders of the tar ``stream`` into ``target`` (regular_members)."""
+def name_too_long(path: str) -> int:
+    """The length in bytes of ``path``'s longest name when it is over NAME_MAX, else 0."""
+    longest = max(len(os.fsencode(part)) for part in path.split("/"))
+    return longest if longest > NAME_MAX else 0
+
+
+def _short_names(members, too_long: dict[str, str]):
+    """The members whose every name fits a Linux filesystem; the files that do not go into
+    ``too_long`` (``{path: why}``; a folder's files are listed, not the folder)."""
+    for member in members:
+        length = name_too_long(member.name.rstrip("/"))
+        if not length:
+            yield member
+        elif member.isfile():
+            too_long[member.name] = (
+                f"has a name of {length} bytes (UTF-8), longer than the {NAME_MAX} a Linux "
+                "filesystem allows (Windows and macOS count characters, not bytes): shorten it"
+            )
+
+
+def extract_regular(stream, target: Path, too_long: dict[str, str] | None = None) -> None:
+    """The regular files and folders of the tar ``stream`` into ``target`` (regular_members);
+    files with a name too long for the filesystem are left out and listed in ``too_long``."""
     data_filter = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    too_long = {} if too_long is None else too_long
     with tarfile.open(fileobj=stream, mode="r|") as archive:
-        archive.extractall(target, members=regular_members(archive), **data_filter)
+        members = _short_names(regular_members(archive), too_long)
+        archive.extractall(target, members=members, **data_filter)
+
+
+def lfs_pointer(data: bytes) -> str:
+    """For the text of a Git LFS pointer file, the size of the file it stands for (``"1.2 GB"``,
+    ``"an unknown size"``); "" for anything else."""
+    if len(data) > _LFS_POINTER_MAX or not _LFS_POINTER.fullmatch(data):
+        return ""
+    size = re.search(rb"^size (\d+)$", data, re.MULTILINE)
+    if not size:
+        return "an unknown size"
+    value = float(size.group(1))
+    for unit in ("bytes", "kB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1000
+    return ""  # not reached
+
+
+def _blob_id(path: Path, size: int) -> str:
+    digest = hashlib.sha1(b"blob %d\0" % size)
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def written_files(root: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """``{path: git blob id}`` of the files under ``root`` as written, and ``{path: why}`` of
+    the Git LFS pointers, which are removed; folders left empty are removed too."""
+    files, pointers = {}, {}
+    for top, _dirs, names in os.walk(root, topdown=False):
+        for name in names:
+            path = Path(top, name)
+            relative = path.relative_to(root).as_posix()
+            size = path.lstat().st_size
+            if size <= _LFS_POINTER_MAX:
+                real_size = lfs_pointer(path.read_bytes())
+                if real_size:
+                    path.unlink()
+                    pointers[relative] = (
+                        f"is a Git LFS pointer: the file itself ({real_size}) is on an LFS server, "
+                        "which this service does not reach; commit the file without LFS (GitHub "
+                        "takes files up to 100 MB), or put the data in the datasets folder"
+                    )
+                    continue
+            files[relative] = _blob_id(path, size)
+        if Path(top) != root:
+            with contextlib.suppress(OSError):  # only an empty folder is removed
+                os.rmdir(top)
+    return dict(sorted(files.items())), pointers
+
+
+def public_url(url: str) -> str:
+    """``url`` without a user name or password (a token) in it."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url  # scp-like (git@host:path) or a local path: nothing secret
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
 
 
 def _copy_inside(root: Path, source: str, copy: str) -> None:
@@ -160,9 +281,14 @@ class Publisher:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            files, links = self._tree(cached, commit)
-            self._extract(cached, commit, tmp)
-            files, skipped = self._publish_links(cached, tmp, files, links)
+            files, links, gitlinks = self._tree(cached, commit)
+            skipped: dict[str, str] = {}
+            self._extract(cached, commit, tmp, skipped)
+            skipped.update(self._publish_links(cached, tmp, files, links))
+            skipped.update(self._submodules(cached, commit, gitlinks))
+            (tmp / ".gitmodules").unlink(missing_ok=True)  # git's own; its URLs may hold tokens
+            files, pointers = written_files(tmp)
+            skipped = dict(sorted({**skipped, **pointers}.items()))
             manifest = {
                 "format": FORMAT,
                 "repo": repo.name,
@@ -190,12 +316,13 @@ class Publisher:
         return final
 
     @staticmethod
-    def _extract(cached: git.Repo, commit: str, target: Path) -> None:
-        """The commit's regular files into ``target`` (streamed: data files of a GB are fine)."""
-        running = cached.git.archive("--format=tar", commit, as_process=True)
+    def _extract(cached: git.Repo, commit: str, target: Path, too_long: dict[str, str]) -> None:
+        """The commit's regular files into ``target`` (streamed: data files of a GB are fine),
+        .gitattributes applied, the machine's git configuration not (see the module's doc)."""
+        running = cached.git.archive("--format=tar", commit, as_process=True, env=_ARCHIVE_ENV)
         process = running.proc  # (``running`` terminates it when it is garbage: keep it)
         try:
-            extract_regular(process.stdout, target)
+            extract_regular(process.stdout, target, too_long)
             process.stdout.read()  # tar's padding: let git finish writing
         except BaseException as e:
             if process.poll() is None:
@@ -212,10 +339,12 @@ class Publisher:
             raise SyncError(f"git archive {commit[:12]} failed: {reason}")
 
     @staticmethod
-    def _tree(cached: git.Repo, commit: str) -> tuple[dict[str, str], dict[str, str]]:
+    def _tree(
+        cached: git.Repo, commit: str
+    ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
         """``{path: git blob id}`` of the commit's regular files, and of its symbolic links
-        (whose blob is the link's text); submodules are left out, as ``git archive`` does."""
-        files, links = {}, {}
+        (whose blob is the link's text); ``{path: commit}`` of its submodules."""
+        files, links, gitlinks = {}, {}, {}
         for line in cached.git.ls_tree("-r", "-z", commit).split("\0"):
             if not line:
                 continue
@@ -228,14 +357,43 @@ class Publisher:
                 )
             if kind == "blob":
                 (links if mode == _LINK_MODE else files)[path] = blob
-        return files, links
+            elif mode == _GITLINK_MODE:
+                gitlinks[path] = blob
+        return files, links, gitlinks
+
+    @staticmethod
+    def _submodules(cached: git.Repo, commit: str, gitlinks: dict[str, str]) -> dict[str, str]:
+        """``{path: why}`` of the submodules: not fetched (their repositories may need other
+        credentials, and a tutorial's files should be in the tutorial's repository)."""
+        urls = {}
+        if gitlinks:
+            try:
+                listed = cached.git.config(
+                    "--blob", f"{commit}:.gitmodules", "-z", "--get-regexp", r"^submodule\..*"
+                )
+            except git.GitCommandError:
+                listed = ""  # no .gitmodules, or not readable: the paths alone are shown
+            found: dict[str, dict[str, str]] = {}
+            for item in filter(None, listed.split("\0")):
+                key, _, value = item.partition("\n")
+                section, _, field = key.rpartition(".")
+                found.setdefault(section, {})[field] = value
+            urls = {e["path"]: public_url(e.get("url", "")) for e in found.values() if "path" in e}
+        return {
+            path: (
+                f"is a git submodule ({urls.get(path) or 'its URL is not in .gitmodules'} at "
+                f"{sha[:12]}), which is not fetched: copy its files into this repository, or "
+                "list its repository as a tutorial repository of its own"
+            )
+            for path, sha in gitlinks.items()
+        }
 
     @staticmethod
     def _publish_links(
         cached: git.Repo, root: Path, files: dict[str, str], links: dict[str, str]
-    ) -> tuple[dict[str, str], dict[str, str]]:
-        """Copies of what the links point to inside the repository; the manifest's ``files``
-        (``{path: blob id}``, copies included) and ``skipped`` (``{path: why}``)."""
+    ) -> dict[str, str]:
+        """Copies of what the links point to inside the repository; ``{path: why}`` of the links
+        not published."""
         texts, skipped = {}, {}
         for path, blob in links.items():
             info = cached.odb.info(bytes.fromhex(blob))
@@ -245,16 +403,13 @@ class Publisher:
             text = cached.odb.stream(bytes.fromhex(blob)).read()
             texts[path] = text.decode("utf-8", "surrogateescape")
         plan = resolve_links(files, texts)
-        published = dict(files)
         skipped.update(plan.skipped)
         for copy, source in sorted(plan.copies.items()):
             try:
                 _copy_inside(root, source, copy)
             except OSError as e:
                 skipped[copy] = f"points to {source}, which could not be copied: {e.strerror or e}"
-            else:
-                published[copy] = files[source]
-        return published, dict(sorted(skipped.items()))
+        return {path: f"{why} ({LINK_ADVICE})" for path, why in skipped.items()}
 
     def prune(self, name: str) -> list[str]:
         """Delete versions no reader can still need (see tutorial_sync.versions)."""

@@ -4,10 +4,11 @@
         [--cache DIR] [--interval 30] [--port 8090] [--webhook-secret-file FILE]
 
 Endpoints: ``POST /webhook`` (GitHub push events; ``X-Hub-Signature-256`` required),
-``GET /status`` (JSON: per repository the published commit, last sync, last error, links not
-published), ``GET /healthz``. Each repository syncs at start, then every ``--interval`` seconds
-(unless it is ``:webhook`` only), and at once when a push for it arrives. One failing repository
-never stops the others.
+``GET /status`` (JSON: per repository the published commit, last sync, last error, and in
+``skipped`` each file not published with the reason and the fix: links leading out, Git LFS
+pointers, submodules, names too long), ``GET /healthz``. Each repository syncs at start, then
+every ``--interval`` seconds (unless it is ``:webhook`` only), and at once when a push for it
+arrives. One failing repository never stops the others.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class RepoStatus:
     last_error_at: float = 0.0
     syncs: int = 0  # versions published since the service started
     polled: bool = True  # False: synced at start and on its webhooks only
-    skipped: dict = field(default_factory=dict)  # {path: why} of links not published
+    skipped: dict = field(default_factory=dict)  # {path: why and the fix} of what is not published
 
 
 @dataclass
@@ -87,13 +88,7 @@ class SyncService:
                 status.syncs += 1
                 log.info("%s: published %s (%s)", repo.name, status.commit[:12], reason)
                 for path, why in sorted(status.skipped.items()):
-                    log.warning(
-                        "%s: link %s not published: it %s (a link is published, as a copy, "
-                        "only when it points to a file or folder inside the repository)",
-                        repo.name,
-                        path,
-                        why,
-                    )
+                    log.warning("%s: %s not published: it %s", repo.name, path, why)
 
     def sync_soon(self, repo: Repo, reason: str) -> None:
         """Start syncing ``repo`` without waiting for it."""

@@ -67,8 +67,11 @@ class Author:
         where.parent.mkdir(parents=True, exist_ok=True)
         where.symlink_to(target)
 
-    def commit_and_push(self, message: str, force: bool = False) -> str:
-        self.git("add", "-A")
+    def commit_and_push(self, message: str, force: bool = False, add: bool = True) -> str:
+        """Commit (everything in the work tree, or with ``add=False`` the index as it is) and
+        push."""
+        if add:
+            self.git("add", "-A")
         self.git("commit", "-q", "--allow-empty", "-m", message)
         self.git("push", "-q", *(["--force"] if force else []), "origin", self.branch)
         return self.git("rev-parse", "HEAD")
@@ -200,3 +203,46 @@ def every_entry(folder: Path) -> dict[str, os.stat_result]:
             path = Path(top, name)
             found[str(path.relative_to(folder))] = path.lstat()
     return found
+
+
+# ---- what tutorial authors' repositories hold --------------------------------------------------
+
+#: what ``git lfs track "*.pt"`` writes into .gitattributes
+LFS_TRACK = "{pattern} filter=lfs diff=lfs merge=lfs -text\n"
+
+
+def lfs_pointer(data: bytes) -> str:
+    """The pointer text git-lfs commits in place of ``data`` (spec v1: version, oid, size, each
+    line ending in LF, keys sorted after version)."""
+    oid = hashlib.sha256(data).hexdigest()
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {len(data)}\n"
+
+
+def add_submodule(author: Author, tmp: Path, path: str, shown_url: str) -> str:
+    """A real submodule at ``path`` (``git submodule add`` of a repository beside the author's),
+    its URL in .gitmodules then set to ``shown_url``, as a clone from GitHub would name it; the
+    submodule's commit."""
+    (tmp / "lib").mkdir()
+    lib = Author(tmp / "lib")
+    lib.write("lib.py", "def helper():\n    return 42\n")
+    commit = lib.commit_and_push("library")
+    author.git("-c", "protocol.file.allow=always", "submodule", "add", "-q", lib.url, path)
+    author.git("config", "-f", ".gitmodules", f"submodule.{path}.url", shown_url)
+    return commit
+
+
+def add_by_plumbing(author: Author, path: str, data: bytes, mode: str = "100644") -> None:
+    """``path`` into the index without a file in the work tree (a name this filesystem cannot
+    hold: Windows counts 255 characters, Linux 255 bytes); commit with ``add=False``."""
+    blob = (
+        subprocess.run(
+            ["git", "hash-object", "-w", "--stdin"],
+            cwd=author.work,
+            input=data,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .strip()
+    )
+    author.git("update-index", "--add", "--cacheinfo", f"{mode},{blob},{path}")

@@ -128,20 +128,19 @@ def test_a_folder_or_link_of_the_participant_at_a_tutorial_path_is_left_alone(en
     assert len(list((home / "gpu101").glob("0*.new-*.ipynb"))) == 2
 
 
-def test_a_file_that_cannot_be_written_does_not_stop_the_others(env, capsys):
+def test_a_file_of_the_participant_where_a_folder_goes_is_moved_aside_not_lost(env, capsys):
     author, publish, home, run = env
     (home / "gpu101").mkdir(parents=True)
     (home / "gpu101" / "data").write_text("mine: a file where the tutorials have a folder")
     assert run() == 0
-    out, err = capsys.readouterr()
-    assert "2 copy, 1 failed" in out
-    assert "could not copy gpu101/data/table.csv" in err
-    assert (home / "gpu101" / "01-intro.ipynb").exists()
-    assert (home / "gpu101" / "02-train.ipynb").exists()
-    (home / "gpu101" / "data").unlink()
-    run()
-    assert "1 copy, 2 keep" in capsys.readouterr().out, "tried again at the next start"
+    assert "3 copy" in capsys.readouterr().out
     assert (home / "gpu101" / "data" / "table.csv").read_text() == "a,b\n"
+    (aside,) = (home / "gpu101").glob("data.mine-*")
+    assert aside.read_text() == "mine: a file where the tutorials have a folder"
+    notice = (home / start_hook.NOTICE).read_text()
+    assert f"`gpu101/data` is now `gpu101/{aside.name}`" in notice
+    run()
+    assert "3 keep" in capsys.readouterr().out
 
 
 # ---- symbolic links ------------------------------------------------------------------------------
@@ -228,7 +227,10 @@ def test_links_on_the_share_are_never_followed_and_never_stop_the_copy(linked, c
     for path in links:
         assert f"could not copy linked/{path}:" in err, path
     assert "symbolic link on the share; not followed" in err
+    notice = (home / start_hook.NOTICE).read_text()
+    assert all(f"`linked/{path}`: " in notice for path in links), "the participant is told"
     assert sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file()) == [
+        start_hook.NOTICE,
         "linked/data/sub/deep.csv",
         "linked/data/table.csv",
         "linked/notebooks/01.ipynb",

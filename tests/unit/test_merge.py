@@ -2,7 +2,17 @@
 
 import pytest
 
-from tutorial_sync.merge import BESIDE, COPY, KEEP, REMOVE, UPDATE, beside_name, plan, reset_plan
+from tutorial_sync.merge import (
+    BESIDE,
+    COPY,
+    KEEP,
+    REMOVE,
+    UPDATE,
+    beside_name,
+    marked_name,
+    plan,
+    reset_plan,
+)
 
 
 def kinds(actions):
@@ -49,6 +59,25 @@ def test_a_file_the_participant_made_under_an_upstream_name_is_theirs():
 def test_beside_names_are_clear_and_keep_the_extension():
     assert beside_name("intro/01 start.ipynb", "1a2b3c4d5e") == "intro/01 start.new-1a2b3c4.ipynb"
     assert beside_name("Makefile", "abcdef0123") == "Makefile.new-abcdef0"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "λ" * 120 + ".ipynb",  # 246 bytes: the mark would pass 255
+        "Übung-" + "λ" * 124 + ".ipynb",  # 255 bytes, the longest a Linux name can be
+        "x" * 255,  # no extension
+        "a." + "b" * 200,  # an "extension" that is most of the name
+    ],
+)
+def test_marked_names_fit_in_255_bytes_and_cut_no_character_in_half(name):
+    for marked in (beside_name(f"d/{name}", "1a2b3c4d"), marked_name(name, "mine-20240102-030405")):
+        last = marked.rsplit("/", 1)[-1]
+        assert len(last.encode()) <= 255, last
+        assert ".new-1a2b3c4" in last or ".mine-20240102-030405" in last
+        assert last.encode().decode() == last and "\ufffd" not in last
+    if name.endswith(".ipynb"):
+        assert beside_name(name, "1a2b3c4d").endswith(".new-1a2b3c4.ipynb")
 
 
 def test_reset_restores_changed_files_only_and_names_unknown_ones():
