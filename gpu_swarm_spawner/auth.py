@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import time
+from urllib.parse import quote
 
 from oauthenticator.github import GitHubOAuthenticator
-from traitlets import Unicode, default
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from traitlets import Float, Unicode, default
 
-from . import roster
+from . import github_membership, roster
+from .github_membership import Answer, Membership
 
 
 class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
@@ -17,7 +21,23 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
     (``allowed_organizations``); admins (``admin_users``) are always let in. The roster is read
     again whenever the file changes, so participants can be added during the workshop without
     restarting the hub or anyone's server.
+
+    A participant none of whose organizations and teams let them in reads why when GitHub said
+    more than "not a member" (``github_membership.py``): GitHub could not be asked (rate limit,
+    an error, no answer: "log in again in N seconds", HTTP 503), the organization hides its
+    private members from unapproved OAuth apps, or the invitation is not accepted yet. The hub
+    log gets one line with GitHub's answers.
     """
+
+    membership_check_timeout = Float(
+        10.0,
+        help="""
+        Seconds to wait for each of GitHub's answers about a participant's organization or team
+        membership at login (e.g. 10). No answer in time: the participant is asked to log in
+        again, never told they are not on the list. `http_request_kwargs`' `request_timeout`,
+        when set, wins.
+        """,
+    ).tag(config=True)
 
     roster_file = Unicode(
         "",
@@ -63,4 +83,58 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
     async def check_allowed(self, username, auth_model):
         if username in self.roster_usernames():
             return True
-        return await super().check_allowed(username, auth_model)
+        # OAuthenticator's rules (admins, allowed_users); GitHubOAuthenticator's organization
+        # check is replaced by the one below, which tells a refused member what happened
+        if await super(GitHubOAuthenticator, self).check_allowed(username, auth_model):
+            return True
+        if not self.allowed_organizations:
+            return False
+        token = auth_model["auth_state"]["token_response"]
+        answers = []
+        for entry in sorted(self.allowed_organizations):
+            answer = await self.membership(entry, username, token)
+            if answer.state == github_membership.MEMBER:
+                self.log.debug("%s is let in as a member of %s", username, entry)
+                return True
+            answers.append(answer)
+        refused = github_membership.refusal(username, answers, self.client_id)
+        if refused is None:
+            self.log.warning(
+                "Login of %s refused: not a member of %s, and not on the roster",
+                username,
+                " ".join(a.entry for a in answers),
+            )
+            return False
+        self.log.warning("%s", refused.get_message())
+        raise refused
+
+    async def membership(self, entry: str, username: str, token: dict) -> Membership:
+        """What GitHub says about ``username`` in ``entry`` (``org`` or ``org:team``), asked
+        with their own token."""
+        org, _, team = (quote(part, safe="") for part in entry.partition(":"))
+        user = quote(username, safe="")
+        if team:
+            answer = await self._ask(f"/orgs/{org}/teams/{team}/memberships/{user}", token)
+            return github_membership.read_membership(entry, answer, time.time())
+        answer = await self._ask(f"/orgs/{org}/members/{user}", token)
+        seen = github_membership.read_member_check(entry, answer, time.time())
+        if seen is not None:
+            return seen
+        answer = await self._ask(f"/user/memberships/orgs/{org}", token)
+        return github_membership.read_membership(entry, answer, time.time())
+
+    async def _ask(self, path: str, token: dict) -> Answer:
+        """GET ``path`` of GitHub's REST API with the participant's token; never raises."""
+        headers = self.build_userdata_request_headers(
+            token["access_token"], token.get("token_type", "bearer")
+        )
+        kwargs = {"request_timeout": self.membership_check_timeout, **self.http_request_kwargs}
+        kwargs.update(headers=headers, validate_cert=self.validate_server_cert)
+        try:
+            response = await self.http_client.fetch(
+                HTTPRequest(self.github_api + path, **kwargs), raise_error=False
+            )
+        except (HTTPClientError, OSError) as e:  # a timeout, no connection
+            return Answer(github_membership.NO_ANSWER, error=f"{type(e).__name__}: {e}")
+        headers = {name.lower(): value for name, value in response.headers.get_all()}
+        return Answer(response.code, headers, response.body or b"")

@@ -6,9 +6,10 @@
 Endpoints: ``POST /webhook`` (GitHub push events; ``X-Hub-Signature-256`` required),
 ``GET /status`` (JSON: per repository the published commit, last sync, last error, and in
 ``skipped`` each file not published with the reason and the fix: links leading out, Git LFS
-pointers, submodules, names too long), ``GET /healthz``. Each repository syncs at start, then
-every ``--interval`` seconds (unless it is ``:webhook`` only), and at once when a push for it
-arrives. One failing repository never stops the others.
+pointers, submodules, names too long; the last webhook deliveries and their answers),
+``GET /healthz``. Each repository syncs at start, then every ``--interval`` seconds (unless it
+is ``:webhook`` only), and at once when a push for it arrives. One failing repository never
+stops the others.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -53,6 +55,10 @@ class SyncService:
     webhook_secret: str = ""
     status: dict[str, RepoStatus] = field(default_factory=dict)
     deliveries: webhook.DeliveryLog = field(default_factory=webhook.DeliveryLog)
+    # seconds a push delivery's answer waits for its sync: GitHub gives up after 10 s
+    webhook_wait: float = 8.0
+    # the last webhook deliveries and their answers, newest last (shown on /status)
+    answered: deque = field(default_factory=lambda: deque(maxlen=20))
 
     def __post_init__(self):
         self._locks = {r.name: asyncio.Lock() for r in self.repos}
@@ -90,11 +96,28 @@ class SyncService:
                 for path, why in sorted(status.skipped.items()):
                     log.warning("%s: %s not published: it %s", repo.name, path, why)
 
-    def sync_soon(self, repo: Repo, reason: str) -> None:
-        """Start syncing ``repo`` without waiting for it."""
-        task = asyncio.ensure_future(self.sync(repo, reason))
+    def sync_for_delivery(self, delivery: str, repos: list[Repo]) -> asyncio.Future:
+        """Start syncing ``repos`` for one push delivery. The future gives ``{name: error}`` of
+        those that failed; the delivery counts as handled only once all synced, so that
+        GitHub's Redeliver of a failed one syncs again."""
+
+        async def one(repo: Repo, failed: dict) -> None:
+            await self.sync(repo, f"webhook {delivery}")
+            error = self.status[repo.name].last_error  # read at once: sync() sets it last
+            if error:
+                failed[repo.name] = error
+
+        async def all_of_them() -> dict[str, str]:
+            failed: dict[str, str] = {}
+            await asyncio.gather(*(one(r, failed) for r in repos))
+            if not failed:
+                self.deliveries.handled(delivery)
+            return failed
+
+        task = asyncio.ensure_future(all_of_them())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def sync_all(self, reason: str, repos: list[Repo] | None = None) -> None:
         await asyncio.gather(
@@ -123,7 +146,9 @@ class StatusHandler(web.RequestHandler):
     def get(self):
         service: SyncService = self.settings["service"]
         self.set_header("Content-Type", "application/json")
-        self.write(json.dumps({"repos": [asdict(s) for s in service.status.values()]}, indent=1))
+        repos = [asdict(s) for s in service.status.values()]
+        deliveries = list(reversed(service.answered))  # newest first
+        self.write(json.dumps({"repos": repos, "webhook_deliveries": deliveries}, indent=1))
 
 
 class HealthHandler(web.RequestHandler):
@@ -133,12 +158,15 @@ class HealthHandler(web.RequestHandler):
 
 @web.stream_request_body
 class WebhookHandler(web.RequestHandler):
-    """GitHub's push webhook. The body is taken in pieces and refused (413) once it passes
-    GitHub's cap, before any signature work; a delivery counts as seen once it was handled."""
+    """GitHub's webhook. The body is taken in pieces and refused (413) once it passes GitHub's
+    cap, before any signature work. A ping is answered ok only when this service can use the
+    hook; a push is answered once its sync is done (or still under way after
+    ``webhook_wait``), non-2xx when it failed; a delivery counts as seen once it was handled."""
 
     def prepare(self):
         self._pieces: list[bytes] = []
         self._size, self._refused = 0, False
+        self._answer_said = ""
         if webhook.too_large(self.request.headers.get("Content-Length")):
             self._refuse_too_large()
 
@@ -165,10 +193,28 @@ class WebhookHandler(web.RequestHandler):
             code,
             reason,
         )
-        self.set_status(code, reason=reason)
-        self.finish({"ok": False, "error": reason})
+        self._answer(code, {"ok": False, "error": reason}, reason)
 
-    def post(self):
+    def _answer(self, code: int, answer: dict, said: str) -> None:
+        """Answer GitHub (which shows ``answer`` under the webhook's Recent Deliveries)."""
+        self._answer_said = said
+        self.set_status(code)
+        self.finish(answer)
+
+    def on_finish(self):
+        service: SyncService = self.settings["service"]
+        headers = self.request.headers
+        service.answered.append(
+            {
+                "delivery": headers.get(webhook.DELIVERY_HEADER, ""),
+                "event": headers.get(webhook.EVENT_HEADER, ""),
+                "at": time.time(),
+                "code": self.get_status(),
+                "answer": self._answer_said,
+            }
+        )
+
+    async def post(self):
         if self._refused:
             return
         service: SyncService = self.settings["service"]
@@ -181,21 +227,55 @@ class WebhookHandler(web.RequestHandler):
             return self._refuse(401, f"{given} X-Hub-Signature-256; check the webhook's secret")
         event = headers.get(webhook.EVENT_HEADER, "push")
         if event == "ping":
-            return self.finish({"ok": True, "event": "ping"})
+            return self._ping(service, body, headers.get("Content-Type"))
         if event != "push":
-            return self.finish({"ok": True, "ignored": event})
+            return self._answer(200, {"ok": True, "ignored": event}, f"{event} event ignored")
         if service.deliveries.seen(delivery):
-            return self.finish({"ok": True, "duplicate": delivery})
+            return self._answer(200, {"ok": True, "duplicate": delivery}, "handled before")
+        if webhook.is_form(headers.get("Content-Type")):
+            return self._refuse(415, webhook.USE_JSON)
         try:
             push = webhook.parse_push(body)
         except webhook.Malformed as e:
             return self._refuse(400, str(e))
         repos = service.repos_for_push(push)
-        for repo in repos:
-            service.sync_soon(repo, f"webhook {delivery}")
-        service.deliveries.handled(delivery)
-        self.set_status(202)
-        self.finish({"ok": True, "syncing": [r.name for r in repos]})
+        if not repos:
+            service.deliveries.handled(delivery)
+            said = f"no tutorial publishes branch {push.branch!r} of this repository"
+            return self._answer(200, {"ok": True, "syncing": [], "ignored": said}, said)
+        names = [r.name for r in repos]
+        syncing = service.sync_for_delivery(delivery, repos)
+        try:
+            failed = await asyncio.wait_for(asyncio.shield(syncing), service.webhook_wait)
+        except asyncio.TimeoutError:
+            said = (
+                f"still syncing {', '.join(names)} after {service.webhook_wait:g} s; /status "
+                "shows how it ends; should it fail, Redeliver this delivery"
+            )
+            return self._answer(202, {"ok": True, "syncing": names, "note": said}, said)
+        if failed:
+            reasons = "; ".join(
+                f"{name}: {webhook.without_credentials(error)}" for name, error in failed.items()
+            )
+            return self._refuse(
+                502,
+                f"sync failed, the last good version stays published ({reasons}); "
+                "fix it, then Redeliver this delivery",
+            )
+        said = f"synced {', '.join(names)}"
+        self._answer(200, {"ok": True, "synced": names}, said)
+
+    def _ping(self, service: SyncService, body: bytes, content_type: str | None) -> None:
+        """Answer a ping: ok when the hook's pushes will work here, else 4xx with what to do."""
+        try:
+            ping = webhook.parse_ping(body, content_type)
+        except webhook.Malformed as e:
+            return self._refuse(400, str(e))
+        problems = webhook.ping_problems(ping, content_type, [r.url for r in service.repos])
+        if problems:
+            code = 415 if webhook.USE_JSON in problems else 422
+            return self._refuse(code, "; ".join(problems))
+        self._answer(200, {"ok": True, "event": "ping"}, "ping: the webhook is set up right")
 
 
 def make_app(service: SyncService, base_url: str = "/") -> web.Application:

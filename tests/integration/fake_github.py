@@ -4,7 +4,9 @@ GitHubOAuthenticator calls, served on a test host address (never the internet).
 It answers as a GitHub Enterprise server does (API under ``/api/v3``), so the hub only needs
 ``github_url`` pointed at it. The "sign in" page is a form asking which GitHub user you are;
 everything after it is GitHub's protocol: the authorization code, the token exchange with the
-client secret, ``/user``, and the organization and team membership checks (204 or 404).
+client secret, ``/user``, and the organization and team membership checks the hub makes
+(``/orgs/ORG/members/USER`` 204 or 404; ``/user/memberships/orgs/ORG`` and
+``/orgs/ORG/teams/TEAM/memberships/USER`` 200 with ``"state": "active"`` or 404).
 
     python -m tests.integration.fake_github --host 10.199.8.1 --port 18900 \\
         --client-id ID --client-secret SECRET --org gpu-workshop=alice,ada
@@ -36,6 +38,8 @@ class GitHubData:
 
 _MEMBER = re.compile(r"^/orgs/([^/]+)/members/([^/]+)$")
 _TEAM_MEMBER = re.compile(r"^/orgs/([^/]+)/teams/([^/]+)/members/([^/]+)$")
+_OWN_MEMBERSHIP = re.compile(r"^/user/memberships/orgs/([^/]+)$")
+_TEAM_MEMBERSHIP = re.compile(r"^/orgs/([^/]+)/teams/([^/]+)/memberships/([^/]+)$")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -90,6 +94,18 @@ class Handler(BaseHTTPRequestHandler):
         if match:
             org, team, user = match.groups()
             return self._send(204 if user in self.data.teams.get(f"{org}:{team}", set()) else 404)
+        match = _OWN_MEMBERSHIP.match(path)
+        if match:
+            return self._membership(login in self.data.orgs.get(match.group(1), set()))
+        match = _TEAM_MEMBERSHIP.match(path)
+        if match:
+            org, team, user = match.groups()
+            return self._membership(user in self.data.teams.get(f"{org}:{team}", set()))
+        return self._json(404, {"message": "Not Found"})
+
+    def _membership(self, member: bool) -> None:
+        if member:
+            return self._json(200, {"state": "active", "role": "member"})
         return self._json(404, {"message": "Not Found"})
 
     def _authorize_page(self, query: dict) -> None:

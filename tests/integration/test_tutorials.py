@@ -112,7 +112,7 @@ def test_a_signed_webhook_makes_a_push_readable_in_the_server_within_5_s(
     new = author.commit_and_push("via webhook")
     t0 = time.monotonic()
     r = send_push(hub, hub_settings)
-    assert r.status_code == 202 and sorted(r.json()["syncing"]) == ["gpu101", "gpu101-hook"], r.text
+    assert r.status_code == 200 and sorted(r.json()["synced"]) == ["gpu101", "gpu101-hook"], r.text
     wait(lambda: read(server, f"{HOOKED}/02-new.ipynb") == '{"v": "webhook"}', 5, "webhook push")
     print(f"push -> readable in the server (webhook): {time.monotonic() - t0:.2f} s")
     assert sync_status(hub)["gpu101-hook"]["commit"] == new

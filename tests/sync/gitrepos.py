@@ -23,6 +23,7 @@ def signed_push(clone_url: str, secret: str, delivery: str) -> tuple[bytes, dict
         webhook.SIGNATURE_HEADER: webhook.signature(secret, body.encode()),
         webhook.DELIVERY_HEADER: delivery,
         webhook.EVENT_HEADER: "push",
+        "Content-Type": "application/json",  # as GitHub sends it for a JSON webhook
     }
     return body.encode(), headers
 

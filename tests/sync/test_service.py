@@ -6,17 +6,21 @@ import asyncio
 import json
 import logging
 import socket
+import time
+from pathlib import Path
+from urllib.parse import quote_plus
 
 import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from tutorial_sync import webhook
-from tutorial_sync.publish import Publisher, Repo
+from tutorial_sync.publish import Publisher, Repo, SyncError
 from tutorial_sync.service import SyncService, make_app, parse_args
 
 from .gitrepos import Author
 
 SECRET = "workshop-webhook-secret"
+JSON = "application/json"  # a webhook's Content-Type when its "Content type" is JSON
 
 
 def free_port() -> int:
@@ -51,8 +55,14 @@ def push_payload(author: Author) -> bytes:
     ).encode()
 
 
-async def post_webhook(svc, body: bytes, signature: str | None, delivery="d-1", event="push"):
-    headers = {webhook.DELIVERY_HEADER: delivery, webhook.EVENT_HEADER: event}
+async def post_webhook(
+    svc, body: bytes, signature: str | None, delivery="d-1", event="push", content_type=JSON
+):
+    headers = {
+        webhook.DELIVERY_HEADER: delivery,
+        webhook.EVENT_HEADER: event,
+        "Content-Type": content_type,
+    }
     if signature is not None:
         headers[webhook.SIGNATURE_HEADER] = signature
     return await AsyncHTTPClient().fetch(
@@ -77,8 +87,8 @@ async def test_a_signed_push_publishes_at_once(service, author):
     new = author.commit_and_push("second")
     body = push_payload(author)
     r = await post_webhook(service, body, webhook.signature(SECRET, body))
-    assert r.code == 202 and json.loads(r.body)["syncing"] == ["intro"]
-    await wait_for(lambda: service.status["intro"].commit == new, timeout=5)
+    assert r.code == 200 and json.loads(r.body)["synced"] == ["intro"]
+    assert service.status["intro"].commit == new, "published before the answer"
 
     again = await post_webhook(service, body, webhook.signature(SECRET, body))
     assert again.code == 200 and json.loads(again.body)["duplicate"] == "d-1"
@@ -109,13 +119,170 @@ async def test_unsigned_or_badly_signed_deliveries_are_refused(
     assert started == [], "no sync was started (a webhook sync starts before the answer)"
     # the same delivery, signed: in this very setup a sync starts, and is counted
     r = await post_webhook(service, body, webhook.signature(SECRET, body))
-    assert r.code == 202 and started == ["intro"]
-    await wait_for(lambda: service.status["intro"].syncs == 1)
+    assert r.code == 200 and started == ["intro"]
+    assert service.status["intro"].syncs == 1
 
 
-async def test_ping_is_answered(service):
-    r = await post_webhook(service, b"{}", webhook.signature(SECRET, b"{}"), event="ping")
-    assert r.code == 200
+# ---- GitHub's pings: ok only for a webhook whose pushes will work here ---------------------------
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "github"
+
+
+def delivery(name: str, edit=None, **headers) -> tuple[bytes, dict]:
+    """A recorded delivery as GitHub sends it: the body (JSON, or ``payload=<JSON>`` when the
+    webhook is form-encoded) signed with the secret, and its headers (``headers`` replaces
+    some). ``edit`` changes the payload first."""
+    recorded = json.loads((FIXTURES / f"{name}.json").read_text())
+    payload = recorded["payload"]
+    if edit:
+        edit(payload)
+    sent = {**recorded["headers"], **headers}
+    text = json.dumps(payload)
+    if webhook.is_form(sent["Content-Type"]):
+        text = "payload=" + quote_plus(text)
+    body = text.encode()
+    return body, {**sent, webhook.SIGNATURE_HEADER: webhook.signature(SECRET, body)}
+
+
+async def send(svc, body: bytes, headers: dict):
+    return await AsyncHTTPClient().fetch(
+        f"{svc.url}/webhook", method="POST", body=body, headers=headers, raise_error=False
+    )
+
+
+async def webhook_status(svc) -> list[dict]:
+    r = await AsyncHTTPClient().fetch(f"{svc.url}/status")
+    return json.loads(r.body)["webhook_deliveries"]
+
+
+@pytest.fixture
+async def github_service(tmp_path):
+    """A service publishing two of gpu-school's repositories (never synced here)."""
+    repos = [
+        Repo("intro", "https://github.com/gpu-school/intro.git"),
+        Repo("advanced", "https://github.com/gpu-school/advanced", poll=False),
+    ]
+    svc = SyncService(Publisher(tmp_path / "share", tmp_path / "cache"), repos, 30, SECRET)
+    port = free_port()
+    server = make_app(svc).listen(port, address="127.0.0.1")
+    svc.url = f"http://127.0.0.1:{port}"
+    yield svc
+    server.stop()
+
+
+@pytest.mark.parametrize("name", ["webhook_ping_json", "webhook_ping_organization"])
+async def test_a_ping_of_a_webhook_set_up_right_is_ok(github_service, name):
+    r = await send(github_service, *delivery(name))
+    assert r.code == 200 and json.loads(r.body) == {"ok": True, "event": "ping"}
+    [shown] = await webhook_status(github_service)
+    assert shown["event"] == "ping" and shown["code"] == 200
+
+
+def other_org(payload):
+    payload["organization"]["login"] = "elsewhere"
+
+
+@pytest.mark.parametrize(
+    "name, edit, code, says",
+    [
+        ("webhook_ping_form", None, 415, "set Content type to application/json and save"),
+        (
+            "webhook_ping_other_repository",
+            None,
+            422,
+            "no tutorial uses the repository gpu-school/homework; this service publishes "
+            "github.com/gpu-school/advanced, github.com/gpu-school/intro",
+        ),
+        ("webhook_ping_no_push", None, 422, "sends issues events but no push events"),
+        (
+            "webhook_ping_organization",
+            other_org,
+            422,
+            "no tutorial repository is in the organization elsewhere",
+        ),
+    ],
+)
+async def test_a_ping_of_a_webhook_whose_pushes_would_fail_says_what_to_change(
+    github_service, name, edit, code, says
+):
+    r = await send(github_service, *delivery(name, edit))
+    assert r.code == code, r.body
+    assert says in json.loads(r.body)["error"]  # what GitHub shows under Recent Deliveries
+    [shown] = await webhook_status(github_service)
+    assert shown["code"] == code and says in shown["answer"]
+    assert shown["delivery"] == "6cbe20b0-19d6-11ef-8f59-32629cd4200a"
+
+
+async def test_a_form_encoded_push_is_refused_with_what_to_change(github_service):
+    form = "application/x-www-form-urlencoded"
+    r = await send(github_service, *delivery("webhook_push", **{"Content-Type": form}))
+    assert r.code == 415 and "set Content type to application/json" in json.loads(r.body)["error"]
+
+
+# ---- a push is answered once synced: a failed sync is not taken as handled ----------------------
+
+
+async def test_a_push_whose_sync_failed_is_answered_502_and_its_redelivery_syncs(
+    service, author, monkeypatch
+):
+    real, calls = service.publisher.sync, []
+
+    def fails_once(repo):
+        calls.append(repo.name)
+        if len(calls) == 1:
+            raise SyncError(
+                "fetching branch 'main' of https://x-access-token:ghp_0123456789@github.com/o/r"
+                ".git failed: fatal: unable to access: Could not resolve host: github.com"
+            )
+        return real(repo)
+
+    monkeypatch.setattr(service.publisher, "sync", fails_once)
+    body = push_payload(author)
+    first = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-f")
+    assert first.code == 502, first.body
+    error = json.loads(first.body)["error"]
+    assert "Could not resolve host" in error and "Redeliver" in error
+    assert "ghp_0123456789" not in error, "no token in what GitHub shows"
+    assert not service.deliveries.seen("d-f")
+    assert (await webhook_status(service))[0]["code"] == 502
+
+    again = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-f")
+    assert again.code == 200 and json.loads(again.body)["synced"] == ["intro"]
+    assert calls == ["intro", "intro"]
+    assert service.status["intro"].commit == author.git("rev-parse", "HEAD")
+    third = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-f")
+    assert json.loads(third.body) == {"ok": True, "duplicate": "d-f"}
+
+
+async def test_a_sync_slower_than_githubs_patience_is_answered_202_and_a_failure_stays_open(
+    service, author, monkeypatch
+):
+    service.webhook_wait = 0.2
+    real = service.publisher.sync
+
+    def slow_failure(repo):
+        time.sleep(0.6)
+        raise SyncError("the remote end hung up unexpectedly")
+
+    monkeypatch.setattr(service.publisher, "sync", slow_failure)
+    body = push_payload(author)
+    r = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-slow")
+    assert r.code == 202 and "Redeliver" in json.loads(r.body)["note"]
+    await wait_for(lambda: not service._tasks)  # the sync, and what follows it, ended
+    assert "hung up" in service.status["intro"].last_error
+    assert not service.deliveries.seen("d-slow"), "failed: left for Redeliver"
+
+    monkeypatch.setattr(service.publisher, "sync", real)
+    again = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-slow")
+    assert again.code == 200 and service.deliveries.seen("d-slow")
+
+
+async def test_a_push_no_tutorial_publishes_is_handled_and_says_so(service, author):
+    payload = json.loads(push_payload(author))
+    body = json.dumps({**payload, "ref": "refs/heads/other"}).encode()
+    r = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-o")
+    assert r.code == 200 and "no tutorial publishes branch 'other'" in json.loads(r.body)["ignored"]
+    assert service.deliveries.seen("d-o")
 
 
 async def test_status_shows_each_repo_and_a_broken_one_does_not_stop_the_others(service, author):
@@ -187,8 +354,8 @@ async def test_a_malformed_push_is_refused_and_its_redelivery_handled(
     # GitHub's redelivery of the same delivery id (here with the body fixed) is handled
     good = push_payload(author)
     again = await post_webhook(service, good, webhook.signature(SECRET, good), delivery="odd")
-    assert again.code == 202 and json.loads(again.body)["syncing"] == ["intro"]
-    await wait_for(lambda: service.status["intro"].commit == author.git("rev-parse", "HEAD"))
+    assert again.code == 200 and json.loads(again.body)["synced"] == ["intro"]
+    assert service.status["intro"].commit == author.git("rev-parse", "HEAD")
 
 
 def webhook_reason(body: bytes) -> str:
@@ -211,8 +378,8 @@ async def test_a_delivery_that_failed_is_handled_when_redelivered(service, autho
     first = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-9")
     assert first.code == 500
     again = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-9")
-    assert again.code == 202, "not answered as a duplicate: it was never handled"
-    await wait_for(lambda: service.status["intro"].commit == author.git("rev-parse", "HEAD"))
+    assert again.code == 200, "not answered as a duplicate: it was never handled"
+    assert service.status["intro"].commit == author.git("rev-parse", "HEAD")
     third = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-9")
     assert json.loads(third.body) == {"ok": True, "duplicate": "d-9"}
 
@@ -250,6 +417,7 @@ def signed_headers(body: bytes, delivery: str) -> dict[str, str]:
         webhook.SIGNATURE_HEADER: webhook.signature(SECRET, body),
         webhook.DELIVERY_HEADER: delivery,
         webhook.EVENT_HEADER: "push",
+        "Content-Type": JSON,
     }
 
 
@@ -261,7 +429,7 @@ async def test_a_body_above_githubs_cap_is_refused_before_any_hmac(service, auth
     code, _ = await raw_post(
         service, {**headers, "Content-Length": str(len(small)), "Connection": "close"}, [small]
     )
-    assert code == 202 and hmacs == [len(small)]
+    assert code == 200 and hmacs == [len(small)]
     hmacs.clear()
     # declared above the cap: refused from the headers, the body never read
     code, answer = await raw_post(
@@ -307,8 +475,8 @@ async def test_a_webhook_only_repository_is_synced_at_start_and_on_pushes_never_
         assert svc.status["hooked"].commit == first, "polled, though webhook only"
         body = push_payload(author)
         r = await post_webhook(svc, body, webhook.signature(SECRET, body))
-        assert sorted(json.loads(r.body)["syncing"]) == ["hooked", "polled"]
-        await wait_for(lambda: svc.status["hooked"].commit == new, timeout=5)
+        assert sorted(json.loads(r.body)["synced"]) == ["hooked", "polled"]
+        assert svc.status["hooked"].commit == new
     finally:
         poller.cancel()
         server.stop()

@@ -2,6 +2,8 @@
 
 import json
 import re
+from pathlib import Path
+from urllib.parse import quote_plus
 
 import pytest
 
@@ -114,3 +116,79 @@ def test_names_that_are_not_strings_are_ignored():
 def test_bodies_above_githubs_cap_are_too_large(content_length, refused):
     assert webhook.too_large(content_length) is refused
     assert webhook.MAX_PAYLOAD == 25 * 1024 * 1024
+
+
+# ---- GitHub's recorded deliveries (tests/fixtures/github/webhook_*.json) -------------------------
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "github"
+
+
+def recorded(name: str) -> tuple[bytes, str]:
+    """A recorded delivery's body as GitHub sends it, and its Content-Type."""
+    f = json.loads((FIXTURES / f"{name}.json").read_text())
+    content_type, text = f["headers"]["Content-Type"], json.dumps(f["payload"])
+    if webhook.is_form(content_type):
+        text = "payload=" + quote_plus(text)
+    return text.encode(), content_type
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://github.com/gpu-school/intro.git",
+        "https://github.com/gpu-school/intro",
+        "https://github.com/GPU-School/Intro/",
+        "git@github.com:gpu-school/intro.git",
+        "https://x-access-token:ghp_0123456789@github.com/gpu-school/intro.git",
+    ],
+)
+def test_githubs_push_names_the_repository_as_organizers_write_it(url):
+    push = webhook.parse_push(recorded("webhook_push")[0])
+    assert push.branch == "main"
+    assert webhook.normalise_url(url).lower() in push.names
+
+
+def test_a_form_encoded_ping_is_read_and_refused_with_the_fix():
+    body, content_type = recorded("webhook_ping_form")
+    assert body.startswith(b"payload=%7B%22zen%22")
+    ping = webhook.parse_ping(body, content_type)
+    assert ping.content_type == "form" and "gpu-school/intro" in ping.names
+    urls = ["https://github.com/gpu-school/intro.git"]
+    assert webhook.ping_problems(ping, content_type, urls) == [webhook.USE_JSON]
+    # the hook's setting alone says so too (a proxy may have changed the header)
+    assert webhook.ping_problems(ping, "application/json", urls) == [webhook.USE_JSON]
+    json_ping = webhook.parse_ping(*recorded("webhook_ping_json"))
+    assert webhook.ping_problems(json_ping, "application/json", urls) == []
+
+
+def test_an_organizations_ping_is_ok_when_a_tutorial_is_in_it():
+    body, content_type = recorded("webhook_ping_organization")
+    ping = webhook.parse_ping(body, content_type)
+    assert ping.organization == "gpu-school" and not ping.names
+    assert webhook.ping_problems(ping, content_type, ["https://github.com/GPU-School/x.git"]) == []
+    [problem] = webhook.ping_problems(ping, content_type, ["https://github.com/other/x.git"])
+    assert problem.startswith("no tutorial repository is in the organization gpu-school")
+
+
+@pytest.mark.parametrize(
+    "body, content_type, says",
+    [
+        (b"{}", "application/json", "`hook` is missing"),
+        (b"payload", "application/x-www-form-urlencoded", "without a `payload` field"),
+        (b"zen=1", "application/x-www-form-urlencoded", "without a `payload` field"),
+        (b"[", "application/json", "not JSON"),
+    ],
+)
+def test_a_ping_of_an_unexpected_shape_is_malformed(body, content_type, says):
+    with pytest.raises(webhook.Malformed, match=re.escape(says)):
+        webhook.parse_ping(body, content_type)
+
+
+def test_credentials_are_taken_out_of_urls_in_errors():
+    text = "fatal: unable to access 'https://x-access-token:ghp_abc@github.com/o/r.git/': 403"
+    assert webhook.without_credentials(text) == (
+        "fatal: unable to access 'https://github.com/o/r.git/': 403"
+    )
+    assert webhook.without_credentials("ssh://git@host/x and git@github.com:o/r") == (
+        "ssh://host/x and git@github.com:o/r"
+    )
