@@ -30,9 +30,9 @@ from pathlib import Path, PurePosixPath
 
 import git
 
-from . import MANIFEST, versions
+from . import MANIFEST, credentials, versions
 from .links import resolve as resolve_links
-from .repos import Repo
+from .repos import Repo, redact
 
 VERSIONS = ".versions"
 #: The layout of a published version. 2: links published as copies, never as links. A version in
@@ -54,7 +54,8 @@ def _first_reason(stderr: str) -> str:
 
 
 def _git_reason(error: git.GitCommandError) -> str:
-    return _first_reason(str(error.stderr)) or str(error).replace("\n", " ")
+    """git's reason, credentials hidden (git's messages echo the URL it was given)."""
+    return redact(_first_reason(str(error.stderr)) or str(error).replace("\n", " "))
 
 
 def regular_members(archive: tarfile.TarFile):
@@ -102,12 +103,17 @@ def _copy_inside(root: Path, source: str, copy: str) -> None:
 
 
 class Publisher:
-    """Fetches repositories into ``cache`` and publishes them under ``root``."""
+    """Fetches repositories into ``cache`` and publishes them under ``root``. ``git_env``: the
+    fetches' environment (tutorial_sync.credentials.git_environment: never a prompt, and the
+    token file's helper for private repositories)."""
 
-    def __init__(self, root: Path, cache: Path, keep_seconds: float = 600):
+    def __init__(
+        self, root: Path, cache: Path, keep_seconds: float = 600, git_env: dict | None = None
+    ):
         self.root = Path(root)
         self.cache = Path(cache)
         self.keep_seconds = keep_seconds
+        self.git_env = credentials.git_environment() if git_env is None else git_env
 
     # ---- reading the share ----------------------------------------------------------------
 
@@ -132,7 +138,7 @@ class Publisher:
         cached = self._cache_of(repo)
         ref = f"refs/heads/{repo.branch}"
         try:
-            cached.git.fetch("--force", "--no-tags", "origin", f"+{ref}:{ref}")
+            cached.git.fetch("--force", "--no-tags", "origin", f"+{ref}:{ref}", env=self.git_env)
         except git.GitCommandError as e:
             raise SyncError(
                 f"fetching branch {repo.branch!r} of {repo.url} failed: {_git_reason(e)}"
