@@ -42,6 +42,10 @@ _LINK_MODE = "120000"  # git's file mode of a symbolic link
 _MAX_LINK_TEXT = 4096  # PATH_MAX: a longer "link" is no path
 
 
+#: git's words when a server wants credentials it was not given (or refused those given).
+_NO_ACCESS = ("could not read Username", "terminal prompts disabled", "Authentication failed")
+
+
 class SyncError(RuntimeError):
     """A repository could not be synced; the last good version stays published."""
 
@@ -140,8 +144,14 @@ class Publisher:
         try:
             cached.git.fetch("--force", "--no-tags", "origin", f"+{ref}:{ref}", env=self.git_env)
         except git.GitCommandError as e:
+            reason = _git_reason(e)
+            if any(words in reason for words in _NO_ACCESS):
+                reason += (
+                    "; a private repository needs a token for it in GPUHUB_TUTORIAL_TOKEN_FILE "
+                    "(docs/input-tutorial-repos.md)"
+                )
             raise SyncError(
-                f"fetching branch {repo.branch!r} of {repo.url} failed: {_git_reason(e)}"
+                f"fetching branch {repo.branch!r} of {repo.url} failed: {reason}"
             ) from None
         return cached, cached.git.rev_parse(ref)
 

@@ -30,7 +30,7 @@ SSH_SCHEMES = ("ssh", "git+ssh", "ssh+git")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 MAX_NAME = 100
 _SCP = re.compile(
-    r"^(?:(?P<user>[^@/\s]+)@)?(?P<host>[A-Za-z0-9][A-Za-z0-9.-]*):(?!//)(?P<path>.+)$"
+    r"^(?:(?P<user>[^@/\s]+)@)?(?P<host>[A-Za-z0-9][A-Za-z0-9.-]*):(?!//)(?P<path>[^@]+)$"
 )
 _GITHUB_HOSTS = ("github.com", "www.github.com")
 # Tokens by their published prefixes: GitHub (classic, OAuth, app, refresh, fine-grained) and

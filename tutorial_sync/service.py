@@ -218,7 +218,8 @@ def make_app(service: SyncService, base_url: str = "/") -> web.Application:
     )
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, environ=os.environ):
+    """The command line, with the settings the stack passes in ``environ`` as defaults."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--repo",
@@ -233,7 +234,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--interval",
         type=float,
-        default=float(os.environ.get("GPUHUB_TUTORIAL_POLL", "30")),
+        default=float(environ.get("GPUHUB_TUTORIAL_POLL", "30")),
         help="seconds between polls (default: $GPUHUB_TUTORIAL_POLL or 30)",
     )
     parser.add_argument("--base-url", default="/", help="URL prefix of the endpoints")
@@ -242,14 +243,14 @@ def parse_args(argv=None):
     parser.add_argument("--webhook-secret-file", default="", metavar="FILE")
     parser.add_argument(
         "--token-file",
-        default=os.environ.get("GPUHUB_TUTORIAL_TOKEN_FILE", ""),
+        default=environ.get("GPUHUB_TUTORIAL_TOKEN_FILE", ""),
         metavar="FILE",
         help="tokens for private https repositories, given to git by a credential helper "
         "(tutorial_sync.credentials; default: $GPUHUB_TUTORIAL_TOKEN_FILE)",
     )
     args = parser.parse_args(argv)
     # the settings check's own reader: what it accepted is what is used here
-    text = "\n".join(args.repo) if args.repo else os.environ.get("GPUHUB_TUTORIAL_REPOS", "")
+    text = "\n".join(args.repo) if args.repo else environ.get("GPUHUB_TUTORIAL_REPOS", "")
     try:
         args.repos = parse_repos(text)
     except ReposError as e:
