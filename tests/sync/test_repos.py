@@ -5,13 +5,20 @@ it refuses with the fix, never showing a credential."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from tornado.httpclient import AsyncHTTPClient
 
 from deploy import settings, stack
+from tutorial_sync import MANIFEST
+from tutorial_sync.publish import Publisher
 from tutorial_sync.repos import Repo, ReposError, format_repos, parse_repos, redact
-from tutorial_sync.service import parse_args
+from tutorial_sync.service import SyncService, make_app, parse_args
 
+from .gitrepos import Author
 from .repo_entries import ACCEPTED, GHP, REFUSED, TOKENS
+from .test_service import free_port
 
 
 def problems_of(text: str) -> list[str]:
@@ -114,3 +121,56 @@ def test_redact_hides_credentials_in_gits_words(text):
     shown = redact(text)
     no_token_in(shown)
     assert "private_token" not in shown and "***" in shown
+
+
+# ---- on to the share and the status page -------------------------------------------------------
+
+
+async def test_odd_forms_of_real_repositories_are_published_and_shown_as_read(tmp_path):
+    """Local remotes written as organizers write URLs (upper-case scheme, trailing slash, the
+    branch as a ref, a capitalised :Webhook, tabs and Windows line ends between entries), checked,
+    handed on, synced: the status page and each manifest show the URL and branch as read."""
+    remotes = {}
+    for name in ("one", "two", "three"):
+        (tmp_path / name).mkdir()
+        remotes[name] = Author(tmp_path / name)
+        remotes[name].write("notebook.ipynb", f'{{"name": "{name}"}}')
+        remotes[name].commit_and_push("first")
+    path = {name: str(author.remote) for name, author in remotes.items()}
+    text = (
+        f"\tIntro=FILE://{path['one']}/\r\n"
+        f"day_2=file://{path['two']}#refs/heads/main\r\n"
+        f" \thooked=file://{path['three']}#main:Webhook\r\n"
+    )
+    checked = settings.read(
+        "demo",
+        {
+            "GPUHUB_CONFIG": "none",
+            "GPUHUB_STATE_DIR": str(tmp_path / "state"),
+            "GPUHUB_TUTORIAL_REPOS": text,
+        },
+        machine=settings.Machine(4, 16 * settings.GIB, 0),
+    )
+    handed_on = format_repos(checked.tutorial_repos)
+    args = parse_args(
+        ["--root", str(tmp_path / "share")], environ={"GPUHUB_TUTORIAL_REPOS": handed_on}
+    )
+    service = SyncService(Publisher(tmp_path / "share", tmp_path / "cache"), args.repos, 30, "")
+    port = free_port()
+    server = make_app(service).listen(port, address="127.0.0.1")
+    try:
+        await service.sync_all("start")
+        page = await AsyncHTTPClient().fetch(f"http://127.0.0.1:{port}/status")
+    finally:
+        server.stop()
+    shown = {s["name"]: s for s in json.loads(page.body)["repos"]}
+    expected = {
+        "Intro": (f"file://{path['one']}", "main", True),
+        "day_2": (f"file://{path['two']}", "main", True),
+        "hooked": (f"file://{path['three']}", "main", False),
+    }
+    assert {n: (s["url"], s["branch"], s["polled"]) for n, s in shown.items()} == expected
+    for name, (url, branch, _) in expected.items():
+        assert shown[name]["last_error"] == "" and shown[name]["commit"]
+        manifest = json.loads((tmp_path / "share" / name / MANIFEST).read_text())
+        assert (manifest["repo"], manifest["url"], manifest["branch"]) == (name, url, branch)
