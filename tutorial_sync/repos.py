@@ -37,6 +37,8 @@ _GITHUB_HOSTS = ("github.com", "www.github.com")
 # GitLab (personal, deploy, pipeline trigger, OAuth app ...).
 _TOKEN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_\w{16,}|gl[a-z]{2,5}-[\w-]{16,})")
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
+# USER:PASSWORD@ without a scheme before it (an SSH address, git@host:path, has no ':' there)
+_BARE_USERINFO = re.compile(r"(?<![\w/:.@-])[^\s/@:=]+:[^\s/@]+@(?=[A-Za-z0-9])")
 _QUERY = re.compile(r"(?P<url>\b[A-Za-z][A-Za-z0-9+.-]*://\S*?)\?\S*")
 SHOWN = "***"
 
@@ -46,6 +48,7 @@ def redact(text: str) -> str:
     (``https://***@github.com/...``), its query, and tokens known by their prefixes (``ghp_``,
     ``github_pat_``, ``glpat-``, ...). For every message that shows a URL or git's words."""
     text = _USERINFO.sub(lambda m: f"{m['scheme']}{SHOWN}@", text)
+    text = _BARE_USERINFO.sub(f"{SHOWN}@", text)
     text = _QUERY.sub(lambda m: f"{m['url']}?{SHOWN}", text)
     return _TOKEN.sub(SHOWN, text)
 

@@ -108,6 +108,10 @@ REFUSED = {
         f"gpu101=x-access-token:{GHP}@github.com/gpu-school/gpu101",
         ["holds a credential", "gpu101=https://github.com/gpu-school/gpu101.git"],
     ),
+    "no name, a user and password without a scheme": (
+        f"tutor:{PASSWORD}@git.uni.example/ws/lab.git",
+        ["has no NAME"],
+    ),
     # ---- SSH: the sync service has no key (class 2) ----
     "Code button, SSH": (
         "gpu101=git@github.com:gpu-school/gpu101.git",
