@@ -32,7 +32,8 @@ from typing import Callable, NoReturn, TypeVar
 
 from gpu_swarm_spawner import roster
 from gpu_swarm_spawner.contract import MAX_SLICES_PER_GPU
-from tutorial_sync.repos import Repo
+from tutorial_sync import credentials
+from tutorial_sync.repos import Repo, ReposError, parse_repos, redact
 from worker_setup.guard_policy import GuardSettings
 
 #: The GPU guard's settings: checked here, passed on to the GPU machines by the join line.
@@ -277,6 +278,7 @@ FILLED_BY_DEPLOY = (
     "GPUHUB_TLS_CERT_VERSION",
     "GPUHUB_TLS_KEY_VERSION",
     "GPUHUB_GITHUB_SECRET_VERSION",
+    "GPUHUB_TUTORIAL_TOKEN_VERSION",
 )
 
 
@@ -667,12 +669,32 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
             errors.append(
                 f"{key} is {settings.get(key, '')!r}; write a duration such as 15s, 30m, 12h or 4d"
             )
-    for repo in settings.get("GPUHUB_TUTORIAL_REPOS", "").split():
-        try:  # the sync service's own reader
-            Repo.parse(repo)
-        except ValueError as e:
-            errors.append(f"GPUHUB_TUTORIAL_REPOS: {e}")
+    try:  # the sync service's own reader
+        parse_repos(settings.get("GPUHUB_TUTORIAL_REPOS", ""))
+    except ReposError as e:
+        errors += [f"GPUHUB_TUTORIAL_REPOS: {problem}" for problem in e.problems]
     return errors
+
+
+def tutorial_token_problems(settings: Mapping[str, str]) -> list[str]:
+    """GPUHUB_TUTORIAL_TOKEN_FILE: empty, or an absolute path to a file only its owner may
+    read, holding tokens the sync service's reader takes for the https repositories listed
+    (tutorial_sync.credentials). No line shows the file's text."""
+    path = settings.get("GPUHUB_TUTORIAL_TOKEN_FILE", "")
+    if not path:
+        return []
+    key = "GPUHUB_TUTORIAL_TOKEN_FILE"
+    if not path.startswith("/"):
+        return [f"{key} is {path!r}; write the file's absolute path, e.g. /root/tutorial-token"]
+    try:
+        found = credentials.read_token_file(path)
+        repos = parse_repos(settings.get("GPUHUB_TUTORIAL_REPOS", ""))
+    except credentials.TokenFileError as e:
+        return [f"{key}: {path} {problem}" for problem in e.problems]
+    except ReposError:
+        return []  # told by problems()
+    hosts = credentials.https_hosts(r.url for r in repos)
+    return [f"{key}: {path} holds {problem}" for problem in credentials.check_tokens(found, hosts)]
 
 
 def _subnet(value: str) -> list[str]:
@@ -900,6 +922,7 @@ def _gather(
         )
     prefix = source or "settings"
     errors += [f"{prefix}: {e}" for e in problems(settings.values, mode=mode)]
+    errors += [f"{prefix}: {e}" for e in tutorial_token_problems(settings.values)]
     roster_file = settings.values.get("GPUHUB_ROSTER", "")
     if settings.values.get("GPUHUB_AUTH") == "github" and roster_file:
         errors += read_roster(roster_file)[1]
@@ -983,7 +1006,7 @@ CONVERTERS: dict[str, Callable[[str], object]] = {
     "GPUHUB_CPU_ONLY": _on,
     "GPUHUB_ADMIN_USERS": names,
     "GPUHUB_ALLOWED_ORGS": names,
-    "GPUHUB_TUTORIAL_REPOS": str.split,  # NAME=URL[#BRANCH] entries; tutorial_sync reads each
+    "GPUHUB_TUTORIAL_REPOS": parse_repos,  # [Repo]: the sync service's reader, once
     "GPUHUB_ENVIRONMENTS": environments,
 }
 
@@ -1045,7 +1068,8 @@ class Config:
     pids_limit: str = field(init=False)
     log_level: str = field(init=False)
     state_dir: str = field(init=False)
-    tutorial_repos: list[str] = field(init=False)
+    tutorial_repos: list[Repo] = field(init=False)
+    tutorial_token_file: str = field(init=False)
     tutorial_poll: int = field(init=False)
     tutorials_dir: str = field(init=False)
     datasets_dir: str = field(init=False)
@@ -1072,6 +1096,7 @@ class Config:
     tls_cert_version: str = field(init=False)
     tls_key_version: str = field(init=False)
     github_secret_version: str = field(init=False)
+    tutorial_token_version: str = field(init=False)
 
     def __post_init__(self):
         object.__setattr__(self, "values", dict(self.values))
@@ -1085,9 +1110,9 @@ class Config:
             value = self.values[key]
             try:
                 typed = CONVERTERS.get(key, str)(value)
-            except ValueError as e:
+            except ValueError as e:  # redact: a URL's credentials stay out of every line
                 where = self.origin.get(key, "the settings")
-                problems.append(f"{where}: {key} is {value!r}; {e}")
+                problems.append(redact(f"{where}: {key} is {value!r}; {e}"))
                 continue
             object.__setattr__(self, attribute, typed)
         if problems:

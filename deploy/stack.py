@@ -21,6 +21,7 @@ from docker.errors import APIError, NotFound
 
 from gpu_swarm_spawner import contract
 from gpu_swarm_spawner.inventory import gpu_kinds
+from tutorial_sync.repos import format_repos
 from worker_setup import engine
 
 from . import steps, tls
@@ -30,7 +31,12 @@ from .settings import REPO, Config
 
 DEPLOY_DIR = REPO / "deploy"
 #: Docker secrets named with a hash of their contents (deploy/tls.py): old versions go.
-VERSIONED_SECRETS = ("tls_cert", "tls_key", "github_client_secret")
+VERSIONED_SECRETS = ("tls_cert", "tls_key", "github_client_secret", "tutorial_token")
+
+
+def tutorial_token_on(config: Config) -> bool:
+    """The sync service runs and has a token file for private repositories."""
+    return bool(config.tutorial_repos and config.tutorial_token_file)
 
 
 def tls_on(config: Config) -> bool:
@@ -66,6 +72,8 @@ def stack_files(config: Config, registry: bool = False) -> list[Path]:
         files.append("stack.subnet.yml")
     if config.homes_dir:
         files.append("stack.homes.yml")
+    if tutorial_token_on(config):
+        files.append("stack.tutorial-token.yml")
     return [DEPLOY_DIR / name for name in files]
 
 
@@ -107,6 +115,8 @@ def stack_values(
         "GPUHUB_SINGLEUSER_IMAGE_ID": image_id(client, config.singleuser_image),
         "GPUHUB_SIMULATED_GPUS": "1" if simulated_gpus(client) else "0",
         "GPUHUB_TUTORIAL_SYNC_REPLICAS": "1" if config.tutorial_repos else "0",
+        # the repositories as the check read them, in the form the sync service reads back
+        "GPUHUB_TUTORIAL_REPOS": format_repos(config.tutorial_repos),
         "GPUHUB_PUBLIC_URL": public_url(config),
         "GPUHUB_DOCKER_SOCKET": engine.docker_socket(environ),
     }
@@ -115,6 +125,8 @@ def stack_values(
     if config.auth == "github":
         values.update(tls.ensure_github_secret(config, log))
         values["GPUHUB_ROSTER_FILE"] = steps.ensure_roster(config, log)
+    if tutorial_token_on(config):
+        values.update(tls.ensure_tutorial_token(config, log))
     if published is not None:
         values.update(published.stack_values())
     return values

@@ -1,5 +1,5 @@
 """The files in GPUHUB_STATE_DIR that become Docker secrets whose contents change: the HTTPS
-gateway's certificate and key, and the GitHub OAuth client secret.
+gateway's certificate and key, the GitHub OAuth client secret and the tutorial token file.
 
 Docker secrets cannot change in place, so each is named with a hash of its contents (the
 ``*_VERSION`` values the stack files interpolate): a new file makes a new secret, and the same
@@ -107,3 +107,21 @@ def ensure_github_secret(config: Config, log: Log) -> dict[str, str]:
     version = content_version(path)
     log(f"GitHub client secret: {'unchanged' if version == before else 'new version'} {version}")
     return {"GPUHUB_GITHUB_SECRET_VERSION": version}
+
+
+def ensure_tutorial_token(config: Config, log: Log) -> dict[str, str]:
+    """GPUHUB_TUTORIAL_TOKEN_FILE (checked by the settings) copied for the sync service's
+    Docker secret, mode 0600; never printed. Returns the secret's version."""
+    path = ensure_state_dir(config) / "tutorial_token"
+    try:
+        text = Path(config.tutorial_token_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DeployError(
+            f"cannot read GPUHUB_TUTORIAL_TOKEN_FILE {config.tutorial_token_file} "
+            f"({getattr(e, 'strerror', None) or 'not UTF-8'}); check the path"
+        ) from None
+    before = content_version(path) if path.is_file() else ""
+    private_file(path, text)
+    version = content_version(path)
+    log(f"tutorial token: {'unchanged' if version == before else 'new version'} {version}")
+    return {"GPUHUB_TUTORIAL_TOKEN_VERSION": version}

@@ -56,9 +56,9 @@ from pathlib import Path, PurePosixPath
 
 import git
 
-from . import MANIFEST, versions
+from . import MANIFEST, credentials, versions
 from .links import resolve as resolve_links
-from .repos import Repo
+from .repos import Repo, redact
 
 VERSIONS = ".versions"
 #: The layout of a published version. 2: links published as copies, never as links. A version in
@@ -81,6 +81,10 @@ LINK_ADVICE = (
 )
 
 
+#: git's words when a server wants credentials it was not given (or refused those given).
+_NO_ACCESS = ("could not read Username", "terminal prompts disabled", "Authentication failed")
+
+
 class SyncError(RuntimeError):
     """A repository could not be synced; the last good version stays published."""
 
@@ -93,7 +97,8 @@ def _first_reason(stderr: str) -> str:
 
 
 def _git_reason(error: git.GitCommandError) -> str:
-    return _first_reason(str(error.stderr)) or str(error).replace("\n", " ")
+    """git's reason, credentials hidden (git's messages echo the URL it was given)."""
+    return redact(_first_reason(str(error.stderr)) or str(error).replace("\n", " "))
 
 
 def regular_members(archive: tarfile.TarFile):
@@ -223,12 +228,17 @@ def _copy_inside(root: Path, source: str, copy: str) -> None:
 
 
 class Publisher:
-    """Fetches repositories into ``cache`` and publishes them under ``root``."""
+    """Fetches repositories into ``cache`` and publishes them under ``root``. ``git_env``: the
+    fetches' environment (tutorial_sync.credentials.git_environment: never a prompt, and the
+    token file's helper for private repositories)."""
 
-    def __init__(self, root: Path, cache: Path, keep_seconds: float = 600):
+    def __init__(
+        self, root: Path, cache: Path, keep_seconds: float = 600, git_env: dict | None = None
+    ):
         self.root = Path(root)
         self.cache = Path(cache)
         self.keep_seconds = keep_seconds
+        self.git_env = credentials.git_environment() if git_env is None else git_env
 
     # ---- reading the share ----------------------------------------------------------------
 
@@ -253,10 +263,16 @@ class Publisher:
         cached = self._cache_of(repo)
         ref = f"refs/heads/{repo.branch}"
         try:
-            cached.git.fetch("--force", "--no-tags", "origin", f"+{ref}:{ref}")
+            cached.git.fetch("--force", "--no-tags", "origin", f"+{ref}:{ref}", env=self.git_env)
         except git.GitCommandError as e:
+            reason = _git_reason(e)
+            if any(words in reason for words in _NO_ACCESS):
+                reason += (
+                    "; a private repository needs a token for it in GPUHUB_TUTORIAL_TOKEN_FILE "
+                    "(docs/input-tutorial-repos.md)"
+                )
             raise SyncError(
-                f"fetching branch {repo.branch!r} of {repo.url} failed: {_git_reason(e)}"
+                f"fetching branch {repo.branch!r} of {repo.url} failed: {reason}"
             ) from None
         return cached, cached.git.rev_parse(ref)
 

@@ -1,7 +1,8 @@
 """The tutorial sync service: polls its repositories, takes GitHub push webhooks, reports status.
 
     python -m tutorial_sync --repo NAME=URL[#BRANCH] [--repo ...] --root /srv/tutorials \\
-        [--cache DIR] [--interval 30] [--port 8090] [--webhook-secret-file FILE]
+        [--cache DIR] [--interval 30] [--port 8090] [--webhook-secret-file FILE] \\
+        [--token-file FILE]
 
 Endpoints: ``POST /webhook`` (GitHub push events; ``X-Hub-Signature-256`` required),
 ``GET /status`` (JSON: per repository the published commit, last sync, last error, and in
@@ -26,8 +27,9 @@ from pathlib import Path
 
 from tornado import web
 
-from . import webhook
+from . import credentials, webhook
 from .publish import Publisher, Repo, SyncError
+from .repos import ReposError, parse_repos, redact
 
 log = logging.getLogger("tutorial_sync")
 
@@ -85,7 +87,8 @@ class SyncService:
                 log.error("%s: %s (the last good version stays published)", repo.name, e)
                 return
             except Exception as e:  # a bug or a full disk must not stop the other repositories
-                status.last_error, status.last_error_at = f"{type(e).__name__}: {e}", time.time()
+                status.last_error = redact(f"{type(e).__name__}: {e}")
+                status.last_error_at = time.time()
                 log.exception("%s: sync failed", repo.name)
                 return
             status.last_sync, status.last_error = time.time(), ""
@@ -290,13 +293,14 @@ def make_app(service: SyncService, base_url: str = "/") -> web.Application:
     )
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, environ=os.environ):
+    """The command line, with the settings the stack passes in ``environ`` as defaults."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--repo",
         action="append",
         default=[],
-        metavar="NAME=URL[#BRANCH[:webhook]]",
+        metavar="NAME=URL[#BRANCH][:webhook]",
         help="a repository to publish; :webhook: never polled, synced at start and on its "
         "push webhooks only (default: $GPUHUB_TUTORIAL_REPOS, space-separated)",
     )
@@ -305,23 +309,37 @@ def parse_args(argv=None):
     parser.add_argument(
         "--interval",
         type=float,
-        default=float(os.environ.get("GPUHUB_TUTORIAL_POLL", "30")),
+        default=float(environ.get("GPUHUB_TUTORIAL_POLL", "30")),
         help="seconds between polls (default: $GPUHUB_TUTORIAL_POLL or 30)",
     )
     parser.add_argument("--base-url", default="/", help="URL prefix of the endpoints")
     parser.add_argument("--keep-seconds", type=float, default=600.0)
     parser.add_argument("--port", type=int, default=8090)
     parser.add_argument("--webhook-secret-file", default="", metavar="FILE")
+    parser.add_argument(
+        "--token-file",
+        default=environ.get("GPUHUB_TUTORIAL_TOKEN_FILE", ""),
+        metavar="FILE",
+        help="tokens for private https repositories, given to git by a credential helper "
+        "(tutorial_sync.credentials; default: $GPUHUB_TUTORIAL_TOKEN_FILE)",
+    )
     args = parser.parse_args(argv)
-    texts = args.repo or os.environ.get("GPUHUB_TUTORIAL_REPOS", "").split()
+    # the settings check's own reader: what it accepted is what is used here
+    text = "\n".join(args.repo) if args.repo else environ.get("GPUHUB_TUTORIAL_REPOS", "")
     try:
-        args.repos = [Repo.parse(text) for text in texts]
-    except ValueError as e:
-        parser.error(str(e))
+        args.repos = parse_repos(text)
+    except ReposError as e:
+        parser.error("; ".join(e.problems))
     if not args.repos:
         parser.error("no --repo given; add --repo NAME=URL[#BRANCH] for each tutorial repository")
-    if len({r.name for r in args.repos}) != len(args.repos):
-        parser.error("two --repo entries share a NAME; every repository needs its own")
+    args.hosts = credentials.https_hosts(r.url for r in args.repos)
+    if args.token_file:
+        try:
+            found = credentials.read_token_file(args.token_file, private=False)
+        except credentials.TokenFileError as e:
+            parser.error(f"--token-file {args.token_file}: {e}")
+        for problem in credentials.check_tokens(found, args.hosts):
+            parser.error(f"--token-file {args.token_file}: {problem}")
     if args.interval <= 0:
         parser.error(f"--interval must be positive, got {args.interval}")
     return args
@@ -333,15 +351,17 @@ async def serve(args) -> None:
     secret = Path(args.webhook_secret_file).read_text().strip() if args.webhook_secret_file else ""
     if not secret:
         log.warning("no webhook secret: every webhook delivery is refused; polling only")
+    git_env = credentials.git_environment(args.token_file, args.hosts)
     service = SyncService(
-        Publisher(root, cache, args.keep_seconds), args.repos, args.interval, secret
+        Publisher(root, cache, args.keep_seconds, git_env), args.repos, args.interval, secret
     )
     make_app(service, args.base_url).listen(args.port)
     log.info(
-        "tutorial sync on :%d for %s, polling every %ss",
+        "tutorial sync on :%d for %s, polling every %ss%s",
         args.port,
         ", ".join(r.name for r in args.repos),
         args.interval,
+        f"; tokens for {', '.join(args.hosts)} from {args.token_file}" if args.token_file else "",
     )
     await service.poll_forever()
 

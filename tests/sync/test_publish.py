@@ -208,7 +208,7 @@ def test_repo_settings_are_read(text, parsed):
     ["intro", "=https://x", "a/b=https://x", ".hidden=https://x", "a=https://x#main:webhok"],
 )
 def test_bad_repo_settings_say_how_to_write_them(text):
-    with pytest.raises(ValueError, match="NAME=URL|plain directory name|only :webhook"):
+    with pytest.raises(ValueError, match="NAME=URL|no NAME|plain folder name|only :webhook"):
         Repo.parse(text)
 
 

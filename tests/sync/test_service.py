@@ -315,9 +315,9 @@ async def test_health(service):
     "argv, says",
     [
         (["--root", "/s"], "no --repo given"),
-        (["--root", "/s", "--repo", "a=x", "--repo", "a=y"], "share a NAME"),
+        (["--root", "/s", "--repo", "a=file:///x", "--repo", "a=file:///y"], "given twice"),
         (["--root", "/s", "--repo", "oops"], "NAME=URL"),
-        (["--root", "/s", "--repo", "a=x", "--interval", "0"], "must be positive"),
+        (["--root", "/s", "--repo", "a=file:///x", "--interval", "0"], "must be positive"),
     ],
 )
 def test_bad_command_lines_say_what_to_fix(argv, says, capsys, monkeypatch):

@@ -41,6 +41,7 @@ from deploy.settings import (
     typed_attributes,
     unknown_keys,
 )
+from tutorial_sync.repos import Repo
 
 from .config_lines import CORPUS, SECRET, Refused, expected, key_of
 
@@ -593,6 +594,7 @@ TYPES = {
     "str": str,
     "bool": bool,
     "list[str]": list,
+    "list[Repo]": list,
     "dict[str, str]": dict,
 }
 
@@ -625,7 +627,10 @@ def test_lists_and_environments_are_split_as_the_checks_read_them():
     cfg = read(environ=environ, config="", machine=MACHINE)
     assert cfg.admin_users == ["ada", "bob", "cy"]
     assert cfg.allowed_orgs == ["org-a", "org-b:tutors"]
-    assert cfg.tutorial_repos == ["a=https://x/a.git#main", "b=https://x/b.git"]
+    assert cfg.tutorial_repos == [
+        Repo("a", "https://x/a.git", "main"),
+        Repo("b", "https://x/b.git", "main"),
+    ]
     assert list(cfg.environments.items()) == [  # in order: the first is the default
         ("TF", "gpu-jupyterhub/tensorflow:latest"),
         ("PyTorch", "pt:1"),
