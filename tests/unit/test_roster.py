@@ -381,3 +381,9 @@ def test_the_hub_s_copy_is_the_usernames_read_again_the_same():
     found = parse("Name,GitHub\nAda,@Ada-L\nGrace,https://github.com/grace-h\n")
     assert roster.text(found).splitlines()[1:] == ["ada-l", "grace-h"]
     assert parse(roster.text(found)).names == found.names
+
+
+def test_the_organizer_s_page_shows_a_list_that_reads_as_it_says():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "input-roster.md").read_text()
+    example = re.search(r"```text\n(# day 1.*?)```", page, re.DOTALL)[1]
+    assert parse(example).names == {"ada-l", "grace-h", "linus-t", "alan-t", "barbara-l", "edsger"}
