@@ -259,6 +259,28 @@ def _records_or_refuse(text: str, delimiter: str, source: str, limit: int | None
         ) from None
 
 
+def _unclosed_quote(text: str, delimiter: str) -> int | None:
+    """The line of a quote that opens a cell and never closes (the csv module then reads the
+    rest of the file as that cell, rows and all), or None."""
+    line, quoted, opened, field_start, skip = 1, False, 0, 0, -1
+    for token in re.finditer(rf'"|\r\n|\r|\n|{re.escape(delimiter)}', text):
+        at = token.start()
+        if at == skip:  # the second quote of "" inside a quoted cell
+            continue
+        if token[0] == '"':
+            if quoted and text.startswith('"', at + 1):
+                skip = at + 1
+            elif quoted:
+                quoted = False
+            elif at == field_start:
+                quoted, opened = True, line
+        elif token[0] != delimiter:
+            line += 1
+        if not quoted and token[0] != '"':
+            field_start = token.end()
+    return opened if quoted else None
+
+
 def _delimiter(text: str, source: str) -> str:
     """The delimiter under which the first rows line up best (the most rows as wide as the
     header, then the widest header)."""
@@ -398,6 +420,13 @@ def parse(text: str, source: str = "roster") -> Roster:
             if number != skip and not (excel and number == 1):
                 _take(line.split("#", 1)[0], number, names, problems, in_table=False)
     else:
+        unclosed = _unclosed_quote(text, delimiter)
+        if unclosed:
+            raise RosterError(
+                f'{source} line {unclosed}: a quote (") opens a cell that never closes, so '
+                "the rest of the file would read as that one cell; close it with another quote "
+                "or delete it"
+            )
         label = header[column].strip(_AROUND)
         for number, cells in rows[1:]:
             if cells == header:  # the header again: two exports pasted together

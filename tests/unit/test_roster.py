@@ -320,6 +320,18 @@ def test_line_numbers_count_the_file_s_lines_past_multi_line_cells():
         parse(text, "form.csv")
 
 
+def test_a_quote_that_never_closes_is_refused_not_read_as_one_cell():
+    text = 'GitHub;Notes\r\nada-l;"arrives\r\nlate"\r\nbob;"vegan\r\ncarol;\r\n'
+    with pytest.raises(
+        RosterError, match=r"^form.csv line 4: a quote \(\"\) opens a cell that nev"
+    ):
+        parse(text, "form.csv")
+    closed = text.replace('"vegan', '"vegan"')
+    assert parse(closed, "form.csv").names == {"ada-l", "bob", "carol"}
+    quotes = 'GitHub,Notes\nbob,4"3\nada-l,"Call me ""Ada""\n"\ncarol,\n'
+    assert parse(quotes).names == {"ada-l", "bob", "carol"}
+
+
 def test_many_rows_of_one_problem_are_one_line():
     rows = "".join(f"Student {i},s{i}@uni.edu,s{i}@uni.edu\n" for i in range(5000))
     with pytest.raises(RosterError) as refused:
