@@ -43,7 +43,8 @@ _EXCEL_SEP = re.compile(r"^sep=(.)\s*$", re.IGNORECASE)
 # question dropped): these names are taken over any other column that mentions GitHub.
 _GITHUB_HEADERS = {
     "github", "github username", "github user name", "github user", "github login",
-    "github handle", "github account", "github id", "github name", "github benutzername",
+    "github handle", "github account", "github id", "github name", "github profile",
+    "github profile url", "github profile link", "github url", "github benutzername",
     "github nutzername", "github konto", "username github", "nom d utilisateur github",
     "utilisateur github", "compte github", "usuario github", "usuario de github",
     "nombre de usuario de github",

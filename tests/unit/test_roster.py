@@ -286,12 +286,17 @@ def test_a_column_named_github_wins_over_one_that_only_mentions_it():
     [
         ("GitHub,Name,GitHub", "several columns name GitHub \\(A 'GitHub', C 'GitHub'\\)"),
         ("GitHub (personal),GitHub (work)", "several columns name GitHub"),
-        ("Name,GitHub repository,GitHub profile link", "several columns name GitHub"),
+        ("Name,GitHub repository,GitHub team", "several columns name GitHub \\(B .*, C .*\\)"),
     ],
 )
 def test_several_github_columns_are_refused_naming_them(header, named):
     with pytest.raises(RosterError, match=f"^form.csv line 2: {named}"):
         parse(f"# export\n{header}\na,b,c\n", "form.csv")
+
+
+def test_a_profile_address_column_is_a_github_column():
+    text = "Do you have a GitHub account?,GitHub profile URL\nYes,https://github.com/ada-l\n"
+    assert parse(text) == Roster(frozenset({"ada-l"}), "B 'GitHub profile URL'")
 
 
 def test_a_lone_username_column_is_taken_when_nothing_names_github():
