@@ -857,15 +857,20 @@ def placeholders(settings: Settings) -> list[str]:
     return out
 
 
-def read_roster(path: str) -> tuple[set[str], list[str]]:
-    """The roster's usernames, and its problems (none when the names are usable)."""
+def read_roster(path: str) -> tuple[roster.Roster, list[str]]:
+    """The roster as the hub will read it (``roster.read``, the one reader), and its problems
+    (none when it may be handed to the hub)."""
     try:
-        names = roster.parse(Path(path).read_text(encoding="utf-8"), path)
+        found = roster.read(path)
     except OSError as e:
-        return set(), [f"GPUHUB_ROSTER: cannot read {path} ({e.strerror}); check the path"]
-    except (UnicodeDecodeError, roster.RosterError) as e:
-        return set(), [f"GPUHUB_ROSTER: {e}"]
-    return names, [] if names else [f"GPUHUB_ROSTER: {path} lists no GitHub username; add them"]
+        return roster.Roster(frozenset()), [
+            f"GPUHUB_ROSTER: cannot read {path} ({e.strerror}); check the path"
+        ]
+    except roster.RosterError as e:
+        return roster.Roster(frozenset()), [f"GPUHUB_ROSTER: {p}" for p in e.problems]
+    if not found.names:
+        return found, [f"GPUHUB_ROSTER: {path} lists no GitHub username; add them"]
+    return found, []
 
 
 # ---- the command --------------------------------------------------------------------------

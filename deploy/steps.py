@@ -14,7 +14,6 @@ import errno
 import io
 import os
 import secrets
-import shutil
 import socket
 import sys
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ from typing import Callable
 import docker
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound, NotFound
 
-from gpu_swarm_spawner import contract
+from gpu_swarm_spawner import contract, roster
 from worker_setup import advertise, engine
 from worker_setup.guard_policy import GuardSettings
 from worker_setup.guard_service import METRICS_PORT
@@ -358,14 +357,16 @@ def ensure_roster(config: Config, log: Log) -> str:
     path = config.roster
     if not path:
         return ""
-    names, problems = read_roster(path)
+    found, problems = read_roster(path)
     if problems:
-        raise DeployError("; ".join(problems))
+        raise DeployError("\n".join(problems))
+    # the usernames alone: what was checked is what the hub reads, and a registration export's
+    # names and email addresses stay out of the hub
     tmp = roster_dir / ".roster.txt.tmp"
-    shutil.copyfile(path, tmp)
+    tmp.write_text(roster.text(found))
     os.chmod(tmp, 0o644)
     tmp.replace(roster_dir / "roster.txt")
-    log(f"roster: {len(names)} GitHub usernames")
+    log(f"roster: {found.describe()}")
     return ROSTER_IN_HUB
 
 

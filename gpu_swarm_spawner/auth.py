@@ -42,10 +42,12 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
     roster_file = Unicode(
         "",
         help="""
-        A file of GitHub usernames allowed to log in: one per line (`#` comments, a leading
-        `@` is fine) or a CSV with a `username` column, e.g. `/srv/jupyterhub/roster/roster.txt`.
-        Read again when it changes. A file that cannot be parsed keeps the previous list
-        (and the error is logged); empty: no roster.
+        A file of GitHub usernames allowed to log in, as docs/input-roster.md describes: one
+        per line (`#` comments, `@name` and profile addresses are fine) or a registration
+        export with a GitHub column, e.g. `/srv/jupyterhub/roster/roster.txt` (what `make
+        roster` writes). Read again when it changes, with the reader `make roster` checks
+        with; a file that cannot be read keeps the previous list (and the error is logged).
+        Empty: no roster.
         """,
     ).tag(config=True, allow_config=True)  # counts as "who may log in" for the hub's check
 
@@ -57,27 +59,32 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
             "GitHub organization or team), then log in again."
         )
 
-    _roster: set[str] = set()
+    _roster: frozenset[str] = frozenset()
     _roster_mtime: float | None = None
 
-    def roster_usernames(self) -> set[str]:
+    def roster_usernames(self) -> frozenset[str]:
         """The roster's usernames, re-read if the file changed since the last call."""
         if not self.roster_file:
-            return set()
+            return frozenset()
         try:
             mtime = os.stat(self.roster_file).st_mtime
         except FileNotFoundError:
             self.log.error("Roster %s does not exist; nobody is let in by it", self.roster_file)
-            return set()
+            return frozenset()
         if mtime != self._roster_mtime:
             try:
-                with open(self.roster_file, encoding="utf-8") as f:
-                    names = roster.parse(f.read(), self.roster_file)
-            except (OSError, UnicodeDecodeError, roster.RosterError) as e:
+                found = roster.read(self.roster_file)
+            except OSError as e:
                 self.log.error("Roster not reloaded, keeping %d names: %s", len(self._roster), e)
+            except roster.RosterError as e:
+                self.log.error(
+                    "Roster not reloaded, keeping %d names: %s",
+                    len(self._roster),
+                    "; ".join(e.problems),
+                )
             else:
-                self.log.info("Roster %s: %d GitHub usernames", self.roster_file, len(names))
-                self._roster, self._roster_mtime = names, mtime
+                self.log.info("Roster %s: %s", self.roster_file, found.describe())
+                self._roster, self._roster_mtime = found.names, mtime
         return self._roster
 
     async def check_allowed(self, username, auth_model):
