@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NoReturn, TypeVar
 
+from deploy import values as typed
 from gpu_swarm_spawner import roster
 from tutorial_sync.repos import Repo
 from worker_setup.guard_policy import GuardSettings
@@ -51,10 +52,6 @@ REPO = DEFAULTS.parent.parent
 V = TypeVar("V")
 
 _KEY = re.compile(r"^GPUHUB_[A-Z0-9_]+$")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
-_ORG = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})"
-_ORG_OR_TEAM = re.compile(rf"^{_ORG}(?::[A-Za-z0-9._-]+)?$")
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)$", re.IGNORECASE)
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*$")
 _STACK = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -457,10 +454,6 @@ def _is_address(host: str) -> bool:
     return True
 
 
-def _valid_host(host: str) -> bool:
-    return bool(host) and (_is_address(host) or bool(_HOSTNAME.match(host)))
-
-
 def _int(settings, key, low, high=None) -> list[str]:
     value = settings.get(key, "")
     try:
@@ -480,10 +473,16 @@ def _choice(settings, key, choices) -> list[str]:
     return []
 
 
-def names(value: str) -> list[str]:
-    """Names separated by commas or spaces (GPUHUB_ADMIN_USERS, GPUHUB_ALLOWED_ORGS); the hub's
-    configuration reads them with this too."""
-    return [n for n in re.split(r"[,\s]+", value) if n]
+def _typed(settings, key) -> tuple[object, list[str]]:
+    """``key``'s value as Config types it (CONVERTERS), and the problems if it cannot be: the
+    check and the value the hub and the spawner use come from the same function."""
+    value = settings.get(key, "")
+    try:
+        return CONVERTERS[key](value), []
+    except typed.Entries as e:
+        return None, [f"{key}: {line}" for line in e.lines]
+    except ValueError as e:
+        return None, [f"{key} is {value!r}; {e}"]
 
 
 def _numbers(settings) -> list[str]:
@@ -525,15 +524,6 @@ def _numbers(settings) -> list[str]:
     return errors
 
 
-def size_bytes(value: str) -> int | None:
-    """Bytes of a size such as 16G, 512M or 1.5G (K, M, G, T: powers of 1024); None if not one."""
-    match = _SIZE.match(value)
-    if not match:
-        return None
-    number, unit = match.groups()
-    return int(float(number) * 1024 ** " KMGT".index(unit.upper() or " "))
-
-
 def _limits(settings, mode) -> list[str]:
     errors = []
     if mode == "up":
@@ -544,39 +534,15 @@ def _limits(settings, mode) -> list[str]:
                     "with `make up` they run on the GPU machines: write the limit per server "
                     f"(deploy/config.example.env suggests one), or an empty value for none"
                 )
-    cpu = settings.get("GPUHUB_CPU_LIMIT", "")
-    if cpu and cpu != AUTO:
-        try:
-            if float(cpu) <= 0:
-                raise ValueError
-        except ValueError:
-            errors.append(f"GPUHUB_CPU_LIMIT is {cpu!r}; write a number of cores, e.g. 4 or 0.5")
-    mem = settings.get("GPUHUB_MEM_LIMIT", "")
-    if mem and mem != AUTO:
-        size = size_bytes(mem)
-        if size is None:
-            errors.append(f"GPUHUB_MEM_LIMIT is {mem!r}; write a size such as 16G or 512M")
-        elif size < 256 * MIB:
-            errors.append(
-                f"GPUHUB_MEM_LIMIT is {mem!r} ({size} bytes), too little for a JupyterLab; "
-                "write a size with its unit, such as 16G (at least 256M)"
-            )
-    pids = settings.get("GPUHUB_PIDS_LIMIT", "")
-    if pids and pids != AUTO and (not pids.isdigit() or 0 < int(pids) < 256):
-        errors.append(
-            f"GPUHUB_PIDS_LIMIT is {pids!r}; write the most processes and threads a server may "
-            "run, at least 256 (a JupyterLab with kernels runs about 100), or 0 for no limit"
-        )
+    for key in LIMIT_KEYS:
+        if settings.get(key) != AUTO:
+            errors += _typed(settings, key)[1]
     return errors
 
 
 def _login(settings, exists) -> list[str]:
     errors = _choice(settings, "GPUHUB_AUTH", AUTH_MODES)
-    for name in names(settings.get("GPUHUB_ADMIN_USERS", "")):
-        try:
-            roster.parse(name)
-        except roster.RosterError:
-            errors.append(f"GPUHUB_ADMIN_USERS: {name!r} is not a username")
+    errors += _typed(settings, "GPUHUB_ADMIN_USERS")[1]
     if settings.get("GPUHUB_AUTH") != "github":
         return errors
     if not settings.get("GPUHUB_GITHUB_CLIENT_ID"):
@@ -597,11 +563,9 @@ def _login(settings, exists) -> list[str]:
     url = settings.get("GPUHUB_GITHUB_URL", "")
     if not re.match(r"^https?://[^/\s]+/?$", url):
         errors.append(f"GPUHUB_GITHUB_URL is {url!r}; write https://github.com (or your server)")
-    orgs = names(settings.get("GPUHUB_ALLOWED_ORGS", ""))
-    for org in orgs:
-        if not _ORG_OR_TEAM.match(org):
-            errors.append(f"GPUHUB_ALLOWED_ORGS: {org!r} is not ORG or ORG:TEAM")
-    if not orgs and not settings.get("GPUHUB_ROSTER"):
+    orgs, wrong = _typed(settings, "GPUHUB_ALLOWED_ORGS")
+    errors += wrong
+    if not wrong and not orgs and not settings.get("GPUHUB_ROSTER"):
         errors.append(
             "GPUHUB_ALLOWED_ORGS and GPUHUB_ROSTER are both empty, so nobody could log in; "
             "set an organization (or org:team), a roster file, or both"
@@ -614,7 +578,7 @@ def _tls(settings, exists) -> list[str]:
     host = settings.get("GPUHUB_HOSTNAME", "")
     mode = settings.get("GPUHUB_TLS")
     private = _is_address(host) or host == "localhost" or "." not in host
-    if mode == "acme" and _valid_host(host) and private:
+    if mode == "acme" and host and not _typed(settings, "GPUHUB_HOSTNAME")[1] and private:
         errors.append(
             f"GPUHUB_TLS=acme needs a public DNS name in GPUHUB_HOSTNAME, not {host!r}; "
             "use GPUHUB_TLS=self-signed (or files) for an address or a private name"
@@ -639,11 +603,16 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     ``mode`` "up" (production) also needs a hostname and explicit limits."""
     errors = _numbers(settings) + _limits(settings, mode)
     errors += _login(settings, exists) + _tls(settings, exists)
-    host = settings.get("GPUHUB_HOSTNAME", "")
-    if mode == "up" and not host:
+    host, wrong = _typed(settings, "GPUHUB_HOSTNAME")
+    if mode == "up" and not settings.get("GPUHUB_HOSTNAME"):
         errors.append("GPUHUB_HOSTNAME is empty; write the hub's public DNS name or IP address")
-    elif host and not _valid_host(host):
-        errors.append(f"GPUHUB_HOSTNAME is {host!r}; write a DNS name or an IP address")
+    errors += wrong
+    if host and typed.is_ipv6(host) and settings.get("GPUHUB_AUTH") == "github":
+        errors.append(
+            f"GPUHUB_HOSTNAME is {settings['GPUHUB_HOSTNAME']!r}, an IPv6 address, which GitHub "
+            "does not match in an OAuth app's callback URL; give the hub a DNS name (an AAAA "
+            "record) and write that"
+        )
     if not _STACK.match(settings.get("GPUHUB_STACK", "")):
         errors.append("GPUHUB_STACK: use lower-case letters, digits, - and _")
     errors += _subnet(settings.get("GPUHUB_NETWORK_SUBNET", ""))
@@ -947,8 +916,8 @@ def environments(value: str) -> dict[str, str]:
 
 
 #: How each setting that is not a plain string is read (every other key of settings.env is a
-#: ``str``; CPU, memory and pids limits stay strings, "" meaning no limit). A value that does
-#: not convert is a SettingsError naming the key, where it was set and what to write.
+#: ``str``). A value that does not convert is a SettingsError naming the key, where it was set
+#: and what to write; ``problems`` checks these keys with the same functions.
 CONVERTERS: dict[str, Callable[[str], object]] = {
     **dict.fromkeys(
         (
@@ -980,19 +949,35 @@ CONVERTERS: dict[str, Callable[[str], object]] = {
     ),
     "GPUHUB_SIMULATED_GPUS": _flag,
     "GPUHUB_CPU_ONLY": _on,
-    "GPUHUB_ADMIN_USERS": names,
-    "GPUHUB_ALLOWED_ORGS": names,
+    "GPUHUB_ADMIN_USERS": typed.usernames,
+    "GPUHUB_ALLOWED_ORGS": typed.organizations,
+    "GPUHUB_HOSTNAME": typed.hostname,
+    "GPUHUB_CPU_LIMIT": typed.cores,
+    "GPUHUB_MEM_LIMIT": typed.memory,
+    "GPUHUB_PIDS_LIMIT": typed.tasks,
     "GPUHUB_TUTORIAL_REPOS": str.split,  # NAME=URL[#BRANCH] entries; tutorial_sync reads each
     "GPUHUB_ENVIRONMENTS": environments,
+}
+
+#: The one written form of each value that has more than one: what Config keeps in ``values``,
+#: so that the stack hands the hub (whose ``from_environment`` reads it back with CONVERTERS)
+#: the value that was checked, not the organizer's spelling of it.
+WRITTEN: dict[str, Callable[[object], str]] = {
+    "GPUHUB_ADMIN_USERS": typed.names_written,
+    "GPUHUB_ALLOWED_ORGS": typed.names_written,
+    "GPUHUB_HOSTNAME": str,
+    "GPUHUB_CPU_LIMIT": typed.cores_written,
+    "GPUHUB_MEM_LIMIT": typed.memory_written,
+    "GPUHUB_PIDS_LIMIT": lambda n: "" if n is None else str(n),
 }
 
 
 @dataclass(frozen=True, repr=False)
 class Config:
     """Every setting, read once: ``values`` (GPUHUB_X -> the string the stack files
-    interpolate), ``origin`` (where each came from, for messages) and one typed attribute per
-    key of deploy/settings.env, named after it without GPUHUB_, in lower case
-    (``cfg.slices_per_server``, ``cfg.environments``). Built by ``read`` or
+    interpolate, in its one written form: WRITTEN), ``origin`` (where each came from, for
+    messages) and one typed attribute per key of deploy/settings.env, named after it without
+    GPUHUB_, in lower case (``cfg.slices_per_server``, ``cfg.environments``). Built by ``read`` or
     ``from_environment``; ``with_values`` gives a changed copy (never change ``values``)."""
 
     values: dict[str, str]
@@ -1039,9 +1024,9 @@ class Config:
     line_max_wait: int = field(init=False)
     cpu_only: bool = field(init=False)
     cpu_only_max: int = field(init=False)
-    cpu_limit: str = field(init=False)
-    mem_limit: str = field(init=False)
-    pids_limit: str = field(init=False)
+    cpu_limit: float | None = field(init=False)  # cores; None: no limit
+    mem_limit: int | None = field(init=False)  # bytes; None: no limit
+    pids_limit: int | None = field(init=False)  # tasks; 0 or None: no limit
     log_level: str = field(init=False)
     state_dir: str = field(init=False)
     tutorial_repos: list[str] = field(init=False)
@@ -1082,13 +1067,18 @@ class Config:
                 problems.append(f"{key} is not set; deploy/settings.env lists every setting")
                 continue
             value = self.values[key]
+            where = self.origin.get(key, "the settings")
             try:
-                typed = CONVERTERS.get(key, str)(value)
+                converted = CONVERTERS.get(key, str)(value)
+            except typed.Entries as e:
+                problems += [f"{where}: {key}: {line}" for line in e.lines]
+                continue
             except ValueError as e:
-                where = self.origin.get(key, "the settings")
                 problems.append(f"{where}: {key} is {value!r}; {e}")
                 continue
-            object.__setattr__(self, attribute, typed)
+            object.__setattr__(self, attribute, converted)
+            if key in WRITTEN:
+                self.values[key] = WRITTEN[key](converted)
         if problems:
             raise SettingsError(problems)
 
@@ -1151,15 +1141,20 @@ def read(
     return Config(settings.values, settings.origin, path)
 
 
-def from_environment(environ: Mapping[str, str] = os.environ) -> Config:
+def from_environment(
+    environ: Mapping[str, str] = os.environ, machine: Machine | None = None
+) -> Config:
     """The settings inside the hub's container (jupyterhub_config.py): deploy/settings.env's
-    defaults, overridden by the GPUHUB_* variables the stack passes. No config file, no ``auto``
-    resolution and no checks of a mode: ``load`` ran them before the stack was deployed. A key
-    the stack does not pass keeps its default."""
+    defaults, overridden by the GPUHUB_* variables the stack passes (each in the one written
+    form Config gave it, read back by the same CONVERTERS). No config file and no checks of a
+    mode: ``load`` ran them before the stack was deployed. A key the stack does not pass keeps
+    its default; a limit left at ``auto`` (the stack passes them resolved) is sized for
+    ``machine`` (default: this one), as ``read`` does."""
     defaults = read_defaults(str(DEFAULTS))
     passed = renamed(
         {k: v for k, v in environ.items() if k in defaults or k in RENAMED},
         lambda key: "the environment",
     )
     settings = merge(defaults, {}, passed, defaults_source=str(DEFAULTS))
+    settings = resolve_auto(settings, machine or this_machine())
     return Config(settings.values, settings.origin, "")

@@ -92,7 +92,7 @@ def test_github_login_does_not_use_the_shared_passwords(hub_config, tmp_path):
 def test_the_limits_reach_the_spawners(hub_config):
     config = hub_config(CPU_LIMIT="2.5", MEM_LIMIT="3072M", PIDS_LIMIT="1024")
     assert config.SwarmSpawner.cpu_limit == 2.5
-    assert config.SwarmSpawner.mem_limit == "3072M"
+    assert config.SwarmSpawner.mem_limit == 3 * 1024**3  # bytes, as the check read them
     assert config.GPUSwarmSpawner.pids_limit == 1024
 
 

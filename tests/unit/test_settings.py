@@ -306,7 +306,7 @@ def test_placeholders_that_do_not_matter_for_the_setup_are_let_through():
         ({"GPUHUB_GITHUB_CLIENT_SECRET": ""}, "set exactly one"),
         ({"GPUHUB_GITHUB_CLIENT_SECRET_FILE": "/x"}, "set exactly one"),
         ({"GPUHUB_ALLOWED_ORGS": "", "GPUHUB_ROSTER": ""}, "nobody could log in"),
-        ({"GPUHUB_ALLOWED_ORGS": "org:team:x"}, "'org:team:x' is not ORG or ORG:TEAM"),
+        ({"GPUHUB_ALLOWED_ORGS": "org:team:x"}, "write ORG or ORG:TEAM, with one ':'"),
         ({"GPUHUB_GITHUB_URL": "github.com"}, "GPUHUB_GITHUB_URL is 'github.com'"),
         ({"GPUHUB_AUTH": "gitlab"}, "GPUHUB_AUTH is 'gitlab'; write one of: github, local"),
         ({"GPUHUB_TLS": "acme", "GPUHUB_HOSTNAME": "10.0.0.5"}, "needs a public DNS name"),
@@ -318,8 +318,8 @@ def test_placeholders_that_do_not_matter_for_the_setup_are_let_through():
         ({"GPUHUB_IDLE_TIMEOUT": "90m"}, "GPUHUB_IDLE_TIMEOUT is '90m'; write a whole number"),
         ({"GPUHUB_HTTPS_PORT": "80", "GPUHUB_HTTP_PORT": "80"}, "must differ"),
         ({"GPUHUB_HTTPS_PORT": "70000"}, "GPUHUB_HTTPS_PORT is 70000; write at least 1"),
-        ({"GPUHUB_MEM_LIMIT": "16 GB"}, "GPUHUB_MEM_LIMIT is '16 GB'"),
-        ({"GPUHUB_MEM_LIMIT": "16"}, "GPUHUB_MEM_LIMIT is '16' (16 bytes)"),
+        ({"GPUHUB_MEM_LIMIT": "16 XB"}, "GPUHUB_MEM_LIMIT is '16 XB'"),
+        ({"GPUHUB_MEM_LIMIT": "16"}, "GPUHUB_MEM_LIMIT is '16'; that is 16 bytes"),
         ({"GPUHUB_CPU_LIMIT": "-1"}, "GPUHUB_CPU_LIMIT is '-1'"),
         ({"GPUHUB_PIDS_LIMIT": "100"}, "GPUHUB_PIDS_LIMIT is '100'"),
         ({"GPUHUB_PIDS_LIMIT": "-1"}, "GPUHUB_PIDS_LIMIT is '-1'"),
@@ -590,6 +590,8 @@ def test_every_variable_the_stack_files_interpolate_is_a_setting():
 TYPES = {
     "int": int,
     "float": float,
+    "float | None": (float, type(None)),  # the limits; None: no limit
+    "int | None": (int, type(None)),
     "str": str,
     "bool": bool,
     "list[str]": list,
@@ -602,14 +604,16 @@ def test_read_gives_every_setting_its_declared_type():
     for f in dataclasses.fields(Config):
         if not f.init:
             value = getattr(cfg, f.name)
-            assert type(value) is TYPES[f.type], (f.name, f.type, value)
+            allowed = TYPES[f.type] if isinstance(TYPES[f.type], tuple) else (TYPES[f.type],)
+            assert type(value) in allowed, (f.name, f.type, value)
             if f.type == "str":
                 assert value == cfg.values[settings_module.key_of(f.name)]
     assert cfg.config_file == ""
     assert cfg.stack == "gpuhub" and cfg.http_port == 8000 and cfg.slices_per_gpu == 3
     assert cfg.simulated_gpus is False and cfg.tutorial_sync_replicas == 0
     assert cfg.state_dir == "/var/lib/gpu-jupyterhub/gpuhub"
-    assert cfg.cpu_limit == "2.6"  # auto, for MACHINE's 16 cores and 6 simulated slices
+    assert cfg.cpu_limit == 2.6  # auto, for MACHINE's 16 cores and 6 simulated slices
+    assert cfg.values["GPUHUB_CPU_LIMIT"] == "2.6"
     assert cfg.origin["GPUHUB_STACK"] == "the default"
 
 
@@ -630,7 +634,7 @@ def test_lists_and_environments_are_split_as_the_checks_read_them():
         ("TF", "gpu-jupyterhub/tensorflow:latest"),
         ("PyTorch", "pt:1"),
     ]
-    assert cfg.pids_limit == "" and cfg.http_port == 8080
+    assert cfg.pids_limit is None and cfg.http_port == 8080
     assert cfg.values["GPUHUB_HTTP_PORT"] == "8080"
     assert cfg.origin["GPUHUB_HTTP_PORT"] == "the environment"
 
@@ -719,12 +723,12 @@ def test_from_environment_is_the_defaults_under_what_the_stack_passes(tmp_path):
         "GPUHUB_NOT_A_SETTING": "x",
         "HOME": "/root",
     }
-    cfg = from_environment(environ)
+    cfg = from_environment(environ, MACHINE)
     assert cfg.stack == "prod" and cfg.simulated_gpus is True
     assert cfg.config_file == ""
     # a default referring to another setting takes its passed value
     assert cfg.state_dir == "/var/lib/gpu-jupyterhub/prod"
-    assert cfg.cpu_limit == "auto"  # not passed: the default, not resolved here
+    assert cfg.cpu_limit == 2.6  # not passed: auto, sized for MACHINE as `read` does
     assert cfg.origin["GPUHUB_STACK"] == "the environment"
     assert cfg.origin["GPUHUB_CPU_LIMIT"] == "the default"
     assert "GPUHUB_NOT_A_SETTING" not in cfg.values
@@ -768,3 +772,179 @@ def test_the_deploy_package_imports_nothing():
     """Imported by a bare python3 and on GPU machines: its __init__ must stay empty of imports."""
     tree = ast.parse((REPO / "deploy" / "__init__.py").read_text())
     assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+# ---- one typed value per setting: the check is the value the hub and the spawner use ------
+
+
+@pytest.mark.parametrize(
+    "written, cores, memory, tasks",
+    [
+        (("4", "16G", "4096"), 4.0, 16 * GIB, 4096),
+        (("0.5", "16g", "0"), 0.5, 16 * GIB, 0),  # docker run --memory's lower case
+        ((".25", "16GiB", ""), 0.25, 16 * GIB, None),
+        (("2", "16 GB", ""), 2.0, 16 * GIB, None),  # Docker's binary GB
+        (("1.5", "1.5G", "256"), 1.5, 1536 * MIB, 256),
+        (("", "512m", ""), None, 512 * MIB, None),
+        (("", "", ""), None, None, None),
+    ],
+)
+def test_limits_are_read_once_into_cores_bytes_and_tasks(base, written, cores, memory, tasks):
+    limits = dict(zip(("GPUHUB_CPU_LIMIT", "GPUHUB_MEM_LIMIT", "GPUHUB_PIDS_LIMIT"), written))
+    assert problems(github(base, **limits)) == []  # the check accepts them ...
+    cfg = Config({**base, **limits})  # ... and they are these values
+    assert (cfg.cpu_limit, cfg.mem_limit, cfg.pids_limit) == (cores, memory, tasks)
+    # handed on in one written form that reads back to the same value (the hub's reading)
+    again = Config(cfg.values)
+    assert (again.cpu_limit, again.mem_limit, again.pids_limit) == (cores, memory, tasks)
+    assert again.values == cfg.values
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("GPUHUB_CPU_LIMIT", "inf", "write a number of cores with digits and a decimal point"),
+        ("GPUHUB_CPU_LIMIT", "nan", "write a number of cores"),
+        ("GPUHUB_CPU_LIMIT", "1e3", "write a number of cores"),
+        ("GPUHUB_CPU_LIMIT", "4 cores", "(no unit)"),
+        ("GPUHUB_CPU_LIMIT", "2,5", "write a decimal point: 2.5"),
+        ("GPUHUB_CPU_LIMIT", "500m", "not thousandths of one: 0.5"),
+        ("GPUHUB_CPU_LIMIT", "0", "at least 0.01"),
+        ("GPUHUB_CPU_LIMIT", "4_0", "write a number of cores"),
+        ("GPUHUB_CPU_LIMIT", "\u0664", "write a number of cores"),  # an Arabic-Indic 4
+        ("GPUHUB_MEM_LIMIT", "16Q", "write a size with its unit"),
+        ("GPUHUB_MEM_LIMIT", "16", "did you mean 16G?"),
+        ("GPUHUB_MEM_LIMIT", "-1G", "write a size with its unit"),
+        ("GPUHUB_PIDS_LIMIT", "\u00b2", "at least 256"),  # a superscript 2
+    ],
+)
+def test_a_limit_the_spawner_could_not_use_is_refused_by_the_check_and_by_config(
+    base, key, value, says
+):
+    (problem,) = problems(github(base, **{key: value}))
+    assert problem.startswith(f"{key} is {value!r}; ") and says in problem
+    with pytest.raises(SettingsError) as refused:
+        Config({**base, key: value}, {key: "config.env line 3"})
+    assert refused.value.problems == [f"config.env line 3: {problem}"]
+
+
+@pytest.mark.parametrize(
+    "value, admins",
+    [
+        ("ada", ["ada"]),
+        ("@ada", ["ada"]),  # as GitHub mentions them
+        ("https://github.com/Ada/", ["ada"]),  # the profile's address
+        ("Ada, @bob  github.com/cy", ["ada", "bob", "cy"]),
+        ("ada,ADA,@ada", ["ada"]),
+        ("name-, a--b", ["name-", "a--b"]),  # older GitHub logins
+    ],
+)
+def test_admin_users_are_the_logins_the_hub_matches(base, value, admins):
+    assert problems(github(base, GPUHUB_ADMIN_USERS=value)) == []
+    cfg = Config({**base, "GPUHUB_ADMIN_USERS": value})
+    assert cfg.admin_users == admins
+    assert cfg.values["GPUHUB_ADMIN_USERS"] == ",".join(admins)
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("https://gitlab.com/ada", "'https://gitlab.com/ada' is not a username"),
+        ("ada_l", "'ada_l' is not a username"),
+        ("-ada", "'-ada' is not a username"),
+        ("https://github.com/orgs/x", "is not a username"),
+    ],
+)
+def test_an_admin_that_is_no_login_is_refused_with_the_form_to_write(base, value, says):
+    (problem,) = problems(github(base, GPUHUB_ADMIN_USERS=value))
+    assert problem.startswith("GPUHUB_ADMIN_USERS: ") and says in problem
+    assert "write the GitHub login alone" in problem
+
+
+@pytest.mark.parametrize(
+    "value, orgs",
+    [
+        ("gpu-school", ["gpu-school"]),
+        ("gpu-school gpu-school:tutors", ["gpu-school", "gpu-school:tutors"]),
+        ("gpu-school:tutors, other-org", ["gpu-school:tutors", "other-org"]),
+        ("gpu-school:tutors,other-org:tas", ["gpu-school:tutors", "other-org:tas"]),
+        ("gpu-school:teaching-assistants", ["gpu-school:teaching-assistants"]),
+        ("GPU-School:Tutors", ["gpu-school:tutors"]),  # GitHub ignores case
+        ("@gpu-school/tutors", ["gpu-school:tutors"]),  # as GitHub mentions a team
+        ("https://github.com/orgs/gpu-school/teams/tutors", ["gpu-school:tutors"]),
+        ("https://github.com/gpu-school", ["gpu-school"]),
+    ],
+)
+def test_allowed_orgs_are_organizations_and_team_slugs(base, value, orgs):
+    assert problems(github(base, GPUHUB_ALLOWED_ORGS=value)) == []
+    cfg = Config({**base, "GPUHUB_ALLOWED_ORGS": value})
+    assert cfg.allowed_orgs == orgs
+    assert cfg.values["GPUHUB_ALLOWED_ORGS"] == ",".join(orgs)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "gpu-school:Teaching Assistants",  # the display name, without commas
+        "gpu-school:teaching assistants",
+        "gpu-school:Teaching Assistants, other-org",  # ... and with them
+    ],
+)
+def test_a_teams_display_name_is_refused_with_its_slug_and_where_to_find_it(base, value):
+    (problem,) = problems(github(base, GPUHUB_ALLOWED_ORGS=value))
+    assert problem.startswith("GPUHUB_ALLOWED_ORGS: 'gpu-school:")
+    assert "write the team's slug, gpu-school:teaching-assistants" in problem.lower()
+    assert "https://github.com/orgs/gpu-school/teams/teaching-assistants" in problem
+    with pytest.raises(SettingsError):
+        Config({**base, "GPUHUB_ALLOWED_ORGS": value})
+
+
+def test_a_team_followed_by_a_bare_organization_needs_commas(base):
+    (problem,) = problems(github(base, GPUHUB_ALLOWED_ORGS="gpu-school:tutors other-org"))
+    assert "separate entries with commas" in problem
+    # once commas separate the entries, a blank is inside one
+    (problem,) = problems(github(base, GPUHUB_ALLOWED_ORGS="org-a org-b, org-c"))
+    assert "'org-a org-b' holds a blank" in problem and "separate entries with commas" in problem
+    assert problems(github(base, GPUHUB_ALLOWED_ORGS="gpu-school:tutors, other-org")) == []
+
+
+@pytest.mark.parametrize(
+    "value, host",
+    [
+        ("hub.uni.example", "hub.uni.example"),
+        ("Hub.Uni.Example", "hub.uni.example"),  # as browsers send it
+        ("10.0.0.5", "10.0.0.5"),
+        ("2001:DB8:0:0::5", "2001:db8::5"),
+        ("[2001:db8::5]", "2001:db8::5"),
+        ("xn--hrsaal-wxa.uni.example", "xn--hrsaal-wxa.uni.example"),
+    ],
+)
+def test_the_hostname_is_kept_in_the_one_form_browsers_and_github_use(base, value, host):
+    local = {**base, "GPUHUB_HOSTNAME": value, "GPUHUB_TLS": "self-signed"}
+    assert problems(local) == []
+    assert Config(local).hostname == host == Config(local).values["GPUHUB_HOSTNAME"]
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("hub.uni.example.", "without the final dot, hub.uni.example"),
+        ("hörsaal.uni.example", "its ASCII form, xn--hrsaal-wxa.uni.example"),
+        ("straße.example", "as your DNS provider shows it"),  # IDNA 2003 and 2008 differ
+        ("https://hub.uni.example/", "without scheme or path: hub.uni.example"),
+        ("hub.uni.example:8443", "the port is GPUHUB_HTTPS_PORT"),
+        ("hub_1.uni.example", "write a DNS name"),
+        ("hub example", "write a DNS name"),
+        ("10.0.0.256", "not an IP address"),
+        ("fe80::1%eth0", "with a zone"),
+    ],
+)
+def test_a_hostname_no_callback_would_match_is_refused_with_the_fix(base, value, says):
+    (problem,) = problems({**base, "GPUHUB_HOSTNAME": value, "GPUHUB_TLS": "self-signed"})
+    assert problem.startswith(f"GPUHUB_HOSTNAME is {value!r}; ") and says in problem
+
+
+def test_an_ipv6_hostname_is_refused_for_github_login_only(base):
+    (problem,) = problems(github(base, GPUHUB_HOSTNAME="2001:db8::5", GPUHUB_TLS="self-signed"))
+    assert "an IPv6 address, which GitHub does not match" in problem
+    assert "give the hub a DNS name" in problem
