@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import math
 import os
 import re
 import stat
@@ -67,6 +68,11 @@ MIB = 1024**2
 
 _BLANKS = " \t"
 _BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # PowerShell's `>` and Notepad's "Unicode" write one
+#: A config file is a few kilobytes; a larger one is some other file given by mistake.
+MAX_FILE_BYTES = 256 * 1024
+#: Problems shown at most; the rest are counted on one more line.
+MAX_PROBLEMS = 20
 # Where a shell would start a comment or expand a home directory: at the start of a word.
 _WORD_START = re.compile(r"(?:^|[ \t])([#~])")
 # Where a shell would expand or escape something, which this reader never does.
@@ -182,6 +188,49 @@ def _parse_line(line: str, references: bool = False) -> tuple[str, str] | None:
     return key, _unquoted(key, value, references)
 
 
+def summarized(problems: list[str], limit: int = MAX_PROBLEMS) -> list[str]:
+    """The first ``limit`` problems and a line counting the rest: the first ones are fixed
+    first, and a file given by mistake does not fill the screen."""
+    if len(problems) <= limit:
+        return problems
+    rest = len(problems) - limit
+    return [*problems[:limit], f"... and {rest} more problems like these"]
+
+
+def _grouped(source: str, found: list[tuple[int, str]]) -> list[str]:
+    """One line per problem, naming every line it was found on (the first few, and a count):
+    a file saved in another encoding or given by mistake says so once, not per line."""
+    lines: dict[str, list[int]] = {}
+    for number, message in found:
+        lines.setdefault(message, []).append(number)
+    out = []
+    for message, numbers in lines.items():
+        if len(numbers) == 1:
+            where = f"line {numbers[0]}"
+        else:
+            shown = ", ".join(str(n) for n in numbers[:3])
+            more = len(numbers) - 3
+            where = f"lines {shown}" + (f" and {more} more" if more > 0 else "")
+        out.append(f"{source} {where}: {message}")
+    return out
+
+
+def _not_text(data: bytes, source: str) -> str | None:
+    """Why ``data`` is no config file to read line by line, or None."""
+    if len(data) > MAX_FILE_BYTES:
+        return (
+            f"{source} is {len(data) / 1024**2:.1f} MB; a config file is a few kilobytes of "
+            "GPUHUB_NAME=value lines: is it the right file? (make up CONFIG=FILE names it)"
+        )
+    if b"\0" in data:
+        return (
+            f"{source} holds NUL bytes: saved as UTF-16 without a byte order mark, or not a text "
+            "file; save it as UTF-8 (Notepad: Save as, Encoding UTF-8; PowerShell: "
+            "Set-Content -Encoding utf8)"
+        )
+    return None
+
+
 def _lines(data: bytes | str):
     """(number, text) of each line; UnicodeDecodeError's position is reported by the caller."""
     if isinstance(data, str):
@@ -204,40 +253,54 @@ def parse_env(
     tabs) around the line, the name and the value are not part of them; ``export`` before the
     name is allowed. The value is the rest of the line, taken literally: quotes around all of it
     ('...' or "...") are removed, nothing is expanded. An empty value means empty (e.g. no
-    limit), not the default. Raises ConfigFileError with every line it cannot take for certain:
-    not UTF-8, invisible characters, a lower-case or missing name, a name given twice, an
-    unclosed or stray quote, anything a shell would treat differently (``$``, a backquote, a
-    backslash, ``~`` or ``#`` starting a word, two assignments on one line). ``references``
-    (deploy/settings.env only) lets unquoted values hold ``${GPUHUB_X}``.
+    limit), not the default. UTF-16 with its byte order mark (PowerShell's ``>``, Notepad's
+    "Unicode") is read as well. Raises ConfigFileError with every line it cannot take for
+    certain, one line per problem (naming each line it was found on, at most MAX_PROBLEMS):
+    a file too large to be one or holding NUL bytes, not UTF-8, invisible characters, a
+    lower-case or missing name, a name given twice, an unclosed or stray quote, anything a
+    shell would treat differently (``$``, a backquote, a backslash, ``~`` or ``#`` starting a
+    word, two assignments on one line). ``references`` (deploy/settings.env only) lets
+    unquoted values hold ``${GPUHUB_X}``.
     """
+    if isinstance(data, bytes) and data.startswith(_UTF16_BOMS):
+        try:
+            data = data.decode("utf-16")
+        except UnicodeDecodeError:
+            raise ConfigFileError(
+                [f"{source}: not UTF-16 text after its byte order mark; save it as UTF-8"]
+            ) from None
+    if isinstance(data, bytes) and (why := _not_text(data, source)):
+        raise ConfigFileError([why])
     found: dict[str, tuple[str, int]] = {}
-    problems = []
+    problems: list[tuple[int, str]] = []
     for number, raw in _lines(data):
-        where = f"{source} line {number}"
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             problems.append(
-                f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                "save the file as UTF-8"
+                (
+                    number,
+                    f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                    "save the file as UTF-8",
+                )
             )
             continue
         try:
             parsed = _parse_line(text, references)
         except _Refused as e:
-            problems.append(f"{where}: {e}")
+            problems.append((number, str(e)))
             continue
         if parsed is None:
             continue
         key, value = parsed
         if key in found:
             problems.append(
-                f"{where}: {key} is set again (first on line {found[key][1]}); keep one of the two"
+                (number, f"{key} is set again (first on line {found[key][1]}); keep one of the two")
             )
             continue
         found[key] = (value, number)
     if problems:
-        raise ConfigFileError(problems)
+        raise ConfigFileError(summarized(_grouped(source, problems)))
     return found
 
 
@@ -814,6 +877,102 @@ def read_roster(path: str) -> tuple[set[str], list[str]]:
     return names, [] if names else [f"GPUHUB_ROSTER: {path} lists no GitHub username; add them"]
 
 
+# ---- files named by the settings ------------------------------------------------------------
+
+#: Settings naming a file on this machine, which the deploy reads.
+FILE_KEYS = (
+    "GPUHUB_ROSTER",
+    "GPUHUB_GITHUB_CLIENT_SECRET_FILE",
+    "GPUHUB_TLS_CERT",
+    "GPUHUB_TLS_KEY",
+)
+
+
+def resolve_paths(
+    settings: Settings, config_path: str, cwd: str
+) -> tuple[Settings, dict[str, str]]:
+    """FILE_KEYS as absolute paths: a relative one set in the config file is taken from the
+    config file's folder (where the organizer keeps the files it names), one from the
+    environment from ``cwd``. Returns the settings and, for each key made absolute, a note
+    saying what it was relative to (for the messages about it)."""
+    values, notes = dict(settings.values), {}
+    folder = str(Path(config_path).resolve().parent) if config_path else ""
+    for key in FILE_KEYS:
+        value = values.get(key, "")
+        if not value or os.path.isabs(value):
+            continue
+        from_file = settings.origin.get(key, "").startswith(f"{config_path} line")
+        base = folder if from_file and folder else cwd
+        values[key] = os.path.normpath(os.path.join(base, value))
+        notes[key] = (
+            f"{value!r} is relative to "
+            + ("the config file's folder " if from_file and folder else "the current folder ")
+            + base
+        )
+    return Settings(values, settings.origin), notes
+
+
+def read_secret_file(path: str) -> str:
+    """The secret held by a file (GPUHUB_GITHUB_CLIENT_SECRET_FILE), as the deploy gives it to
+    the hub: without a UTF-8 byte order mark and blanks or line ends around it. ValueError
+    saying what to do for a file that holds no single secret; OSError if it cannot be read."""
+    data = Path(path).read_bytes()
+    if data.startswith(_UTF16_BOMS) or b"\0" in data:
+        raise ValueError(
+            "is saved as UTF-16 (PowerShell's >, Notepad's Unicode); write it again as plain "
+            "text: Set-Content -Encoding ascii, or Notepad's Save as with Encoding UTF-8"
+        )
+    try:
+        text = data.removeprefix(_BOM).decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ValueError("is not UTF-8 text; write the secret into it as plain text") from None
+    if not text:
+        raise ValueError("is empty; write the OAuth app's client secret into it")
+    if any(ch.isspace() or not ch.isprintable() for ch in text):
+        raise ValueError(
+            "holds blanks, more than one line or invisible characters; keep only the client "
+            "secret in it"
+        )
+    return text
+
+
+def secret_file_problems(settings: dict[str, str]) -> list[str]:
+    """A line for each secret file (GPUHUB_*SECRET*_FILE) that others may read, or that holds
+    no single secret."""
+    out = []
+    for key, path in settings.items():
+        if not (key.endswith("_FILE") and "SECRET" in key and path):
+            continue
+        try:
+            mode = os.stat(path).st_mode
+            if not stat.S_ISREG(mode):
+                out.append(f"{key}: {path} is not a file; name the file holding the secret")
+                continue
+            read_secret_file(path)
+        except OSError:
+            continue  # "does not exist" is said by problems()
+        except ValueError as e:
+            out.append(f"{key}: {path} {e}")
+            continue
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            out.append(
+                f"{key}: {path} may be read by others (mode {stat.S_IMODE(mode):04o}); "
+                f"run: chmod 600 {path}"
+            )
+    return out
+
+
+def _noted(errors: list[str], settings: Settings, notes: dict[str, str]) -> list[str]:
+    """Each line about a file named by a relative path says what the path is relative to."""
+    out = []
+    for line in errors:
+        for key, note in notes.items():
+            if key in line and settings.values[key] in line:
+                line = f"{line} ({note})"
+        out.append(line)
+    return out
+
+
 # ---- the command --------------------------------------------------------------------------
 
 
@@ -856,9 +1015,11 @@ def _gather(
     if mode == "up":
         settings = production_defaults(settings)
     else:
-        settings = resolve_auto(settings, machine or this_machine())
+        machine = machine or this_machine()
+        settings = resolve_auto(settings, machine)
+    settings, notes = resolve_paths(settings, source, os.getcwd())
     if not mode:
-        return settings, unknown
+        return settings, summarized(unknown)
     errors = unknown + placeholders(settings)
     secret = config.get("GPUHUB_GITHUB_CLIENT_SECRET", ("", 0))[0]
     if secret and Path(source).stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -867,11 +1028,46 @@ def _gather(
             f"run: chmod 600 {source}"
         )
     prefix = source or "settings"
-    errors += [f"{prefix}: {e}" for e in problems(settings.values, mode=mode)]
+    found = problems(settings.values, mode=mode) + secret_file_problems(settings.values)
+    if mode == "demo" and machine:
+        found += _cores_here(settings.values, machine)
+    errors += [f"{_where(line, settings, prefix)}: {line}" for line in found]
     roster_file = settings.values.get("GPUHUB_ROSTER", "")
     if settings.values.get("GPUHUB_AUTH") == "github" and roster_file:
-        errors += read_roster(roster_file)[1]
-    return settings, errors
+        errors += [
+            f"{_where(line, settings, prefix)}: {line}" for line in read_roster(roster_file)[1]
+        ]
+    errors = sorted(_noted(errors, settings, notes), key=_line_number)
+    return settings, summarized(errors)
+
+
+def _where(problem: str, settings: Settings, otherwise: str) -> str:
+    """Where the setting a problem starts with was set: "FILE line N" or "the environment"
+    (a default: ``otherwise``, the config file)."""
+    key = re.match(r"GPUHUB_[A-Z0-9_]+", problem)
+    origin = settings.origin.get(key.group(0), "") if key else ""
+    return origin if " line " in origin or origin == "the environment" else otherwise
+
+
+def _line_number(problem: str) -> float:
+    """The config file's line a problem is about, for the file's order (others after it)."""
+    found = re.match(r"^[^:]* lines? ([0-9]+)\b", problem)
+    return int(found.group(1)) if found else math.inf
+
+
+def _cores_here(settings: dict[str, str], machine: Machine) -> list[str]:
+    """`make demo` runs the servers on this machine: Docker refuses to start a container with
+    a CPU limit above its cores."""
+    try:
+        cores = typed.cores(settings.get("GPUHUB_CPU_LIMIT", ""))
+    except ValueError:
+        return []  # said by problems()
+    if cores is not None and cores > machine.cpus:
+        return [
+            f"GPUHUB_CPU_LIMIT is {cores:g} but this machine, which runs the demo's servers, has "
+            f"{machine.cpus} cores; Docker would refuse to start them: write at most {machine.cpus}"
+        ]
+    return []
 
 
 def load(args, environ=os.environ, machine: Machine | None = None) -> tuple[Settings, list[str]]:

@@ -948,3 +948,153 @@ def test_an_ipv6_hostname_is_refused_for_github_login_only(base):
     (problem,) = problems(github(base, GPUHUB_HOSTNAME="2001:db8::5", GPUHUB_TLS="self-signed"))
     assert "an IPv6 address, which GitHub does not match" in problem
     assert "give the hub a DNS name" in problem
+
+
+# ---- config files as organizers hand them over: one line per real problem ----------------
+
+CONFIGS = REPO / "tests" / "unit" / "configs"
+
+
+def organizers_file(tmp_path, name: str, mode: int = 0o600) -> str:
+    copy = tmp_path / name
+    copy.write_bytes((CONFIGS / name).read_bytes())
+    copy.chmod(mode)
+    return str(copy)
+
+
+def refused_lines(path: str, mode: str = "up", environ=None) -> list[str]:
+    with pytest.raises(SettingsError) as refused:
+        read(mode, environ=environ or {}, config=path, machine=MACHINE)
+    return refused.value.problems
+
+
+def test_what_the_check_would_pass_and_the_hub_then_fail_on_is_said_in_the_files_order(
+    tmp_path,
+):
+    path = organizers_file(tmp_path, "accepted-then-failing.env")
+    assert refused_lines(path) == [
+        f"{path} line 1: GPUHUB_HOSTNAME is 'hub.uni.example.'; write it without the final "
+        "dot, hub.uni.example: browsers and GitHub's OAuth callback check take the name "
+        "without it",
+        f"{path} line 5: GPUHUB_GITHUB_CLIENT_SECRET_FILE: {tmp_path}/client-secret.txt does "
+        f"not exist ('client-secret.txt' is relative to the config file's folder {tmp_path})",
+        f"{path} line 6: GPUHUB_ROSTER: cannot read {tmp_path}/roster.csv (No such file or "
+        f"directory); check the path ('roster.csv' is relative to the config file's folder "
+        f"{tmp_path})",
+        f"{path} line 8: GPUHUB_CPU_LIMIT is 'inf'; write a number of cores with digits and a "
+        "decimal point, such as 4 or 0.5 (no unit), or leave it empty for no limit",
+        f"{path} line 9: GPUHUB_MEM_LIMIT is '16 GB of RAM'; write a size with its unit, such "
+        "as 16G or 512M (K, M, G, T: powers of 1024), or leave it empty for no limit",
+    ]
+
+
+def test_relative_files_are_found_beside_the_config_file_or_in_the_current_folder(
+    tmp_path, monkeypatch
+):
+    folder = tmp_path / "workshop"
+    folder.mkdir()
+    (folder / "roster.txt").write_text("ada\nbob\n")
+    (folder / "client-secret.txt").write_text("3c9f1e0d8b7a\r\n")  # Notepad's line end
+    (folder / "client-secret.txt").chmod(0o600)
+    config = folder / "config.env"
+    config.write_text(
+        "GPUHUB_HOSTNAME=hub.uni.example\nGPUHUB_TLS=self-signed\nGPUHUB_AUTH=github\n"
+        "GPUHUB_GITHUB_CLIENT_ID=Iv1.8a61f9b3a7aba766\n"
+        "GPUHUB_GITHUB_CLIENT_SECRET_FILE=client-secret.txt\nGPUHUB_ROSTER=roster.txt\n"
+        "GPUHUB_CPU_LIMIT=4\nGPUHUB_MEM_LIMIT=16G\nGPUHUB_PIDS_LIMIT=4096\n"
+    )
+    config.chmod(0o600)
+    elsewhere = tmp_path / "checkout"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # where `make` runs
+    cfg = read("up", environ={}, config=str(config), machine=MACHINE)
+    assert cfg.roster == str(folder / "roster.txt")  # handed on absolute
+    assert cfg.github_client_secret_file == str(folder / "client-secret.txt")
+    assert settings_module.read_secret_file(cfg.github_client_secret_file) == "3c9f1e0d8b7a"
+    # from the environment, a relative path is the current folder's, and says so
+    found = refused_lines(str(config), environ={"GPUHUB_ROSTER": "roster.txt"})
+    assert found == [
+        f"the environment: GPUHUB_ROSTER: cannot read {elsewhere}/roster.txt (No such file or "
+        f"directory); check the path ('roster.txt' is relative to the current folder "
+        f"{elsewhere})"
+    ]
+
+
+@pytest.mark.parametrize(
+    "content, mode, says",
+    [
+        (b"3c9f1e0d8b7a\n", 0o644, "may be read by others (mode 0644); run: chmod 600 "),
+        (b"3c9f1e0d8b7a\n", 0o640, "may be read by others (mode 0640); run: chmod 600 "),
+        ("3c9f1e0d8b7a\r\n".encode("utf-16"), 0o600, "is saved as UTF-16"),
+        (b"\n", 0o600, "is empty; write the OAuth app's client secret into it"),
+        (b"3c9f1e0d8b7a\nold-secret\n", 0o600, "more than one line"),
+    ],
+)
+def test_a_secret_file_others_may_read_or_holding_no_single_secret_is_refused(
+    tmp_path, content, mode, says
+):
+    secret = tmp_path / "client-secret.txt"
+    secret.write_bytes(content)
+    secret.chmod(mode)
+    config = tmp_path / "config.env"
+    config.write_text(
+        "GPUHUB_HOSTNAME=hub.uni.example\nGPUHUB_TLS=self-signed\nGPUHUB_AUTH=github\n"
+        "GPUHUB_GITHUB_CLIENT_ID=Iv1.8a61f9b3a7aba766\nGPUHUB_ALLOWED_ORGS=gpu-school\n"
+        f"GPUHUB_GITHUB_CLIENT_SECRET_FILE={secret}\n"
+        "GPUHUB_CPU_LIMIT=4\nGPUHUB_MEM_LIMIT=16G\nGPUHUB_PIDS_LIMIT=4096\n"
+    )
+    config.chmod(0o600)
+    (problem,) = refused_lines(str(config))
+    assert problem.startswith(f"{config} line 6: GPUHUB_GITHUB_CLIENT_SECRET_FILE: {secret} ")
+    assert says in problem
+    assert "3c9f1e0d8b7a" not in problem
+
+
+def test_an_idn_hostname_is_refused_with_its_ascii_form(tmp_path):
+    path = organizers_file(tmp_path, "idn-hostname.env")
+    assert refused_lines(path) == [
+        f"{path} line 1: GPUHUB_HOSTNAME is 'hörsaal.uni.example'; an internationalized name; "
+        "write its ASCII form, xn--hrsaal-wxa.uni.example (browsers and certificates use it, "
+        "and GitHub's OAuth app must have the same)"
+    ]
+
+
+def test_utf16_without_its_byte_order_mark_is_one_line_not_one_per_line(tmp_path):
+    path = organizers_file(tmp_path, "utf16le-no-bom.env")
+    (problem,) = refused_lines(path)
+    assert problem.startswith(f"{path} holds NUL bytes: saved as UTF-16 without a byte order")
+    assert "save it as UTF-8" in problem
+
+
+def test_a_large_file_given_by_mistake_is_one_line(tmp_path):
+    # a registration export of 90,000 participants (5 MB) named as the config file
+    export = tmp_path / "registrations.csv"
+    rows = [f"p{n},p{n}@uni.example,gh-user-{n},Faculty of Engineering" for n in range(90_000)]
+    export.write_text("name,email,github,faculty\n" + "\n".join(rows) + "\n")
+    assert export.stat().st_size > 5 * 1000**2
+    (problem,) = refused_lines(str(export))
+    assert problem.startswith(f"{export} is 5.") and "is it the right file?" in problem
+
+
+def test_the_same_problem_on_many_lines_is_one_line_and_many_problems_are_capped(tmp_path):
+    export = tmp_path / "roster.csv"  # a small file given by mistake: no line has a '='
+    export.write_text("name,github\n" + "".join(f"p{n},gh-{n}\n" for n in range(500)))
+    assert refused_lines(str(export)) == [
+        f"{export} lines 1, 2, 3 and 498 more: no '=' in it; write GPUHUB_NAME=value, or start "
+        "a comment with #"
+    ]
+    names = tmp_path / "names.env"  # 30 different problems: the first 20, and a count
+    names.write_text("".join(f"GPUHUB_NOT_{n}=x\n" for n in range(30)))
+    found = refused_lines(str(names), mode=None)  # only what cannot be read
+    assert len(found) == 21 and found[-1] == "... and 10 more problems like these"
+    assert found[0].startswith(f"{names} line 1: unknown setting GPUHUB_NOT_0")
+
+
+def test_the_demo_refuses_more_cores_per_server_than_its_machine_has():
+    with pytest.raises(SettingsError) as refused:
+        read("demo", environ={"GPUHUB_CPU_LIMIT": "32"}, config="", machine=MACHINE)
+    assert refused.value.problems == [
+        "the environment: GPUHUB_CPU_LIMIT is 32 but this machine, which runs the demo's "
+        "servers, has 16 cores; Docker would refuse to start them: write at most 16"
+    ]
+    assert read("demo", environ={"GPUHUB_CPU_LIMIT": "16"}, config="", machine=MACHINE)

@@ -161,16 +161,22 @@ def test_worker_code_imports_only_the_standard_library_nvml_and_the_contract():
     assert not wrong, "the worker may import the standard library, pynvml, contract and settings"
 
 
-def test_the_settings_import_only_the_standard_library_and_three_pure_modules():
+def test_the_settings_import_only_the_standard_library_and_four_pure_modules():
     """deploy/settings.py runs with a bare python3 (before anything is installed) and on the
-    GPU machines: beyond the standard library only the roster and tutorial-repository readers
-    and the GPU guard's settings, themselves standard library only; and the deploy package's
-    __init__ imports nothing."""
-    pure = {"gpu_swarm_spawner.roster", "tutorial_sync.repos", "worker_setup.guard_policy"}
+    GPU machines: beyond the standard library only the typed values' readers, the roster and
+    tutorial-repository readers and the GPU guard's settings, themselves standard library only;
+    and the deploy package's __init__ imports nothing."""
+    pure = {
+        "deploy.values",
+        "gpu_swarm_spawner.roster",
+        "tutorial_sync.repos",
+        "worker_setup.guard_policy",
+    }
     deploy = REPO / "deploy"
     wrong = [
         f"{path.relative_to(REPO)}:{line}: {module}"
-        for path in (deploy / "settings.py", REPO / "gpu_swarm_spawner" / "roster.py",
+        for path in (deploy / "settings.py", deploy / "values.py",
+                     REPO / "gpu_swarm_spawner" / "roster.py",
                      REPO / "tutorial_sync" / "repos.py", WORKER / "guard_policy.py")
         for line, module in imports(path.read_text())
         if not allowed(module, pure)
