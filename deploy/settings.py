@@ -670,12 +670,18 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     if mode == "up" and not settings.get("GPUHUB_HOSTNAME"):
         errors.append("GPUHUB_HOSTNAME is empty; write the hub's public DNS name or IP address")
     errors += wrong
-    if host and typed.is_ipv6(host) and settings.get("GPUHUB_AUTH") == "github":
-        errors.append(
-            f"GPUHUB_HOSTNAME is {settings['GPUHUB_HOSTNAME']!r}, an IPv6 address, which GitHub "
-            "does not match in an OAuth app's callback URL; give the hub a DNS name (an AAAA "
-            "record) and write that"
-        )
+    if host and typed.is_ipv6(host):
+        users = []
+        if settings.get("GPUHUB_AUTH") == "github":
+            users.append("GitHub does not match it in an OAuth app's callback URL")
+        if settings.get("GPUHUB_TLS") != "off":
+            users.append("the HTTPS gateway takes no bare IPv6 address as its site")
+        if users:
+            errors.append(
+                f"GPUHUB_HOSTNAME is {settings['GPUHUB_HOSTNAME']!r}, an IPv6 address: "
+                f"{' and '.join(users)}; give the hub a DNS name (an AAAA record) and write that"
+                + ("" if settings.get("GPUHUB_AUTH") == "github" else ", or set GPUHUB_TLS=off")
+            )
     if not _STACK.match(settings.get("GPUHUB_STACK", "")):
         errors.append("GPUHUB_STACK: use lower-case letters, digits, - and _")
     errors += _subnet(settings.get("GPUHUB_NETWORK_SUBNET", ""))

@@ -920,7 +920,7 @@ def test_a_team_followed_by_a_bare_organization_needs_commas(base):
     ],
 )
 def test_the_hostname_is_kept_in_the_one_form_browsers_and_github_use(base, value, host):
-    local = {**base, "GPUHUB_HOSTNAME": value, "GPUHUB_TLS": "self-signed"}
+    local = {**base, "GPUHUB_HOSTNAME": value, "GPUHUB_TLS": "off"}
     assert problems(local) == []
     assert Config(local).hostname == host == Config(local).values["GPUHUB_HOSTNAME"]
 
@@ -944,10 +944,17 @@ def test_a_hostname_no_callback_would_match_is_refused_with_the_fix(base, value,
     assert problem.startswith(f"GPUHUB_HOSTNAME is {value!r}; ") and says in problem
 
 
-def test_an_ipv6_hostname_is_refused_for_github_login_only(base):
+def test_an_ipv6_hostname_is_refused_for_github_login_and_the_https_gateway(base):
+    (problem,) = problems(github(base, GPUHUB_HOSTNAME="2001:db8::5", GPUHUB_TLS="off"))
+    assert "an IPv6 address: GitHub does not match it in an OAuth app's callback URL" in problem
+    assert problem.endswith("give the hub a DNS name (an AAAA record) and write that")
+    # one line for the one fix, whatever needs it
     (problem,) = problems(github(base, GPUHUB_HOSTNAME="2001:db8::5", GPUHUB_TLS="self-signed"))
-    assert "an IPv6 address, which GitHub does not match" in problem
-    assert "give the hub a DNS name" in problem
+    assert "callback URL and the HTTPS gateway takes no bare IPv6 address" in problem
+    local = {**base, "GPUHUB_HOSTNAME": "2001:db8::5"}
+    (problem,) = problems({**local, "GPUHUB_TLS": "self-signed"})
+    assert problem.endswith("(an AAAA record) and write that, or set GPUHUB_TLS=off")
+    assert problems({**local, "GPUHUB_TLS": "off"}) == []  # plain HTTP at [2001:db8::5]
 
 
 # ---- config files as organizers hand them over: one line per real problem ----------------
