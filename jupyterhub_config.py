@@ -168,10 +168,11 @@ c.SwarmSpawner.start_timeout = cfg.start_timeout
 c.SwarmSpawner.http_timeout = 60
 c.SwarmSpawner.poll_interval = cfg.poll_interval
 c.SwarmSpawner.default_url = "/lab"
-# CPU, memory and pids limits: "" means none (the traits keep their defaults)
-if cfg.cpu_limit:
-    c.SwarmSpawner.cpu_limit = float(cfg.cpu_limit)
-if cfg.mem_limit:
+# CPU (cores) and memory (bytes) limits as the settings checked them; None: no limit (the
+# traits keep their defaults)
+if cfg.cpu_limit is not None:
+    c.SwarmSpawner.cpu_limit = cfg.cpu_limit
+if cfg.mem_limit is not None:
     c.SwarmSpawner.mem_limit = cfg.mem_limit
 
 if cfg.spawner == "stock-swarm":
@@ -196,8 +197,8 @@ else:
     c.GPUSwarmSpawner.slices_per_server = cfg.slices_per_server
     c.GPUSwarmSpawner.placement_policy = cfg.placement
     c.GPUSwarmSpawner.docker_api_threads = cfg.docker_api_threads
-    if cfg.pids_limit:
-        c.GPUSwarmSpawner.pids_limit = int(cfg.pids_limit)  # 0: no limit
+    if cfg.pids_limit is not None:
+        c.GPUSwarmSpawner.pids_limit = cfg.pids_limit  # 0: no limit
     c.GPUSwarmSpawner.service_labels = {contract.STACK_LABEL: cfg.stack}
     # the home: a folder per participant on shared storage (GPUHUB_HOMES_DIR, which the hub
     # sees at the same path and makes their folder in), else a volume on the machine that runs

@@ -55,13 +55,18 @@ def read_secret(config: Config, name: str) -> str:
 # ---- what the verbs print at the end -----------------------------------------------------------
 
 
+def limit(config: Config, kind: str) -> str:
+    """A limit per server as the organizer writes it (16G, not bytes); "none" for none."""
+    return config.values[f"GPUHUB_{kind}_LIMIT"] or "none"
+
+
 def demo_banner(deployed: Config, demo_password: str, admin_password: str) -> str:
     slices = "SIMULATED (no NVIDIA GPU on this machine)" if deployed.simulated_gpus else "real GPUs"
     return f"""
   GPU JupyterHub is running: {deployed.public_url}/
     log in with any username and the demo password: {demo_password}
     admin user: {", ".join(deployed.admin_users)}, with the admin password: {admin_password}
-    limits per server: cores {deployed.cpu_limit or "none"}, memory {deployed.mem_limit or "none"}, tasks {deployed.pids_limit or "none"}
+    limits per server: cores {limit(deployed, "CPU")}, memory {limit(deployed, "MEM")}, tasks {limit(deployed, "PIDS")}
     GPU slices: {slices}, {deployed.slices_per_gpu} per GPU
   Stop and remove it with: make down
 """  # noqa: E501 (the banner's lines as printed)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import math
 import os
 import re
 import stat
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NoReturn, TypeVar
 
+from deploy import values as typed
 from gpu_swarm_spawner import roster
 from gpu_swarm_spawner.contract import MAX_SLICES_PER_GPU
 from tutorial_sync import credentials
@@ -53,10 +55,6 @@ REPO = DEFAULTS.parent.parent
 V = TypeVar("V")
 
 _KEY = re.compile(r"^GPUHUB_[A-Z0-9_]+$")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
-_ORG = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})"
-_ORG_OR_TEAM = re.compile(rf"^{_ORG}(?::[A-Za-z0-9._-]+)?$")
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)$", re.IGNORECASE)
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*$")
 _STACK = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -72,6 +70,11 @@ MIB = 1024**2
 
 _BLANKS = " \t"
 _BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # PowerShell's `>` and Notepad's "Unicode" write one
+#: A config file is a few kilobytes; a larger one is some other file given by mistake.
+MAX_FILE_BYTES = 256 * 1024
+#: Problems shown at most; the rest are counted on one more line.
+MAX_PROBLEMS = 20
 # Where a shell would start a comment or expand a home directory: at the start of a word.
 _WORD_START = re.compile(r"(?:^|[ \t])([#~])")
 # Where a shell would expand or escape something, which this reader never does.
@@ -187,6 +190,49 @@ def _parse_line(line: str, references: bool = False) -> tuple[str, str] | None:
     return key, _unquoted(key, value, references)
 
 
+def summarized(problems: list[str], limit: int = MAX_PROBLEMS) -> list[str]:
+    """The first ``limit`` problems and a line counting the rest: the first ones are fixed
+    first, and a file given by mistake does not fill the screen."""
+    if len(problems) <= limit:
+        return problems
+    rest = len(problems) - limit
+    return [*problems[:limit], f"... and {rest} more problems like these"]
+
+
+def _grouped(source: str, found: list[tuple[int, str]]) -> list[str]:
+    """One line per problem, naming every line it was found on (the first few, and a count):
+    a file saved in another encoding or given by mistake says so once, not per line."""
+    lines: dict[str, list[int]] = {}
+    for number, message in found:
+        lines.setdefault(message, []).append(number)
+    out = []
+    for message, numbers in lines.items():
+        if len(numbers) == 1:
+            where = f"line {numbers[0]}"
+        else:
+            shown = ", ".join(str(n) for n in numbers[:3])
+            more = len(numbers) - 3
+            where = f"lines {shown}" + (f" and {more} more" if more > 0 else "")
+        out.append(f"{source} {where}: {message}")
+    return out
+
+
+def _not_text(data: bytes, source: str) -> str | None:
+    """Why ``data`` is no config file to read line by line, or None."""
+    if len(data) > MAX_FILE_BYTES:
+        return (
+            f"{source} is {len(data) / 1024**2:.1f} MB; a config file is a few kilobytes of "
+            "GPUHUB_NAME=value lines: is it the right file? (make up CONFIG=FILE names it)"
+        )
+    if b"\0" in data:
+        return (
+            f"{source} holds NUL bytes: saved as UTF-16 without a byte order mark, or not a text "
+            "file; save it as UTF-8 (Notepad: Save as, Encoding UTF-8; PowerShell: "
+            "Set-Content -Encoding utf8)"
+        )
+    return None
+
+
 def _lines(data: bytes | str):
     """(number, text) of each line; UnicodeDecodeError's position is reported by the caller."""
     if isinstance(data, str):
@@ -209,40 +255,54 @@ def parse_env(
     tabs) around the line, the name and the value are not part of them; ``export`` before the
     name is allowed. The value is the rest of the line, taken literally: quotes around all of it
     ('...' or "...") are removed, nothing is expanded. An empty value means empty (e.g. no
-    limit), not the default. Raises ConfigFileError with every line it cannot take for certain:
-    not UTF-8, invisible characters, a lower-case or missing name, a name given twice, an
-    unclosed or stray quote, anything a shell would treat differently (``$``, a backquote, a
-    backslash, ``~`` or ``#`` starting a word, two assignments on one line). ``references``
-    (deploy/settings.env only) lets unquoted values hold ``${GPUHUB_X}``.
+    limit), not the default. UTF-16 with its byte order mark (PowerShell's ``>``, Notepad's
+    "Unicode") is read as well. Raises ConfigFileError with every line it cannot take for
+    certain, one line per problem (naming each line it was found on, at most MAX_PROBLEMS):
+    a file too large to be one or holding NUL bytes, not UTF-8, invisible characters, a
+    lower-case or missing name, a name given twice, an unclosed or stray quote, anything a
+    shell would treat differently (``$``, a backquote, a backslash, ``~`` or ``#`` starting a
+    word, two assignments on one line). ``references`` (deploy/settings.env only) lets
+    unquoted values hold ``${GPUHUB_X}``.
     """
+    if isinstance(data, bytes) and data.startswith(_UTF16_BOMS):
+        try:
+            data = data.decode("utf-16")
+        except UnicodeDecodeError:
+            raise ConfigFileError(
+                [f"{source}: not UTF-16 text after its byte order mark; save it as UTF-8"]
+            ) from None
+    if isinstance(data, bytes) and (why := _not_text(data, source)):
+        raise ConfigFileError([why])
     found: dict[str, tuple[str, int]] = {}
-    problems = []
+    problems: list[tuple[int, str]] = []
     for number, raw in _lines(data):
-        where = f"{source} line {number}"
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             problems.append(
-                f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                "save the file as UTF-8"
+                (
+                    number,
+                    f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                    "save the file as UTF-8",
+                )
             )
             continue
         try:
             parsed = _parse_line(text, references)
         except _Refused as e:
-            problems.append(f"{where}: {e}")
+            problems.append((number, str(e)))
             continue
         if parsed is None:
             continue
         key, value = parsed
         if key in found:
             problems.append(
-                f"{where}: {key} is set again (first on line {found[key][1]}); keep one of the two"
+                (number, f"{key} is set again (first on line {found[key][1]}); keep one of the two")
             )
             continue
         found[key] = (value, number)
     if problems:
-        raise ConfigFileError(problems)
+        raise ConfigFileError(summarized(_grouped(source, problems)))
     return found
 
 
@@ -460,10 +520,6 @@ def _is_address(host: str) -> bool:
     return True
 
 
-def _valid_host(host: str) -> bool:
-    return bool(host) and (_is_address(host) or bool(_HOSTNAME.match(host)))
-
-
 def _int(settings, key, low, high=None) -> list[str]:
     value = settings.get(key, "")
     try:
@@ -483,10 +539,16 @@ def _choice(settings, key, choices) -> list[str]:
     return []
 
 
-def names(value: str) -> list[str]:
-    """Names separated by commas or spaces (GPUHUB_ADMIN_USERS, GPUHUB_ALLOWED_ORGS); the hub's
-    configuration reads them with this too."""
-    return [n for n in re.split(r"[,\s]+", value) if n]
+def _typed(settings, key) -> tuple[object, list[str]]:
+    """``key``'s value as Config types it (CONVERTERS), and the problems if it cannot be: the
+    check and the value the hub and the spawner use come from the same function."""
+    value = settings.get(key, "")
+    try:
+        return CONVERTERS[key](value), []
+    except typed.Entries as e:
+        return None, [f"{key}: {line}" for line in e.lines]
+    except ValueError as e:
+        return None, [f"{key} is {value!r}; {e}"]
 
 
 def _numbers(settings) -> list[str]:
@@ -528,15 +590,6 @@ def _numbers(settings) -> list[str]:
     return errors
 
 
-def size_bytes(value: str) -> int | None:
-    """Bytes of a size such as 16G, 512M or 1.5G (K, M, G, T: powers of 1024); None if not one."""
-    match = _SIZE.match(value)
-    if not match:
-        return None
-    number, unit = match.groups()
-    return int(float(number) * 1024 ** " KMGT".index(unit.upper() or " "))
-
-
 def _limits(settings, mode) -> list[str]:
     errors = []
     if mode == "up":
@@ -547,39 +600,15 @@ def _limits(settings, mode) -> list[str]:
                     "with `make up` they run on the GPU machines: write the limit per server "
                     f"(deploy/config.example.env suggests one), or an empty value for none"
                 )
-    cpu = settings.get("GPUHUB_CPU_LIMIT", "")
-    if cpu and cpu != AUTO:
-        try:
-            if float(cpu) <= 0:
-                raise ValueError
-        except ValueError:
-            errors.append(f"GPUHUB_CPU_LIMIT is {cpu!r}; write a number of cores, e.g. 4 or 0.5")
-    mem = settings.get("GPUHUB_MEM_LIMIT", "")
-    if mem and mem != AUTO:
-        size = size_bytes(mem)
-        if size is None:
-            errors.append(f"GPUHUB_MEM_LIMIT is {mem!r}; write a size such as 16G or 512M")
-        elif size < 256 * MIB:
-            errors.append(
-                f"GPUHUB_MEM_LIMIT is {mem!r} ({size} bytes), too little for a JupyterLab; "
-                "write a size with its unit, such as 16G (at least 256M)"
-            )
-    pids = settings.get("GPUHUB_PIDS_LIMIT", "")
-    if pids and pids != AUTO and (not pids.isdigit() or 0 < int(pids) < 256):
-        errors.append(
-            f"GPUHUB_PIDS_LIMIT is {pids!r}; write the most processes and threads a server may "
-            "run, at least 256 (a JupyterLab with kernels runs about 100), or 0 for no limit"
-        )
+    for key in LIMIT_KEYS:
+        if settings.get(key) != AUTO:
+            errors += _typed(settings, key)[1]
     return errors
 
 
 def _login(settings, exists) -> list[str]:
     errors = _choice(settings, "GPUHUB_AUTH", AUTH_MODES)
-    for name in names(settings.get("GPUHUB_ADMIN_USERS", "")):
-        try:
-            roster.parse(name)
-        except roster.RosterError:
-            errors.append(f"GPUHUB_ADMIN_USERS: {name!r} is not a username")
+    errors += _typed(settings, "GPUHUB_ADMIN_USERS")[1]
     if settings.get("GPUHUB_AUTH") != "github":
         return errors
     if not settings.get("GPUHUB_GITHUB_CLIENT_ID"):
@@ -600,11 +629,9 @@ def _login(settings, exists) -> list[str]:
     url = settings.get("GPUHUB_GITHUB_URL", "")
     if not re.match(r"^https?://[^/\s]+/?$", url):
         errors.append(f"GPUHUB_GITHUB_URL is {url!r}; write https://github.com (or your server)")
-    orgs = names(settings.get("GPUHUB_ALLOWED_ORGS", ""))
-    for org in orgs:
-        if not _ORG_OR_TEAM.match(org):
-            errors.append(f"GPUHUB_ALLOWED_ORGS: {org!r} is not ORG or ORG:TEAM")
-    if not orgs and not settings.get("GPUHUB_ROSTER"):
+    orgs, wrong = _typed(settings, "GPUHUB_ALLOWED_ORGS")
+    errors += wrong
+    if not wrong and not orgs and not settings.get("GPUHUB_ROSTER"):
         errors.append(
             "GPUHUB_ALLOWED_ORGS and GPUHUB_ROSTER are both empty, so nobody could log in; "
             "set an organization (or org:team), a roster file, or both"
@@ -617,7 +644,7 @@ def _tls(settings, exists) -> list[str]:
     host = settings.get("GPUHUB_HOSTNAME", "")
     mode = settings.get("GPUHUB_TLS")
     private = _is_address(host) or host == "localhost" or "." not in host
-    if mode == "acme" and _valid_host(host) and private:
+    if mode == "acme" and host and not _typed(settings, "GPUHUB_HOSTNAME")[1] and private:
         errors.append(
             f"GPUHUB_TLS=acme needs a public DNS name in GPUHUB_HOSTNAME, not {host!r}; "
             "use GPUHUB_TLS=self-signed (or files) for an address or a private name"
@@ -642,11 +669,22 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     ``mode`` "up" (production) also needs a hostname and explicit limits."""
     errors = _numbers(settings) + _limits(settings, mode)
     errors += _login(settings, exists) + _tls(settings, exists)
-    host = settings.get("GPUHUB_HOSTNAME", "")
-    if mode == "up" and not host:
+    host, wrong = _typed(settings, "GPUHUB_HOSTNAME")
+    if mode == "up" and not settings.get("GPUHUB_HOSTNAME"):
         errors.append("GPUHUB_HOSTNAME is empty; write the hub's public DNS name or IP address")
-    elif host and not _valid_host(host):
-        errors.append(f"GPUHUB_HOSTNAME is {host!r}; write a DNS name or an IP address")
+    errors += wrong
+    if host and typed.is_ipv6(host):
+        users = []
+        if settings.get("GPUHUB_AUTH") == "github":
+            users.append("GitHub does not match it in an OAuth app's callback URL")
+        if settings.get("GPUHUB_TLS") != "off":
+            users.append("the HTTPS gateway takes no bare IPv6 address as its site")
+        if users:
+            errors.append(
+                f"GPUHUB_HOSTNAME is {settings['GPUHUB_HOSTNAME']!r}, an IPv6 address: "
+                f"{' and '.join(users)}; give the hub a DNS name (an AAAA record) and write that"
+                + ("" if settings.get("GPUHUB_AUTH") == "github" else ", or set GPUHUB_TLS=off")
+            )
     if not _STACK.match(settings.get("GPUHUB_STACK", "")):
         errors.append("GPUHUB_STACK: use lower-case letters, digits, - and _")
     errors += _subnet(settings.get("GPUHUB_NETWORK_SUBNET", ""))
@@ -873,6 +911,102 @@ def read_roster(path: str) -> tuple[roster.Roster, list[str]]:
     return found, []
 
 
+# ---- files named by the settings ------------------------------------------------------------
+
+#: Settings naming a file on this machine, which the deploy reads.
+FILE_KEYS = (
+    "GPUHUB_ROSTER",
+    "GPUHUB_GITHUB_CLIENT_SECRET_FILE",
+    "GPUHUB_TLS_CERT",
+    "GPUHUB_TLS_KEY",
+)
+
+
+def resolve_paths(
+    settings: Settings, config_path: str, cwd: str
+) -> tuple[Settings, dict[str, str]]:
+    """FILE_KEYS as absolute paths: a relative one set in the config file is taken from the
+    config file's folder (where the organizer keeps the files it names), one from the
+    environment from ``cwd``. Returns the settings and, for each key made absolute, a note
+    saying what it was relative to (for the messages about it)."""
+    values, notes = dict(settings.values), {}
+    folder = str(Path(config_path).resolve().parent) if config_path else ""
+    for key in FILE_KEYS:
+        value = values.get(key, "")
+        if not value or os.path.isabs(value):
+            continue
+        from_file = settings.origin.get(key, "").startswith(f"{config_path} line")
+        base = folder if from_file and folder else cwd
+        values[key] = os.path.normpath(os.path.join(base, value))
+        notes[key] = (
+            f"{value!r} is relative to "
+            + ("the config file's folder " if from_file and folder else "the current folder ")
+            + base
+        )
+    return Settings(values, settings.origin), notes
+
+
+def read_secret_file(path: str) -> str:
+    """The secret held by a file (GPUHUB_GITHUB_CLIENT_SECRET_FILE), as the deploy gives it to
+    the hub: without a UTF-8 byte order mark and blanks or line ends around it. ValueError
+    saying what to do for a file that holds no single secret; OSError if it cannot be read."""
+    data = Path(path).read_bytes()
+    if data.startswith(_UTF16_BOMS) or b"\0" in data:
+        raise ValueError(
+            "is saved as UTF-16 (PowerShell's >, Notepad's Unicode); write it again as plain "
+            "text: Set-Content -Encoding ascii, or Notepad's Save as with Encoding UTF-8"
+        )
+    try:
+        text = data.removeprefix(_BOM).decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ValueError("is not UTF-8 text; write the secret into it as plain text") from None
+    if not text:
+        raise ValueError("is empty; write the OAuth app's client secret into it")
+    if any(ch.isspace() or not ch.isprintable() for ch in text):
+        raise ValueError(
+            "holds blanks, more than one line or invisible characters; keep only the client "
+            "secret in it"
+        )
+    return text
+
+
+def secret_file_problems(settings: dict[str, str]) -> list[str]:
+    """A line for each secret file (GPUHUB_*SECRET*_FILE) that others may read, or that holds
+    no single secret."""
+    out = []
+    for key, path in settings.items():
+        if not (key.endswith("_FILE") and "SECRET" in key and path):
+            continue
+        try:
+            mode = os.stat(path).st_mode
+            if not stat.S_ISREG(mode):
+                out.append(f"{key}: {path} is not a file; name the file holding the secret")
+                continue
+            read_secret_file(path)
+        except OSError:
+            continue  # "does not exist" is said by problems()
+        except ValueError as e:
+            out.append(f"{key}: {path} {e}")
+            continue
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            out.append(
+                f"{key}: {path} may be read by others (mode {stat.S_IMODE(mode):04o}); "
+                f"run: chmod 600 {path}"
+            )
+    return out
+
+
+def _noted(errors: list[str], settings: Settings, notes: dict[str, str]) -> list[str]:
+    """Each line about a file named by a relative path says what the path is relative to."""
+    out = []
+    for line in errors:
+        for key, note in notes.items():
+            if key in line and settings.values[key] in line:
+                line = f"{line} ({note})"
+        out.append(line)
+    return out
+
+
 # ---- the command --------------------------------------------------------------------------
 
 
@@ -915,9 +1049,11 @@ def _gather(
     if mode == "up":
         settings = production_defaults(settings)
     else:
-        settings = resolve_auto(settings, machine or this_machine())
+        machine = machine or this_machine()
+        settings = resolve_auto(settings, machine)
+    settings, notes = resolve_paths(settings, source, os.getcwd())
     if not mode:
-        return settings, unknown
+        return settings, summarized(unknown)
     errors = unknown + placeholders(settings)
     secret = config.get("GPUHUB_GITHUB_CLIENT_SECRET", ("", 0))[0]
     if secret and Path(source).stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -926,12 +1062,47 @@ def _gather(
             f"run: chmod 600 {source}"
         )
     prefix = source or "settings"
-    errors += [f"{prefix}: {e}" for e in problems(settings.values, mode=mode)]
-    errors += [f"{prefix}: {e}" for e in tutorial_token_problems(settings.values)]
+    found = problems(settings.values, mode=mode) + secret_file_problems(settings.values)
+    found += tutorial_token_problems(settings.values)
+    if mode == "demo" and machine:
+        found += _cores_here(settings.values, machine)
+    errors += [f"{_where(line, settings, prefix)}: {line}" for line in found]
     roster_file = settings.values.get("GPUHUB_ROSTER", "")
     if settings.values.get("GPUHUB_AUTH") == "github" and roster_file:
-        errors += read_roster(roster_file)[1]
-    return settings, errors
+        errors += [
+            f"{_where(line, settings, prefix)}: {line}" for line in read_roster(roster_file)[1]
+        ]
+    errors = sorted(_noted(errors, settings, notes), key=_line_number)
+    return settings, summarized(errors)
+
+
+def _where(problem: str, settings: Settings, otherwise: str) -> str:
+    """Where the setting a problem starts with was set: "FILE line N" or "the environment"
+    (a default: ``otherwise``, the config file)."""
+    key = re.match(r"GPUHUB_[A-Z0-9_]+", problem)
+    origin = settings.origin.get(key.group(0), "") if key else ""
+    return origin if " line " in origin or origin == "the environment" else otherwise
+
+
+def _line_number(problem: str) -> float:
+    """The config file's line a problem is about, for the file's order (others after it)."""
+    found = re.match(r"^[^:]* lines? ([0-9]+)\b", problem)
+    return int(found.group(1)) if found else math.inf
+
+
+def _cores_here(settings: dict[str, str], machine: Machine) -> list[str]:
+    """`make demo` runs the servers on this machine: Docker refuses to start a container with
+    a CPU limit above its cores."""
+    try:
+        cores = typed.cores(settings.get("GPUHUB_CPU_LIMIT", ""))
+    except ValueError:
+        return []  # said by problems()
+    if cores is not None and cores > machine.cpus:
+        return [
+            f"GPUHUB_CPU_LIMIT is {cores:g} but this machine, which runs the demo's servers, has "
+            f"{machine.cpus} cores; Docker would refuse to start them: write at most {machine.cpus}"
+        ]
+    return []
 
 
 def load(args, environ=os.environ, machine: Machine | None = None) -> tuple[Settings, list[str]]:
@@ -976,8 +1147,8 @@ def environments(value: str) -> dict[str, str]:
 
 
 #: How each setting that is not a plain string is read (every other key of settings.env is a
-#: ``str``; CPU, memory and pids limits stay strings, "" meaning no limit). A value that does
-#: not convert is a SettingsError naming the key, where it was set and what to write.
+#: ``str``). A value that does not convert is a SettingsError naming the key, where it was set
+#: and what to write; ``problems`` checks these keys with the same functions.
 CONVERTERS: dict[str, Callable[[str], object]] = {
     **dict.fromkeys(
         (
@@ -1009,19 +1180,35 @@ CONVERTERS: dict[str, Callable[[str], object]] = {
     ),
     "GPUHUB_SIMULATED_GPUS": _flag,
     "GPUHUB_CPU_ONLY": _on,
-    "GPUHUB_ADMIN_USERS": names,
-    "GPUHUB_ALLOWED_ORGS": names,
+    "GPUHUB_ADMIN_USERS": typed.usernames,
+    "GPUHUB_ALLOWED_ORGS": typed.organizations,
+    "GPUHUB_HOSTNAME": typed.hostname,
+    "GPUHUB_CPU_LIMIT": typed.cores,
+    "GPUHUB_MEM_LIMIT": typed.memory,
+    "GPUHUB_PIDS_LIMIT": typed.tasks,
     "GPUHUB_TUTORIAL_REPOS": parse_repos,  # [Repo]: the sync service's reader, once
     "GPUHUB_ENVIRONMENTS": environments,
+}
+
+#: The one written form of each value that has more than one: what Config keeps in ``values``,
+#: so that the stack hands the hub (whose ``from_environment`` reads it back with CONVERTERS)
+#: the value that was checked, not the organizer's spelling of it.
+WRITTEN: dict[str, Callable[[object], str]] = {
+    "GPUHUB_ADMIN_USERS": typed.names_written,
+    "GPUHUB_ALLOWED_ORGS": typed.names_written,
+    "GPUHUB_HOSTNAME": str,
+    "GPUHUB_CPU_LIMIT": typed.cores_written,
+    "GPUHUB_MEM_LIMIT": typed.memory_written,
+    "GPUHUB_PIDS_LIMIT": lambda n: "" if n is None else str(n),
 }
 
 
 @dataclass(frozen=True, repr=False)
 class Config:
     """Every setting, read once: ``values`` (GPUHUB_X -> the string the stack files
-    interpolate), ``origin`` (where each came from, for messages) and one typed attribute per
-    key of deploy/settings.env, named after it without GPUHUB_, in lower case
-    (``cfg.slices_per_server``, ``cfg.environments``). Built by ``read`` or
+    interpolate, in its one written form: WRITTEN), ``origin`` (where each came from, for
+    messages) and one typed attribute per key of deploy/settings.env, named after it without
+    GPUHUB_, in lower case (``cfg.slices_per_server``, ``cfg.environments``). Built by ``read`` or
     ``from_environment``; ``with_values`` gives a changed copy (never change ``values``)."""
 
     values: dict[str, str]
@@ -1068,9 +1255,9 @@ class Config:
     line_max_wait: int = field(init=False)
     cpu_only: bool = field(init=False)
     cpu_only_max: int = field(init=False)
-    cpu_limit: str = field(init=False)
-    mem_limit: str = field(init=False)
-    pids_limit: str = field(init=False)
+    cpu_limit: float | None = field(init=False)  # cores; None: no limit
+    mem_limit: int | None = field(init=False)  # bytes; None: no limit
+    pids_limit: int | None = field(init=False)  # tasks; 0 or None: no limit
     log_level: str = field(init=False)
     state_dir: str = field(init=False)
     tutorial_repos: list[Repo] = field(init=False)
@@ -1113,13 +1300,18 @@ class Config:
                 problems.append(f"{key} is not set; deploy/settings.env lists every setting")
                 continue
             value = self.values[key]
+            where = self.origin.get(key, "the settings")
             try:
-                typed = CONVERTERS.get(key, str)(value)
-            except ValueError as e:  # redact: a URL's credentials stay out of every line
-                where = self.origin.get(key, "the settings")
+                converted = CONVERTERS.get(key, str)(value)
+            except typed.Entries as e:  # redact: a URL's credentials stay out of every line
+                problems += [redact(f"{where}: {key}: {line}") for line in e.lines]
+                continue
+            except ValueError as e:
                 problems.append(redact(f"{where}: {key} is {value!r}; {e}"))
                 continue
-            object.__setattr__(self, attribute, typed)
+            object.__setattr__(self, attribute, converted)
+            if key in WRITTEN:
+                self.values[key] = WRITTEN[key](converted)
         if problems:
             raise SettingsError(problems)
 
@@ -1182,15 +1374,20 @@ def read(
     return Config(settings.values, settings.origin, path)
 
 
-def from_environment(environ: Mapping[str, str] = os.environ) -> Config:
+def from_environment(
+    environ: Mapping[str, str] = os.environ, machine: Machine | None = None
+) -> Config:
     """The settings inside the hub's container (jupyterhub_config.py): deploy/settings.env's
-    defaults, overridden by the GPUHUB_* variables the stack passes. No config file, no ``auto``
-    resolution and no checks of a mode: ``load`` ran them before the stack was deployed. A key
-    the stack does not pass keeps its default."""
+    defaults, overridden by the GPUHUB_* variables the stack passes (each in the one written
+    form Config gave it, read back by the same CONVERTERS). No config file and no checks of a
+    mode: ``load`` ran them before the stack was deployed. A key the stack does not pass keeps
+    its default; a limit left at ``auto`` (the stack passes them resolved) is sized for
+    ``machine`` (default: this one), as ``read`` does."""
     defaults = read_defaults(str(DEFAULTS))
     passed = renamed(
         {k: v for k, v in environ.items() if k in defaults or k in RENAMED},
         lambda key: "the environment",
     )
     settings = merge(defaults, {}, passed, defaults_source=str(DEFAULTS))
+    settings = resolve_auto(settings, machine or this_machine())
     return Config(settings.values, settings.origin, "")

@@ -28,6 +28,7 @@ from . import steps, tls
 from .console import DeployError, Log, run, waits
 from .registry import Publication
 from .settings import REPO, Config
+from .values import url_host
 
 DEPLOY_DIR = REPO / "deploy"
 #: Docker secrets named with a hash of their contents (deploy/tls.py): old versions go.
@@ -57,7 +58,7 @@ def public_url(config: Config) -> str:
     port = public_port(config)
     default = {"https": 443, "http": 80}[scheme]
     suffix = "" if port == default else f":{port}"
-    return f"{scheme}://{public_host(config)}{suffix}"
+    return f"{scheme}://{url_host(public_host(config))}{suffix}"
 
 
 def stack_files(config: Config, registry: bool = False) -> list[Path]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from worker_setup import engine
 
 from .console import DeployError, Log, run
-from .settings import Config
+from .settings import Config, read_secret_file
 from .steps import ensure_state_dir, private_file
 
 #: How long a generated certificate is valid (the most browsers accept: 825 days).
@@ -89,16 +89,20 @@ def ensure_tls(config: Config, log: Log) -> dict[str, str]:
 
 def ensure_github_secret(config: Config, log: Log) -> dict[str, str]:
     """The GitHub OAuth client secret as a file for its Docker secret (from the config file, or
-    from GPUHUB_GITHUB_CLIENT_SECRET_FILE with its line ends taken out); never printed. Returns
-    the secret's version."""
+    from GPUHUB_GITHUB_CLIENT_SECRET_FILE as the check read it: ``read_secret_file``); never
+    printed. Returns the secret's version."""
     path = ensure_state_dir(config) / "github_client_secret"
     if config.github_client_secret_file:
         try:
-            secret = Path(config.github_client_secret_file).read_text().replace("\n", "")
+            secret = read_secret_file(config.github_client_secret_file)
         except OSError as e:
             raise DeployError(
                 f"cannot read GPUHUB_GITHUB_CLIENT_SECRET_FILE {config.github_client_secret_file}"
                 f" ({e.strerror}); check the path"
+            ) from None
+        except ValueError as e:  # the check said so before: the file changed since
+            raise DeployError(
+                f"GPUHUB_GITHUB_CLIENT_SECRET_FILE {config.github_client_secret_file} {e}"
             ) from None
     else:
         secret = config.github_client_secret

@@ -113,7 +113,7 @@ def check(tmp_path: Path, repos: str, text: str | None, mode: int = 0o600, path:
 def test_the_check_refuses_a_token_file_it_could_not_use_safely(tmp_path, repos, text, mode, says):
     found = check(tmp_path, repos, text, mode)
     assert isinstance(found, list) and len(found) == 1, found
-    assert found[0].startswith("settings: GPUHUB_TUTORIAL_TOKEN_FILE: ") and says in found[0]
+    assert found[0].startswith("the environment: GPUHUB_TUTORIAL_TOKEN_FILE: ") and says in found[0]
 
 
 def test_the_check_wants_an_existing_absolute_path(tmp_path):

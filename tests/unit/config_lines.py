@@ -30,7 +30,11 @@ CORPUS = [
     ("double-quotes", 'GPUHUB_AUTH="github"', "github"),
     ("quoted-blanks-kept", "GPUHUB_ALLOWED_ORGS=' org-a  org-b '", " org-a  org-b "),
     ("single-quoted-shell-chars", f"GPUHUB_GITHUB_CLIENT_SECRET='$a`b\\c #d ~e{SECRET}'", None),
-    ("apostrophe-in-double-quotes", 'GPUHUB_ADMIN_USERS="o\'brien"', "o'brien"),
+    (
+        "apostrophe-in-double-quotes",
+        'GPUHUB_ACME_EMAIL="o\'brien@uni.example"',
+        "o'brien@uni.example",
+    ),
     ("inner-blanks-kept", "GPUHUB_ALLOWED_ORGS=org-a  org-b", "org-a  org-b"),
     ("empty", "GPUHUB_CPU_LIMIT=", ""),
     ("empty-quoted", "GPUHUB_CPU_LIMIT=''", ""),

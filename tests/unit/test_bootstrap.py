@@ -158,7 +158,8 @@ def test_demo_checks_its_settings_before_anything_changes(tmp_path):
     )
     assert result.returncode != 0
     assert result.stderr.splitlines() == [
-        "error: settings: GPUHUB_HTTP_PORT is '80a'; write a whole number",
+        # named where it was set: GPUHUB_HTTP_PORT=80a make demo
+        "error: the environment: GPUHUB_HTTP_PORT is '80a'; write a whole number",
         "error: fix the settings above and run this again",
     ]
     assert not calls.exists(), calls.read_text()

@@ -562,6 +562,15 @@ def test_https_sends_the_public_name_and_takes_any_certificate(tmp_path, said):
         ),
         ({"GPUHUB_TLS": "acme", "GPUHUB_HOSTNAME": "hub.example.org"}, "https://hub.example.org"),
         ({"GPUHUB_TLS": "files", "GPUHUB_HTTPS_PORT": "8443"}, "https://127.0.0.1:8443"),
+        # the name in the one form browsers send, an IPv6 address in brackets
+        (
+            {"GPUHUB_HTTP_PORT": "80", "GPUHUB_HOSTNAME": "Hub.Uni.Example"},
+            "http://hub.uni.example",
+        ),
+        (
+            {"GPUHUB_HTTP_PORT": "80", "GPUHUB_HOSTNAME": "[2001:DB8:0::5]"},
+            "http://[2001:db8::5]",
+        ),
     ],
 )
 def test_the_public_url_leaves_out_the_schemes_own_port(tmp_path, values, url):
@@ -711,7 +720,9 @@ def test_make_demo_twice(tmp_path, machine, capsys):
     state = tmp_path / "state"
     port = environ["GPUHUB_HTTP_PORT"]
     config = settings.read("demo", environ)
-    limits = f"cores {config.cpu_limit}, memory {config.mem_limit}, tasks {config.pids_limit}"
+    cpu, mem, pids = (config.values[f"GPUHUB_{k}_LIMIT"] for k in ("CPU", "MEM", "PIDS"))
+    assert config.mem_limit == settings.typed.memory(mem)  # as written, e.g. 4096M
+    limits = f"cores {cpu}, memory {mem}, tasks {pids}"
     demo, admin = (
         (state / name).read_text().strip() for name in ("demo_password", "admin_password")
     )
@@ -990,7 +1001,11 @@ def test_each_odd_line_reaches_the_stack_as_meant_or_stops_the_deploy(
     else:
         assert code == 0, captured.err
         (deploy,) = fake.deploys
-        assert deploy["env"][key] == expected(line, value)
+        # the value meant, in the one written form the checked setting has (org-a,org-b)
+        meant = expected(line, value)
+        if key in settings.WRITTEN:
+            meant = settings.WRITTEN[key](settings.CONVERTERS[key](meant))
+        assert deploy["env"][key] == meant
 
 
 def test_check_knows_the_verbs_of_the_cli(capsys):

@@ -8,16 +8,20 @@ import os
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from jupyterhub.app import JupyterHub
 from jupyterhub.authenticators.shared import SharedPasswordAuthenticator
+from jupyterhub.objects import Hub
 from traitlets.config.loader import PyFileConfigLoader
 from traitlets.utils.importstring import import_item
 
-from deploy.settings import key_of
+from deploy import stack
+from deploy.settings import GIB, Machine, SettingsError, key_of, read
 from deploy.steps import GENERATED
-from gpu_swarm_spawner import contract
+from gpu_swarm_spawner import GPUSwarmSpawner, contract
+from gpu_swarm_spawner.auth import WorkshopGitHubOAuthenticator
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_PASSWORD = "2e4dfa3d9c0b4f6e8a1d7c5b3e9f0a12"  # 32 hex characters, as ensure_secrets makes
@@ -92,7 +96,7 @@ def test_github_login_does_not_use_the_shared_passwords(hub_config, tmp_path):
 def test_the_limits_reach_the_spawners(hub_config):
     config = hub_config(CPU_LIMIT="2.5", MEM_LIMIT="3072M", PIDS_LIMIT="1024")
     assert config.SwarmSpawner.cpu_limit == 2.5
-    assert config.SwarmSpawner.mem_limit == "3072M"
+    assert config.SwarmSpawner.mem_limit == 3 * 1024**3  # bytes, as the check read them
     assert config.GPUSwarmSpawner.pids_limit == 1024
 
 
@@ -322,3 +326,100 @@ def test_the_hub_keeps_its_proxy_and_services_and_its_client_asks_dns_afresh(hub
     assert config.GPUSwarmSpawner.hub_data_dir == data
     options = config.JupyterHubHTTPClient.connector_options
     assert isinstance(options["resolver"], FreshResolver) and options["ttl_dns_cache"] <= 2
+
+
+# ---- config files as organizers edit them: the one reader, then the hub and the spawner -----
+# tests/unit/configs holds them byte for byte (Notepad's BOM and CRLF, PowerShell's UTF-16,
+# shell exports); tests/unit/test_settings.py holds the ones that are refused.
+
+CONFIGS = REPO / "tests" / "unit" / "configs"
+MACHINE = Machine(cpus=16, memory=64 * GIB, gpus=0)
+
+
+def stack_passes() -> set[str]:
+    """The settings deploy/stack.yml and stack.github.yml give the hub's container."""
+    stacks = "".join((REPO / "deploy" / f).read_text() for f in ("stack.yml", "stack.github.yml"))
+    return set(re.findall(r"^      (GPUHUB_[A-Z0-9_]+): \$\{\1\}$", stacks, re.M))
+
+
+def organizers_file(tmp_path, name):
+    """The corpus file where `make up CONFIG=...` reads it, private as the docs ask."""
+    copy = tmp_path / name
+    copy.write_bytes((CONFIGS / name).read_bytes())
+    copy.chmod(0o600)
+    return str(copy)
+
+
+def spawner_of(config) -> GPUSwarmSpawner:
+    """A participant's spawner as the hub makes it from its configuration."""
+    user = SimpleNamespace(name="ada", id=1, url="/user/ada/")
+    return GPUSwarmSpawner(config=config, user=user, hub=Hub())
+
+
+def through_the_hub(hub_config, tmp_path, name):
+    """``make up``'s reading of the corpus file, then the hub's configuration loaded from what
+    the stack passes it (as deployed: the public URL filled in)."""
+    cfg = read("up", environ={}, config=organizers_file(tmp_path, name), machine=MACHINE)
+    deployed = cfg.with_values({"GPUHUB_PUBLIC_URL": stack.public_url(cfg)}, "make up")
+    (tmp_path / "secrets" / "github_client_secret").write_text(cfg.github_client_secret)
+    passed = {k: v for k, v in deployed.values.items() if k in stack_passes()}
+    return cfg, hub_config(**{k.removeprefix("GPUHUB_"): v for k, v in passed.items()})
+
+
+@pytest.mark.parametrize("name", ["notepad-utf8-bom-crlf.env", "powershell-utf16le.env"])
+def test_a_windows_edited_config_reaches_the_hub_and_the_spawner_as_meant(
+    hub_config, tmp_path, name
+):
+    cfg, config = through_the_hub(hub_config, tmp_path, name)
+    assert cfg.hostname == "hub.uni.example"  # "Hub.Uni.Example  ": as browsers send it
+    # the admins as the hub matches logins: "@Ada, https://github.com/grace-h/"
+    assert config.Authenticator.admin_users == {"ada", "grace-h"}
+    authenticator = WorkshopGitHubOAuthenticator(config=config)
+    assert authenticator.allowed_organizations == {"gpu-school", "gpu-school:teaching-assistants"}
+    assert authenticator.admin_users == {"ada", "grace-h"}
+    assert authenticator.oauth_callback_url == "https://hub.uni.example/hub/oauth_callback"
+    assert authenticator.client_secret == "3c9f1e0d8b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d"
+    # 16g (docker run's lower case), 4 cores, 4096 tasks: what Swarm is asked for
+    spawner = spawner_of(config)
+    assert spawner.service_resources()["Limits"] == {
+        "NanoCPUs": 4_000_000_000,
+        "MemoryBytes": 16 * GIB,
+        "Pids": 4096,
+    }
+
+
+def test_powershells_utf16_is_the_same_settings_as_notepads_utf8(tmp_path):
+    utf8, utf16 = (
+        read("up", environ={}, config=organizers_file(tmp_path, name), machine=MACHINE)
+        for name in ("notepad-utf8-bom-crlf.env", "powershell-utf16le.env")
+    )
+    assert utf16.values == utf8.values
+    # the file is as PowerShell wrote it: a byte order mark, then "#" in UTF-16 LE
+    assert (CONFIGS / "powershell-utf16le.env").read_bytes()[:4] == b"\xff\xfe#\x00"
+
+
+def test_shell_exports_with_quotes_reach_the_hub_and_the_spawner_as_meant(hub_config, tmp_path):
+    cfg, config = through_the_hub(hub_config, tmp_path, "shell-exports.env")
+    authenticator = WorkshopGitHubOAuthenticator(config=config)
+    # "@gpu-school/tutors https://github.com/orgs/gpu-school/teams/teaching-assistants"
+    assert authenticator.allowed_organizations == {
+        "gpu-school:tutors",
+        "gpu-school:teaching-assistants",
+    }
+    assert authenticator.admin_users == {"ada", "grace-h"}
+    spawner = spawner_of(config)
+    # 0.5 with a tab after it, "1536M", and no tasks limit (empty)
+    assert spawner.service_resources()["Limits"] == {
+        "NanoCPUs": 500_000_000,
+        "MemoryBytes": 1536 * 1024**2,
+    }
+    assert cfg.pids_limit is None and spawner.pids_limit == 0
+
+
+def test_a_teams_display_name_never_reaches_the_authenticator(tmp_path):
+    path = organizers_file(tmp_path, "team-display-name.env")
+    with pytest.raises(SettingsError) as refused:
+        read("up", environ={}, config=path, machine=MACHINE)
+    (problem,) = refused.value.problems
+    assert problem.startswith(f"{path} line 7: GPUHUB_ALLOWED_ORGS: 'gpu-school:Teaching ")
+    assert "gpu-school:teaching-assistants" in problem

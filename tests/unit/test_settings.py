@@ -307,7 +307,7 @@ def test_placeholders_that_do_not_matter_for_the_setup_are_let_through():
         ({"GPUHUB_GITHUB_CLIENT_SECRET": ""}, "set exactly one"),
         ({"GPUHUB_GITHUB_CLIENT_SECRET_FILE": "/x"}, "set exactly one"),
         ({"GPUHUB_ALLOWED_ORGS": "", "GPUHUB_ROSTER": ""}, "nobody could log in"),
-        ({"GPUHUB_ALLOWED_ORGS": "org:team:x"}, "'org:team:x' is not ORG or ORG:TEAM"),
+        ({"GPUHUB_ALLOWED_ORGS": "org:team:x"}, "write ORG or ORG:TEAM, with one ':'"),
         ({"GPUHUB_GITHUB_URL": "github.com"}, "GPUHUB_GITHUB_URL is 'github.com'"),
         ({"GPUHUB_AUTH": "gitlab"}, "GPUHUB_AUTH is 'gitlab'; write one of: github, local"),
         ({"GPUHUB_TLS": "acme", "GPUHUB_HOSTNAME": "10.0.0.5"}, "needs a public DNS name"),
@@ -319,8 +319,8 @@ def test_placeholders_that_do_not_matter_for_the_setup_are_let_through():
         ({"GPUHUB_IDLE_TIMEOUT": "90m"}, "GPUHUB_IDLE_TIMEOUT is '90m'; write a whole number"),
         ({"GPUHUB_HTTPS_PORT": "80", "GPUHUB_HTTP_PORT": "80"}, "must differ"),
         ({"GPUHUB_HTTPS_PORT": "70000"}, "GPUHUB_HTTPS_PORT is 70000; write at least 1"),
-        ({"GPUHUB_MEM_LIMIT": "16 GB"}, "GPUHUB_MEM_LIMIT is '16 GB'"),
-        ({"GPUHUB_MEM_LIMIT": "16"}, "GPUHUB_MEM_LIMIT is '16' (16 bytes)"),
+        ({"GPUHUB_MEM_LIMIT": "16 XB"}, "GPUHUB_MEM_LIMIT is '16 XB'"),
+        ({"GPUHUB_MEM_LIMIT": "16"}, "GPUHUB_MEM_LIMIT is '16'; that is 16 bytes"),
         ({"GPUHUB_CPU_LIMIT": "-1"}, "GPUHUB_CPU_LIMIT is '-1'"),
         ({"GPUHUB_PIDS_LIMIT": "100"}, "GPUHUB_PIDS_LIMIT is '100'"),
         ({"GPUHUB_PIDS_LIMIT": "-1"}, "GPUHUB_PIDS_LIMIT is '-1'"),
@@ -591,6 +591,8 @@ def test_every_variable_the_stack_files_interpolate_is_a_setting():
 TYPES = {
     "int": int,
     "float": float,
+    "float | None": (float, type(None)),  # the limits; None: no limit
+    "int | None": (int, type(None)),
     "str": str,
     "bool": bool,
     "list[str]": list,
@@ -604,14 +606,16 @@ def test_read_gives_every_setting_its_declared_type():
     for f in dataclasses.fields(Config):
         if not f.init:
             value = getattr(cfg, f.name)
-            assert type(value) is TYPES[f.type], (f.name, f.type, value)
+            allowed = TYPES[f.type] if isinstance(TYPES[f.type], tuple) else (TYPES[f.type],)
+            assert type(value) in allowed, (f.name, f.type, value)
             if f.type == "str":
                 assert value == cfg.values[settings_module.key_of(f.name)]
     assert cfg.config_file == ""
     assert cfg.stack == "gpuhub" and cfg.http_port == 8000 and cfg.slices_per_gpu == 3
     assert cfg.simulated_gpus is False and cfg.tutorial_sync_replicas == 0
     assert cfg.state_dir == "/var/lib/gpu-jupyterhub/gpuhub"
-    assert cfg.cpu_limit == "2.6"  # auto, for MACHINE's 16 cores and 6 simulated slices
+    assert cfg.cpu_limit == 2.6  # auto, for MACHINE's 16 cores and 6 simulated slices
+    assert cfg.values["GPUHUB_CPU_LIMIT"] == "2.6"
     assert cfg.origin["GPUHUB_STACK"] == "the default"
 
 
@@ -635,7 +639,7 @@ def test_lists_and_environments_are_split_as_the_checks_read_them():
         ("TF", "gpu-jupyterhub/tensorflow:latest"),
         ("PyTorch", "pt:1"),
     ]
-    assert cfg.pids_limit == "" and cfg.http_port == 8080
+    assert cfg.pids_limit is None and cfg.http_port == 8080
     assert cfg.values["GPUHUB_HTTP_PORT"] == "8080"
     assert cfg.origin["GPUHUB_HTTP_PORT"] == "the environment"
 
@@ -724,12 +728,12 @@ def test_from_environment_is_the_defaults_under_what_the_stack_passes(tmp_path):
         "GPUHUB_NOT_A_SETTING": "x",
         "HOME": "/root",
     }
-    cfg = from_environment(environ)
+    cfg = from_environment(environ, MACHINE)
     assert cfg.stack == "prod" and cfg.simulated_gpus is True
     assert cfg.config_file == ""
     # a default referring to another setting takes its passed value
     assert cfg.state_dir == "/var/lib/gpu-jupyterhub/prod"
-    assert cfg.cpu_limit == "auto"  # not passed: the default, not resolved here
+    assert cfg.cpu_limit == 2.6  # not passed: auto, sized for MACHINE as `read` does
     assert cfg.origin["GPUHUB_STACK"] == "the environment"
     assert cfg.origin["GPUHUB_CPU_LIMIT"] == "the default"
     assert "GPUHUB_NOT_A_SETTING" not in cfg.values
@@ -773,3 +777,336 @@ def test_the_deploy_package_imports_nothing():
     """Imported by a bare python3 and on GPU machines: its __init__ must stay empty of imports."""
     tree = ast.parse((REPO / "deploy" / "__init__.py").read_text())
     assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+# ---- one typed value per setting: the check is the value the hub and the spawner use ------
+
+
+@pytest.mark.parametrize(
+    "written, cores, memory, tasks",
+    [
+        (("4", "16G", "4096"), 4.0, 16 * GIB, 4096),
+        (("0.5", "16g", "0"), 0.5, 16 * GIB, 0),  # docker run --memory's lower case
+        ((".25", "16GiB", ""), 0.25, 16 * GIB, None),
+        (("2", "16 GB", ""), 2.0, 16 * GIB, None),  # Docker's binary GB
+        (("1.5", "1.5G", "256"), 1.5, 1536 * MIB, 256),
+        (("", "512m", ""), None, 512 * MIB, None),
+        (("", "", ""), None, None, None),
+    ],
+)
+def test_limits_are_read_once_into_cores_bytes_and_tasks(base, written, cores, memory, tasks):
+    limits = dict(zip(("GPUHUB_CPU_LIMIT", "GPUHUB_MEM_LIMIT", "GPUHUB_PIDS_LIMIT"), written))
+    assert problems(github(base, **limits)) == []  # the check accepts them ...
+    cfg = Config({**base, **limits})  # ... and they are these values
+    assert (cfg.cpu_limit, cfg.mem_limit, cfg.pids_limit) == (cores, memory, tasks)
+    # handed on in one written form that reads back to the same value (the hub's reading)
+    again = Config(cfg.values)
+    assert (again.cpu_limit, again.mem_limit, again.pids_limit) == (cores, memory, tasks)
+    assert again.values == cfg.values
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("GPUHUB_CPU_LIMIT", "inf", "write a number of cores with digits and a decimal point"),
+        ("GPUHUB_CPU_LIMIT", "nan", "write a number of cores"),
+        ("GPUHUB_CPU_LIMIT", "1e3", "write a number of cores"),
+        ("GPUHUB_CPU_LIMIT", "4 cores", "(no unit)"),
+        ("GPUHUB_CPU_LIMIT", "2,5", "write a decimal point: 2.5"),
+        ("GPUHUB_CPU_LIMIT", "500m", "not thousandths of one: 0.5"),
+        ("GPUHUB_CPU_LIMIT", "0", "at least 0.01"),
+        ("GPUHUB_CPU_LIMIT", "4_0", "write a number of cores"),
+        ("GPUHUB_CPU_LIMIT", "\u0664", "write a number of cores"),  # an Arabic-Indic 4
+        ("GPUHUB_MEM_LIMIT", "16Q", "write a size with its unit"),
+        ("GPUHUB_MEM_LIMIT", "16", "did you mean 16G?"),
+        ("GPUHUB_MEM_LIMIT", "-1G", "write a size with its unit"),
+        ("GPUHUB_PIDS_LIMIT", "\u00b2", "at least 256"),  # a superscript 2
+    ],
+)
+def test_a_limit_the_spawner_could_not_use_is_refused_by_the_check_and_by_config(
+    base, key, value, says
+):
+    (problem,) = problems(github(base, **{key: value}))
+    assert problem.startswith(f"{key} is {value!r}; ") and says in problem
+    with pytest.raises(SettingsError) as refused:
+        Config({**base, key: value}, {key: "config.env line 3"})
+    assert refused.value.problems == [f"config.env line 3: {problem}"]
+
+
+@pytest.mark.parametrize(
+    "value, admins",
+    [
+        ("ada", ["ada"]),
+        ("@ada", ["ada"]),  # as GitHub mentions them
+        ("https://github.com/Ada/", ["ada"]),  # the profile's address
+        ("Ada, @bob  github.com/cy", ["ada", "bob", "cy"]),
+        ("ada,ADA,@ada", ["ada"]),
+        ("name-, a--b", ["name-", "a--b"]),  # older GitHub logins
+    ],
+)
+def test_admin_users_are_the_logins_the_hub_matches(base, value, admins):
+    assert problems(github(base, GPUHUB_ADMIN_USERS=value)) == []
+    cfg = Config({**base, "GPUHUB_ADMIN_USERS": value})
+    assert cfg.admin_users == admins
+    assert cfg.values["GPUHUB_ADMIN_USERS"] == ",".join(admins)
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("https://gitlab.com/ada", "'https://gitlab.com/ada' is not a username"),
+        ("ada_l", "'ada_l' is not a username"),
+        ("-ada", "'-ada' is not a username"),
+        ("https://github.com/orgs/x", "is not a username"),
+    ],
+)
+def test_an_admin_that_is_no_login_is_refused_with_the_form_to_write(base, value, says):
+    (problem,) = problems(github(base, GPUHUB_ADMIN_USERS=value))
+    assert problem.startswith("GPUHUB_ADMIN_USERS: ") and says in problem
+    assert "write the GitHub login alone" in problem
+
+
+@pytest.mark.parametrize(
+    "value, orgs",
+    [
+        ("gpu-school", ["gpu-school"]),
+        ("gpu-school gpu-school:tutors", ["gpu-school", "gpu-school:tutors"]),
+        ("gpu-school:tutors, other-org", ["gpu-school:tutors", "other-org"]),
+        ("gpu-school:tutors,other-org:tas", ["gpu-school:tutors", "other-org:tas"]),
+        ("gpu-school:teaching-assistants", ["gpu-school:teaching-assistants"]),
+        ("GPU-School:Tutors", ["gpu-school:tutors"]),  # GitHub ignores case
+        ("@gpu-school/tutors", ["gpu-school:tutors"]),  # as GitHub mentions a team
+        ("https://github.com/orgs/gpu-school/teams/tutors", ["gpu-school:tutors"]),
+        ("https://github.com/gpu-school", ["gpu-school"]),
+    ],
+)
+def test_allowed_orgs_are_organizations_and_team_slugs(base, value, orgs):
+    assert problems(github(base, GPUHUB_ALLOWED_ORGS=value)) == []
+    cfg = Config({**base, "GPUHUB_ALLOWED_ORGS": value})
+    assert cfg.allowed_orgs == orgs
+    assert cfg.values["GPUHUB_ALLOWED_ORGS"] == ",".join(orgs)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "gpu-school:Teaching Assistants",  # the display name, without commas
+        "gpu-school:teaching assistants",
+        "gpu-school:Teaching Assistants, other-org",  # ... and with them
+    ],
+)
+def test_a_teams_display_name_is_refused_with_its_slug_and_where_to_find_it(base, value):
+    (problem,) = problems(github(base, GPUHUB_ALLOWED_ORGS=value))
+    assert problem.startswith("GPUHUB_ALLOWED_ORGS: 'gpu-school:")
+    assert "write the team's slug, gpu-school:teaching-assistants" in problem.lower()
+    assert "https://github.com/orgs/gpu-school/teams/teaching-assistants" in problem
+    with pytest.raises(SettingsError):
+        Config({**base, "GPUHUB_ALLOWED_ORGS": value})
+
+
+def test_a_team_followed_by_a_bare_organization_needs_commas(base):
+    (problem,) = problems(github(base, GPUHUB_ALLOWED_ORGS="gpu-school:tutors other-org"))
+    assert "separate entries with commas" in problem
+    # once commas separate the entries, a blank is inside one
+    (problem,) = problems(github(base, GPUHUB_ALLOWED_ORGS="org-a org-b, org-c"))
+    assert "'org-a org-b' holds a blank" in problem and "separate entries with commas" in problem
+    assert problems(github(base, GPUHUB_ALLOWED_ORGS="gpu-school:tutors, other-org")) == []
+
+
+@pytest.mark.parametrize(
+    "value, host",
+    [
+        ("hub.uni.example", "hub.uni.example"),
+        ("Hub.Uni.Example", "hub.uni.example"),  # as browsers send it
+        ("10.0.0.5", "10.0.0.5"),
+        ("2001:DB8:0:0::5", "2001:db8::5"),
+        ("[2001:db8::5]", "2001:db8::5"),
+        ("xn--hrsaal-wxa.uni.example", "xn--hrsaal-wxa.uni.example"),
+    ],
+)
+def test_the_hostname_is_kept_in_the_one_form_browsers_and_github_use(base, value, host):
+    local = {**base, "GPUHUB_HOSTNAME": value, "GPUHUB_TLS": "off"}
+    assert problems(local) == []
+    assert Config(local).hostname == host == Config(local).values["GPUHUB_HOSTNAME"]
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("hub.uni.example.", "without the final dot, hub.uni.example"),
+        ("hörsaal.uni.example", "its ASCII form, xn--hrsaal-wxa.uni.example"),
+        ("straße.example", "as your DNS provider shows it"),  # IDNA 2003 and 2008 differ
+        ("https://hub.uni.example/", "without scheme or path: hub.uni.example"),
+        ("hub.uni.example:8443", "the port is GPUHUB_HTTPS_PORT"),
+        ("hub_1.uni.example", "write a DNS name"),
+        ("hub example", "write a DNS name"),
+        ("10.0.0.256", "not an IP address"),
+        ("fe80::1%eth0", "with a zone"),
+    ],
+)
+def test_a_hostname_no_callback_would_match_is_refused_with_the_fix(base, value, says):
+    (problem,) = problems({**base, "GPUHUB_HOSTNAME": value, "GPUHUB_TLS": "self-signed"})
+    assert problem.startswith(f"GPUHUB_HOSTNAME is {value!r}; ") and says in problem
+
+
+def test_an_ipv6_hostname_is_refused_for_github_login_and_the_https_gateway(base):
+    (problem,) = problems(github(base, GPUHUB_HOSTNAME="2001:db8::5", GPUHUB_TLS="off"))
+    assert "an IPv6 address: GitHub does not match it in an OAuth app's callback URL" in problem
+    assert problem.endswith("give the hub a DNS name (an AAAA record) and write that")
+    # one line for the one fix, whatever needs it
+    (problem,) = problems(github(base, GPUHUB_HOSTNAME="2001:db8::5", GPUHUB_TLS="self-signed"))
+    assert "callback URL and the HTTPS gateway takes no bare IPv6 address" in problem
+    local = {**base, "GPUHUB_HOSTNAME": "2001:db8::5"}
+    (problem,) = problems({**local, "GPUHUB_TLS": "self-signed"})
+    assert problem.endswith("(an AAAA record) and write that, or set GPUHUB_TLS=off")
+    assert problems({**local, "GPUHUB_TLS": "off"}) == []  # plain HTTP at [2001:db8::5]
+
+
+# ---- config files as organizers hand them over: one line per real problem ----------------
+
+CONFIGS = REPO / "tests" / "unit" / "configs"
+
+
+def organizers_file(tmp_path, name: str, mode: int = 0o600) -> str:
+    copy = tmp_path / name
+    copy.write_bytes((CONFIGS / name).read_bytes())
+    copy.chmod(mode)
+    return str(copy)
+
+
+def refused_lines(path: str, mode: str = "up", environ=None) -> list[str]:
+    with pytest.raises(SettingsError) as refused:
+        read(mode, environ=environ or {}, config=path, machine=MACHINE)
+    return refused.value.problems
+
+
+def test_what_the_check_would_pass_and_the_hub_then_fail_on_is_said_in_the_files_order(
+    tmp_path,
+):
+    path = organizers_file(tmp_path, "accepted-then-failing.env")
+    assert refused_lines(path) == [
+        f"{path} line 1: GPUHUB_HOSTNAME is 'hub.uni.example.'; write it without the final "
+        "dot, hub.uni.example: browsers and GitHub's OAuth callback check take the name "
+        "without it",
+        f"{path} line 5: GPUHUB_GITHUB_CLIENT_SECRET_FILE: {tmp_path}/client-secret.txt does "
+        f"not exist ('client-secret.txt' is relative to the config file's folder {tmp_path})",
+        f"{path} line 6: GPUHUB_ROSTER: cannot read {tmp_path}/roster.csv (No such file or "
+        f"directory); check the path ('roster.csv' is relative to the config file's folder "
+        f"{tmp_path})",
+        f"{path} line 8: GPUHUB_CPU_LIMIT is 'inf'; write a number of cores with digits and a "
+        "decimal point, such as 4 or 0.5 (no unit), or leave it empty for no limit",
+        f"{path} line 9: GPUHUB_MEM_LIMIT is '16 GB of RAM'; write a size with its unit, such "
+        "as 16G or 512M (K, M, G, T: powers of 1024), or leave it empty for no limit",
+    ]
+
+
+def test_relative_files_are_found_beside_the_config_file_or_in_the_current_folder(
+    tmp_path, monkeypatch
+):
+    folder = tmp_path / "workshop"
+    folder.mkdir()
+    (folder / "roster.txt").write_text("ada\nbob\n")
+    (folder / "client-secret.txt").write_text("3c9f1e0d8b7a\r\n")  # Notepad's line end
+    (folder / "client-secret.txt").chmod(0o600)
+    config = folder / "config.env"
+    config.write_text(
+        "GPUHUB_HOSTNAME=hub.uni.example\nGPUHUB_TLS=self-signed\nGPUHUB_AUTH=github\n"
+        "GPUHUB_GITHUB_CLIENT_ID=Iv1.8a61f9b3a7aba766\n"
+        "GPUHUB_GITHUB_CLIENT_SECRET_FILE=client-secret.txt\nGPUHUB_ROSTER=roster.txt\n"
+        "GPUHUB_CPU_LIMIT=4\nGPUHUB_MEM_LIMIT=16G\nGPUHUB_PIDS_LIMIT=4096\n"
+    )
+    config.chmod(0o600)
+    elsewhere = tmp_path / "checkout"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # where `make` runs
+    cfg = read("up", environ={}, config=str(config), machine=MACHINE)
+    assert cfg.roster == str(folder / "roster.txt")  # handed on absolute
+    assert cfg.github_client_secret_file == str(folder / "client-secret.txt")
+    assert settings_module.read_secret_file(cfg.github_client_secret_file) == "3c9f1e0d8b7a"
+    # from the environment, a relative path is the current folder's, and says so
+    found = refused_lines(str(config), environ={"GPUHUB_ROSTER": "roster.txt"})
+    assert found == [
+        f"the environment: GPUHUB_ROSTER: cannot read {elsewhere}/roster.txt (No such file or "
+        f"directory); check the path ('roster.txt' is relative to the current folder "
+        f"{elsewhere})"
+    ]
+
+
+@pytest.mark.parametrize(
+    "content, mode, says",
+    [
+        (b"3c9f1e0d8b7a\n", 0o644, "may be read by others (mode 0644); run: chmod 600 "),
+        (b"3c9f1e0d8b7a\n", 0o640, "may be read by others (mode 0640); run: chmod 600 "),
+        ("3c9f1e0d8b7a\r\n".encode("utf-16"), 0o600, "is saved as UTF-16"),
+        (b"\n", 0o600, "is empty; write the OAuth app's client secret into it"),
+        (b"3c9f1e0d8b7a\nold-secret\n", 0o600, "more than one line"),
+    ],
+)
+def test_a_secret_file_others_may_read_or_holding_no_single_secret_is_refused(
+    tmp_path, content, mode, says
+):
+    secret = tmp_path / "client-secret.txt"
+    secret.write_bytes(content)
+    secret.chmod(mode)
+    config = tmp_path / "config.env"
+    config.write_text(
+        "GPUHUB_HOSTNAME=hub.uni.example\nGPUHUB_TLS=self-signed\nGPUHUB_AUTH=github\n"
+        "GPUHUB_GITHUB_CLIENT_ID=Iv1.8a61f9b3a7aba766\nGPUHUB_ALLOWED_ORGS=gpu-school\n"
+        f"GPUHUB_GITHUB_CLIENT_SECRET_FILE={secret}\n"
+        "GPUHUB_CPU_LIMIT=4\nGPUHUB_MEM_LIMIT=16G\nGPUHUB_PIDS_LIMIT=4096\n"
+    )
+    config.chmod(0o600)
+    (problem,) = refused_lines(str(config))
+    assert problem.startswith(f"{config} line 6: GPUHUB_GITHUB_CLIENT_SECRET_FILE: {secret} ")
+    assert says in problem
+    assert "3c9f1e0d8b7a" not in problem
+
+
+def test_an_idn_hostname_is_refused_with_its_ascii_form(tmp_path):
+    path = organizers_file(tmp_path, "idn-hostname.env")
+    assert refused_lines(path) == [
+        f"{path} line 1: GPUHUB_HOSTNAME is 'hörsaal.uni.example'; an internationalized name; "
+        "write its ASCII form, xn--hrsaal-wxa.uni.example (browsers and certificates use it, "
+        "and GitHub's OAuth app must have the same)"
+    ]
+
+
+def test_utf16_without_its_byte_order_mark_is_one_line_not_one_per_line(tmp_path):
+    path = organizers_file(tmp_path, "utf16le-no-bom.env")
+    (problem,) = refused_lines(path)
+    assert problem.startswith(f"{path} holds NUL bytes: saved as UTF-16 without a byte order")
+    assert "save it as UTF-8" in problem
+
+
+def test_a_large_file_given_by_mistake_is_one_line(tmp_path):
+    # a registration export of 90,000 participants (5 MB) named as the config file
+    export = tmp_path / "registrations.csv"
+    rows = [f"p{n},p{n}@uni.example,gh-user-{n},Faculty of Engineering" for n in range(90_000)]
+    export.write_text("name,email,github,faculty\n" + "\n".join(rows) + "\n")
+    assert export.stat().st_size > 5 * 1000**2
+    (problem,) = refused_lines(str(export))
+    assert problem.startswith(f"{export} is 5.") and "is it the right file?" in problem
+
+
+def test_the_same_problem_on_many_lines_is_one_line_and_many_problems_are_capped(tmp_path):
+    export = tmp_path / "roster.csv"  # a small file given by mistake: no line has a '='
+    export.write_text("name,github\n" + "".join(f"p{n},gh-{n}\n" for n in range(500)))
+    assert refused_lines(str(export)) == [
+        f"{export} lines 1, 2, 3 and 498 more: no '=' in it; write GPUHUB_NAME=value, or start "
+        "a comment with #"
+    ]
+    names = tmp_path / "names.env"  # 30 different problems: the first 20, and a count
+    names.write_text("".join(f"GPUHUB_NOT_{n}=x\n" for n in range(30)))
+    found = refused_lines(str(names), mode=None)  # only what cannot be read
+    assert len(found) == 21 and found[-1] == "... and 10 more problems like these"
+    assert found[0].startswith(f"{names} line 1: unknown setting GPUHUB_NOT_0")
+
+
+def test_the_demo_refuses_more_cores_per_server_than_its_machine_has():
+    with pytest.raises(SettingsError) as refused:
+        read("demo", environ={"GPUHUB_CPU_LIMIT": "32"}, config="", machine=MACHINE)
+    assert refused.value.problems == [
+        "the environment: GPUHUB_CPU_LIMIT is 32 but this machine, which runs the demo's "
+        "servers, has 16 cores; Docker would refuse to start them: write at most 16"
+    ]
+    assert read("demo", environ={"GPUHUB_CPU_LIMIT": "16"}, config="", machine=MACHINE)

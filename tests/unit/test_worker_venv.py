@@ -161,13 +161,14 @@ def test_worker_code_imports_only_the_standard_library_nvml_and_the_contract():
     assert not wrong, "the worker may import the standard library, pynvml, contract and settings"
 
 
-def test_the_settings_import_only_the_standard_library_and_five_pure_modules():
+def test_the_settings_import_only_the_standard_library_and_six_pure_modules():
     """deploy/settings.py runs with a bare python3 (before anything is installed) and on the
-    GPU machines: beyond the standard library only the roster and tutorial-repository readers,
-    the tutorial token file's reader, the GPU guard's settings and the contract with the GPU
-    machines (the hub's limit of slices a GPU), themselves standard library only; and the
-    deploy package's __init__ imports nothing."""
+    GPU machines: beyond the standard library only the typed values' readers, the roster and
+    tutorial-repository readers, the tutorial token file's reader, the GPU guard's settings and
+    the contract with the GPU machines (the hub's limit of slices a GPU), themselves standard
+    library only; and the deploy package's __init__ imports nothing."""
     pure = {
+        "deploy.values",
         "gpu_swarm_spawner.roster",
         "gpu_swarm_spawner.contract",
         "tutorial_sync.repos",
@@ -178,9 +179,9 @@ def test_the_settings_import_only_the_standard_library_and_five_pure_modules():
     spawner = REPO / "gpu_swarm_spawner"
     wrong = [
         f"{path.relative_to(REPO)}:{line}: {module}"
-        for path in (deploy / "settings.py", spawner / "roster.py", spawner / "contract.py",
-                     REPO / "tutorial_sync" / "repos.py", REPO / "tutorial_sync" / "credentials.py",
-                     WORKER / "guard_policy.py")
+        for path in (deploy / "settings.py", deploy / "values.py", spawner / "roster.py",
+                     spawner / "contract.py", REPO / "tutorial_sync" / "repos.py",
+                     REPO / "tutorial_sync" / "credentials.py", WORKER / "guard_policy.py")
         for line, module in imports(path.read_text())
         if not allowed(module, pure)
     ]  # fmt: skip
