@@ -64,7 +64,10 @@ def test_an_admin_follows_machines_servers_and_starts_live(hub, page):
         drawn = page.locator('[data-plot="slices"] polyline').evaluate_all(
             "ls => ls.map(l => [l.dataset.series, l.getAttribute('points').split(' ').length])"
         )
-        assert {name for name, _ in drawn} <= hosts, drawn
+        # every machine holding slices now is drawn (machines gone within the plots' 8 hours,
+        # e.g. an earlier run's, keep their past line)
+        holding = {g.node_name for g in inventory().values() if g.used}
+        assert holding <= {name for name, _ in drawn}, drawn
         assert all(n >= 2 for _, n in drawn), drawn  # the drawn line has the points
         servers = page.locator('[data-plot="servers"] polyline[data-series="gpu"]')
         assert int(servers.get_attribute("data-points")) >= 2
