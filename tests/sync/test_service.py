@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -38,15 +39,22 @@ def author(tmp_path):
     return a
 
 
-@pytest.fixture
-async def service(tmp_path, author):
-    repos = [Repo("intro", author.url), Repo("broken", "file:///nonexistent/tutorials.git")]
-    svc = SyncService(Publisher(tmp_path / "share", tmp_path / "cache"), repos, 0.3, SECRET)
+@contextlib.contextmanager
+def serving(tmp_path, repos, interval):
+    """A sync service of ``repos`` answering on a port of 127.0.0.1 (``svc.url``)."""
+    svc = SyncService(Publisher(tmp_path / "share", tmp_path / "cache"), repos, interval, SECRET)
     port = free_port()
     server = make_app(svc).listen(port, address="127.0.0.1")
     svc.url = f"http://127.0.0.1:{port}"
     yield svc
     server.stop()
+
+
+@pytest.fixture
+async def service(tmp_path, author):
+    repos = [Repo("intro", author.url), Repo("broken", "file:///nonexistent/tutorials.git")]
+    with serving(tmp_path, repos, 0.3) as svc:
+        yield svc
 
 
 def push_payload(author: Author) -> bytes:
@@ -162,12 +170,8 @@ async def github_service(tmp_path):
         Repo("intro", "https://github.com/gpu-school/intro.git"),
         Repo("advanced", "https://github.com/gpu-school/advanced", poll=False),
     ]
-    svc = SyncService(Publisher(tmp_path / "share", tmp_path / "cache"), repos, 30, SECRET)
-    port = free_port()
-    server = make_app(svc).listen(port, address="127.0.0.1")
-    svc.url = f"http://127.0.0.1:{port}"
-    yield svc
-    server.stop()
+    with serving(tmp_path, repos, 30) as svc:
+        yield svc
 
 
 @pytest.mark.parametrize("name", ["webhook_ping_json", "webhook_ping_organization"])
