@@ -92,13 +92,17 @@ def hub_settings():
 @pytest.fixture(scope="session")
 def hub(hub_settings):
     """The stack under test, deployed once for the session and removed afterwards. One that an
-    interrupted run left behind (its servers holding slices, its users in the database) is
-    removed first, unless it is kept on purpose (GPUHUB_TEST_KEEP_STACK=1)."""
+    interrupted run left behind (its servers holding slices, its users in the database, its
+    plots' data) is removed first, unless it is kept on purpose (GPUHUB_TEST_KEEP_STACK=1)."""
     stack = hub_settings["GPUHUB_STACK"]
-    services = docker.from_env().services
+    client = docker.from_env()
+    services = client.services
     left = [
         *services.list(filters={"label": f"com.docker.stack.namespace={stack}"}),
         *services.list(filters={"label": f"gpu-jupyterhub.stack={stack}"}),  # its servers
+        # its volumes (the hub's database, Prometheus' data), also where its services went
+        # without them (tests/bed/bed.sh up drops a killed run's services)
+        *client.volumes.list(filters={"label": f"com.docker.stack.namespace={stack}"}),
     ]
     for service in services.list(filters={"label": f"gpu-jupyterhub.stack={stack}-direct"}):
         service.remove()  # servers a test made without the hub (spawners.py) and left
