@@ -6,6 +6,8 @@ and its data alike."""
 
 from __future__ import annotations
 
+import time
+
 import docker
 import pytest
 
@@ -49,18 +51,24 @@ def test_an_admin_follows_machines_servers_and_starts_live(hub, page):
         assert "GPU slices in use" in totals and "waiting in line" in totals
 
         # the plots, from Prometheus (scraping every 5 s here): the slices drawn per machine
-        # add up to the slices in use now, over several points
-        used = sum(g.used for g in inventory().values())
-        page.wait_for_function(
-            """used => {
-                const lines = [...document.querySelectorAll('[data-plot="slices"] polyline')];
-                const last = lines.reduce((sum, l) => sum + Number(l.dataset.last), 0);
-                return lines.length && last === used
-                    && lines.every(l => Number(l.dataset.points) >= 2);
-            }""",
-            arg=used,
-            timeout=90_000,
-        )
+        # add up to the slices in use now, over several points (now: read afresh each time,
+        # as servers of earlier tests may still be going)
+        deadline = time.monotonic() + 90
+        while True:
+            used = sum(g.used for g in inventory().values())
+            drawn_now = page.evaluate(
+                """() => {
+                    const lines = [...document.querySelectorAll('[data-plot="slices"] polyline')];
+                    return {
+                        last: lines.reduce((sum, l) => sum + Number(l.dataset.last), 0),
+                        points: lines.length ? Math.min(...lines.map(l => +l.dataset.points)) : 0,
+                    };
+                }"""
+            )
+            if drawn_now["last"] == used and drawn_now["points"] >= 2:
+                break
+            assert time.monotonic() < deadline, (used, drawn_now)
+            time.sleep(1)
         drawn = page.locator('[data-plot="slices"] polyline').evaluate_all(
             "ls => ls.map(l => [l.dataset.series, l.getAttribute('points').split(' ').length])"
         )

@@ -66,7 +66,8 @@ def server(hub, hub_settings, author):
     # into gpu101; gpu101-hook (never polled) gets it from a webhook
     head = author.git("rev-parse", "HEAD")
     wait(lambda: sync_status(hub)["gpu101"]["commit"] == head, 30, "first publish")
-    assert send_push(hub, hub_settings).status_code == 202
+    # 200: synced; 202: still syncing when GitHub's patience would end (webhook_wait)
+    assert send_push(hub, hub_settings).status_code in (200, 202)
     wait(lambda: sync_status(hub)["gpu101-hook"]["commit"] == head, 30, "first webhook publish")
     hub.api("POST", f"/users/{USER}")
     r = hub.api("POST", f"/users/{USER}/server")
