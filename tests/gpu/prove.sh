@@ -10,12 +10,16 @@
 # the NVIDIA driver's nvidia-smi. No Docker, no network, no root: nvidia-ml-py and
 # prometheus-client come as wheels in tests/gpu/wheels/, unpacked into a scratch folder for
 # this run. Changes nothing on the machine and signals only processes it started.
-# Writes OUTDIR/report.json and OUTDIR/report.txt. Exit 0: nothing failed (also: no GPU here,
-# every section skipped); 1: a section failed; 2: it could not run (the line says why).
+# Writes OUTDIR/report.json, OUTDIR/report.txt and OUTDIR/logs.txt. Exit 0: nothing failed
+# (also: no GPU here, every section skipped); 1: a section failed; 2: it could not run (the line
+# says why).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-[ $# -ge 1 ] && [ "${1#-}" = "$1" ] || { echo "usage: tests/gpu/prove.sh OUTDIR [--only SECTION ...] [--time-limit SECONDS]" >&2; exit 2; }
+if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
+  echo "usage: tests/gpu/prove.sh OUTDIR [--only SECTION ...] [--time-limit SECONDS]" >&2
+  exit 2
+fi
 out=$1
 shift
 python=${PROVE_PYTHON:-python3}
@@ -26,7 +30,10 @@ command -v "$python" >/dev/null \
 
 mkdir -p "$out"
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-prove.XXXXXX")
-cleanup() { [ -n "${PROVE_KEEP_WORK:-}" ] && echo "scratch folder kept: $work" >&2 || rm -rf "$work"; }
+# shellcheck disable=SC2317  # run by the trap
+cleanup() {
+  if [ -n "${PROVE_KEEP_WORK:-}" ]; then echo "scratch folder kept: $work" >&2; else rm -rf "$work"; fi
+}
 trap cleanup EXIT
 
 # The wheels are pure Python: unpacked, they are importable as they are (no pip, no network).
@@ -47,7 +54,7 @@ stopper=()
 command -v timeout >/dev/null && stopper=(timeout --kill-after=10 "$limit")
 cd "$repo"
 rc=0
-"${stopper[@]}" "$python" -m tests.gpu.run "$out" --work "$work" "$@" || rc=$?
+${stopper[@]+"${stopper[@]}"} "$python" -m tests.gpu.run "$out" --work "$work" "$@" || rc=$?
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
   echo "error: the GPU proof ran past $limit s and was stopped; $out holds what it wrote" >&2
 fi

@@ -9,7 +9,8 @@ tests.gpu.sections NAME`` in a session of its own, for at most its own seconds a
 left of ``--time-limit``; past that, it is killed with everything it started and recorded as
 failed. A section that would start with too little time left is skipped and says so.
 
-Writes OUTDIR/report.json and OUTDIR/report.txt, prints the text. Exit status 0 when nothing
+Writes OUTDIR/report.json, OUTDIR/report.txt (printed too) and OUTDIR/logs.txt (the end of
+each section's log and of each CUDA process's stderr). Exit status 0 when nothing
 failed (also: no GPU), 1 when a section failed.
 """
 
@@ -173,6 +174,17 @@ def _tail(path: Path, lines: int = 4) -> str:
     return " | ".join(text[-lines:]) or "(empty)"
 
 
+def collect_logs(work: Path, lines: int = 40) -> str:
+    """The end of each section's log and of each CUDA process's stderr, in one text (the
+    scratch folder goes when the run ends; a machine lent for minutes gives back few files)."""
+    parts = []
+    for path in sorted([*work.glob("*.log"), *work.glob("*.stderr"), *work.glob("mps/log/*.log")]):
+        text = path.read_text(errors="replace").splitlines()
+        parts.append(f"==> {path.relative_to(work)} ({f'last {lines} lines' if text else 'empty'})")
+        parts += text[-lines:]
+    return "\n".join(parts) + "\n" if parts else "(no logs)\n"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="tests/gpu/prove.sh",
@@ -230,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     text = prove.render(report)
     (args.out / "report.txt").write_text(text + "\n")
+    (args.out / "logs.txt").write_text(collect_logs(args.work))
     print("\n" + text)
     return 1 if report["status"] == FAIL else 0
 

@@ -266,6 +266,7 @@ def test_without_a_gpu_every_section_is_skipped_and_it_exits_0(tmp_path):
     assert {s["status"] for s in report["sections"]} == {SKIP}
     assert "skipped: no GPU" in done.stdout
     assert (tmp_path / "out" / "report.txt").read_text().rstrip().endswith(report["summary"])
+    assert (tmp_path / "out" / "logs.txt").read_text() == "(no logs)\n"
     # nvidia-ml-py came from the script's own wheels, and its scratch folder is gone
     assert "/gpu-prove." in report["machine"]["pynvml"]
     assert not list(tmp_path.glob("gpu-prove.*"))
@@ -405,6 +406,8 @@ def test_the_sections_code_runs_with_the_fake_nvml_and_a_stand_in_pytorch(tmp_pa
     assert caps["budget_mb"] == 81559 // 19 and caps["applied"]["torch"].startswith("fraction")
     assert caps["past"]["oom"] and "OutOfMemoryError" in caps["past"]["error"]
     assert done.returncode == 0
+    logs = (tmp_path / "out" / "logs.txt").read_text()
+    assert "==> enforce-target.stderr" in logs and "==> caps-torch.log" in logs
 
 
 def test_a_section_past_its_time_is_killed_with_what_it_started(tmp_path, monkeypatch):
@@ -423,12 +426,16 @@ def test_a_section_past_its_time_is_killed_with_what_it_started(tmp_path, monkey
     assert time.monotonic() - t0 < 30
     assert section.status == FAIL and section.reason.startswith("did not finish within 1 s")
     child = int(pid_file.read_text())
-    for _ in range(50):
-        if not Path(f"/proc/{child}").exists() or "Z" in _state(child):
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"the section's child {child} is still running")
+    try:
+        for _ in range(50):
+            if _state(child) in ("gone", "Z"):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the section's child {child} is still running")
+    finally:
+        if _state(child) not in ("gone", "Z"):
+            os.kill(child, signal.SIGKILL)  # the test's own stray, when it failed
 
 
 def _state(pid: int) -> str:
