@@ -359,7 +359,7 @@ def guard_reading(ctx: Context, s: prove.Section) -> None:
     """The guard's reading with real CUDA processes: its figures against NVML's and
     nvidia-smi's; processes in no container are nobody's and never stopped; a round's cost."""
     wanted = [(fw, mb) for fw, mb in (("torch", 1024), ("cupy", 512)) if have(fw)]
-    for fw in {"torch", "cupy"} - {fw for fw, _ in wanted}:
+    for fw in [fw for fw in ("torch", "cupy") if not have(fw)]:
         s.checks.append(Check(f"{fw} process", SKIP, missing(fw)))
     if not wanted:
         raise Skip("neither torch nor cupy can be imported: no CUDA process to read")
@@ -624,7 +624,8 @@ def caps(ctx: Context, s: prove.Section, framework: str) -> None:
     spec = importlib.util.spec_from_file_location("gpu_caps", SINGLEUSER / "gpu_caps.py")
     gpu_caps = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_caps)
-    total_slices = slicing.slices_per_gpu([unit], None, SLICE_MEMORY_MB)[unit.uuid]
+    # a GPU of 8 GiB or less would be one slice, which gpu_caps leaves uncapped: two, then
+    total_slices = max(2, slicing.slices_per_gpu([unit], None, SLICE_MEMORY_MB)[unit.uuid])
     limit_mb = unit.memory_mb // total_slices  # one slice (inventory.memory_budget_mb)
     env = {
         "GPU_MEMORY_LIMIT_MB": str(limit_mb),
@@ -754,7 +755,7 @@ def visible_devices(ctx: Context, s: prove.Section) -> None:
     device; a UUID on no GPU here, or "" (a server without a GPU), leaves it none."""
     unit = target_unit(ctx)
     frameworks = [fw for fw in VISIBLE if have(fw)]
-    for fw in set(VISIBLE) - set(frameworks):
+    for fw in [fw for fw in VISIBLE if fw not in frameworks]:
         s.checks.append(Check(f"{fw}", SKIP, missing(fw)))
     if not frameworks:
         raise Skip("none of torch, cupy and jax can be imported")

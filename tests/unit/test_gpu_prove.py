@@ -7,6 +7,7 @@ the guard's enforcement with real signals to processes it started, the caps, the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -316,6 +317,29 @@ def test_discovery_with_the_fake_nvml_beside_a_recorded_nvidia_smi(tmp_path):
     (section,) = report["sections"]
     assert section["status"] == FAIL
     assert section["reason"] == "GPU 0 memory: NVML 81559 MiB / nvidia-smi 81920 MiB"
+
+
+def test_a_section_without_its_framework_is_skipped_with_the_reason(tmp_path):
+    here = [m for m in ("torch", "cupy", "jax") if importlib.util.find_spec(m) is not None]
+    if here:
+        pytest.skip(f"this python has {here}")
+    smi = fake_nvidia_smi(tmp_path, H100_QUERY, H100_LIST)
+    args = ("--nvml-fixture", str(FIXTURES / "h100x8.json"))
+    # a python with none of the frameworks (the test's own), the fake NVML's GPUs
+    done, report = prove_sh(tmp_path, *args, env={"PROVE_NVIDIA_SMI": smi})
+    sections = {s["name"]: s for s in report["sections"]}
+    assert sections["discovery"]["status"] == FAIL  # 8 GPUs in the fixture, 1 in nvidia-smi
+    for name, framework in [
+        ("guard-enforce", "neither torch nor cupy"),
+        ("caps-torch", "torch cannot be imported"),
+        ("caps-jax", "jax cannot be imported"),
+        ("check-environment", "torch cannot be imported"),
+    ]:
+        assert sections[name]["status"] == SKIP
+        assert sections[name]["reason"].startswith(framework), sections[name]
+    assert [c["what"] for c in sections["visible-devices"]["checks"]] == ["torch", "cupy", "jax"]
+    assert report["summary"].endswith("0 passed, 1 failed, 7 skipped")
+    assert done.returncode == 1
 
 
 #: PyTorch's calls that holder.py and the probes make, on no GPU: allocations are counted
