@@ -835,7 +835,11 @@ def mps(ctx: Context, s: prove.Section) -> None:
     """CUDA MPS with CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: a private control daemon (its own pipe
     and log folders), one client under a limit; stopped after. Skipped on any doubt: it never
     changes the GPU's settings."""
-    control = shutil.which("nvidia-cuda-mps-control")
+    smi = shutil.which(ctx.nvidia_smi)  # the driver's tools often lie together off the PATH
+    beside = str(Path(smi).parent) if smi else None
+    control = shutil.which("nvidia-cuda-mps-control") or shutil.which(
+        "nvidia-cuda-mps-control", path=beside
+    )
     if control is None:
         raise Skip("nvidia-cuda-mps-control is not installed here")
     frameworks = [fw for fw in ("cupy", "torch") if have(fw)]
