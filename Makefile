@@ -45,6 +45,9 @@ gpu-check:  ## on a GPU machine: what NVML finds, the slices it would advertise,
 	  if [ -x "$$p" ] && "$$p" -c 'import pynvml' 2>/dev/null; then py=$$p; break; fi; \
 	done; PYTHONPATH="$(CURDIR)" "$$py" -m worker_setup.gpu_check $(ARGS)
 
+gpu-prove:  ## on a GPU machine: prove the GPU parts with real CUDA processes (OUT=folder for report.json; docs/gpu-proof.md)
+	bash tests/gpu/prove.sh "$(or $(OUT),test-artifacts/gpu-proof)" $(ARGS)
+
 bench-join:  ## time the join line on a fresh test-bed machine (own root fs, clean repo) until its slices are usable
 	bash tests/bench/run.sh --only join
 
@@ -69,4 +72,4 @@ unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 lint:  ## ruff lint + format check
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
-.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check bench-join test bench bench-images bench-scale bench-faults unit lint
+.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check gpu-prove bench-join test bench bench-images bench-scale bench-faults unit lint
