@@ -256,6 +256,21 @@ def target_unit(ctx: Context) -> gpus.GPUInfo:
 # ---- the sections -------------------------------------------------------------------------
 
 
+def described(found) -> list[dict]:
+    """The GPUs the join found (``gpus.discover``), as the report shows them."""
+    return [
+        {
+            "index": g.index,
+            "uuid": g.uuid,
+            "name": g.name,
+            "memory_mb": g.memory_mb,
+            "mig_mode": g.mig_mode,
+            "mig": [m.uuid for m in g.mig_instances],
+        }
+        for g in found
+    ]
+
+
 def discovery(ctx: Context, s: prove.Section) -> None:
     """NVML as the join reads it, beside nvidia-smi; the slices the join would advertise."""
     from worker_setup import advertise, gpu_check
@@ -277,17 +292,7 @@ def discovery(ctx: Context, s: prove.Section) -> None:
         s.checks.append(Check("NVML discovery", FAIL, str(e)))
         return
     s.checks.append(Check("NVML discovery", PASS, f"{len(found)} GPU(s)"))
-    ours = [
-        {
-            "index": g.index,
-            "uuid": g.uuid,
-            "name": g.name,
-            "memory_mb": g.memory_mb,
-            "mig_mode": g.mig_mode,
-            "mig": [m.uuid for m in g.mig_instances],
-        }
-        for g in found
-    ]
+    ours = described(found)
     query = ctx.smi(f"--query-gpu={prove.QUERY_GPU}", "--format=csv,noheader,nounits")
     listed = ctx.smi("-L")
     s.findings.update(

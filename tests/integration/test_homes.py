@@ -20,8 +20,8 @@ import docker
 import pytest
 
 from .conftest import DATASETS, HOMES, SHARED
-from .hub import BED_MANAGER, BED_RUN, container_of, deploy
-from .test_worker_setup import bed, join_line, one_line_error
+from .hub import BED_MANAGER, container_of, deploy
+from .test_worker_setup import bed, join_line, one_line_error, swarm_state
 
 pytestmark = pytest.mark.integration
 
@@ -44,14 +44,6 @@ def on_machine(command: str) -> subprocess.CompletedProcess:
     return bed("on", MACHINE, command, check=False)
 
 
-def machine_engine_state() -> str:
-    try:
-        engine = docker.DockerClient(f"unix://{BED_RUN / MACHINE}.sock", timeout=10)
-        return engine.info()["Swarm"]["LocalNodeState"]
-    except docker.errors.DockerException:
-        return "no engine"
-
-
 def test_a_machine_without_the_shared_storage_is_refused_and_joins_once_it_is_mounted(
     shared_homes,
 ):
@@ -68,7 +60,7 @@ def test_a_machine_without_the_shared_storage_is_refused_and_joins_once_it_is_mo
         assert f"{HOMES} is not the manager's (no .gpuhub-share in it" in error
         assert f"{DATASETS} is missing" in error
         assert f"mount -t nfs4 {BED_MANAGER}:" in error and "docs/homes.md" in error
-        assert machine_engine_state() == "no engine", "the join changed the machine"
+        assert swarm_state(MACHINE) == "no engine", "the join changed the machine"
 
         # the organizer's fix: the manager's export mounted there (NFS on an installed hub)
         assert on_machine(f"mount --bind /mnt/manager-share {SHARED}").returncode == 0
@@ -76,7 +68,7 @@ def test_a_machine_without_the_shared_storage_is_refused_and_joins_once_it_is_mo
         result = on_machine(f"{line} --image-tar {shlex.quote(tar)} {simulated}")
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"\n  shared       the manager's: {SHARED / 'tutorials'} " in result.stdout
-        assert machine_engine_state() == "active"
+        assert swarm_state(MACHINE) == "active"
     finally:
         bed("remove", MACHINE, check=False)
 

@@ -71,10 +71,10 @@ def machine_gpus() -> list:
     ]
 
 
-def swarm_state() -> str:
-    """The machine engine's swarm state; "no engine" before setup.sh started it."""
+def swarm_state(machine: str = MACHINE) -> str:
+    """The fresh machine's engine's swarm state; "no engine" before setup.sh started it."""
     try:
-        client = docker.DockerClient(f"unix://{BED_RUN / MACHINE}.sock", timeout=10)
+        client = docker.DockerClient(f"unix://{BED_RUN / machine}.sock", timeout=10)
         return client.info()["Swarm"]["LocalNodeState"]
     except docker.errors.DockerException:
         return "no engine"

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.gpu import prove, run
+from tests.gpu import prove, run, sections
 from tests.gpu.prove import FAIL, PASS, SKIP, Check
 from worker_setup import gpus
 from worker_setup.fake_nvml import FakeNVML
@@ -101,18 +101,7 @@ def test_compute_apps():
 
 def joined(fixture: str) -> list[dict]:
     """What the join reads from the fake NVML over ``fixture``, as the discovery section has it."""
-    found = gpus.discover(FakeNVML.from_file(str(FIXTURES / fixture)))
-    return [
-        {
-            "index": g.index,
-            "uuid": g.uuid,
-            "name": g.name,
-            "memory_mb": g.memory_mb,
-            "mig_mode": g.mig_mode,
-            "mig": [m.uuid for m in g.mig_instances],
-        }
-        for g in found
-    ]
+    return sections.described(gpus.discover(FakeNVML.from_file(str(FIXTURES / fixture))))
 
 
 def statuses(checks: list[Check]) -> dict[str, str]:
