@@ -283,12 +283,23 @@ def test_a_token_the_swarm_refuses_stops_before_daemon_json_changes(daemon_json,
     assert json.loads(daemon_json.read_text()) == OWN
 
 
-def test_a_machine_in_another_swarm_is_left_alone(daemon_json, manager, capsys):
-    engine = FakeEngine(swarm="active", managers=["10.9.9.9:2377"])
+@pytest.mark.parametrize(
+    "state, says, fix",
+    [
+        ("active", "already in another swarm (managers: 10.9.9.9:2377)", "--leave' first"),
+        (
+            "pending",
+            "stuck joining another swarm (state pending, managers: 10.9.9.9:2377)",
+            "--leave --force' first",
+        ),
+    ],
+)
+def test_a_machine_in_another_swarm_is_left_alone(state, says, fix, daemon_json, manager, capsys):
+    engine = FakeEngine(swarm=state, managers=["10.9.9.9:2377"])
     assert setup(engine, daemon_json, manager) == 1
     line = one_error_line(capsys)
-    assert "already in another swarm (managers: 10.9.9.9:2377)" in line
-    assert "--leave' first" in line
+    assert says in line
+    assert fix in line
     assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
 
 
@@ -306,15 +317,6 @@ def test_a_machine_stuck_in_a_swarm_it_is_no_member_of_joins_afresh(
     assert engine.swarm == "active"
     assert f"swarm: forgot the stuck state of a swarm it is no member of ({state})" in out
     assert f"swarm: joined the swarm of {manager}" in out
-
-
-def test_a_machine_stuck_joining_another_swarm_is_left_alone(daemon_json, manager, capsys):
-    engine = FakeEngine(swarm="pending", managers=["10.9.9.9:2377"])
-    assert setup(engine, daemon_json, manager) == 1
-    line = one_error_line(capsys)
-    assert "stuck joining another swarm (state pending, managers: 10.9.9.9:2377)" in line
-    assert "--leave --force' first" in line
-    assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
 
 
 def test_a_dry_run_on_a_stuck_machine_changes_nothing(daemon_json, manager, capsys):
