@@ -26,17 +26,26 @@ puts subclasses of the handlers that start servers (``SpawnHandler``: the spawn 
 ``UserServerAPIHandler``: the REST API) in JupyterHub's handler tables. It checks that it
 found them: a JupyterHub that moved them fails at start-up with an error instead of quietly
 losing the gate.
+
+On a full disk the spawner refuses every start with a message that says so
+(``hub_disk_refusal``), but JupyterHub found no user for the request before asking it: it
+writes down the user's last activity while it finds them, and takes a refused write for no
+user ("403: Missing or invalid credentials"). ``install`` also lets it find the user without
+that write (``find_users_when_activity_cannot_be_written``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import time
 
 from jupyterhub import apihandlers, handlers
 from jupyterhub.apihandlers.users import UserServerAPIHandler
+from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.handlers.pages import SpawnHandler
 from jupyterhub.user import User
+from sqlalchemy.exc import OperationalError
 from tornado.tcpserver import TCPServer
 
 #: Connections the hub's port holds while its one thread is busy; tornado's default is 128. With
@@ -171,6 +180,68 @@ def keep_refused_spawners() -> None:
     User.get_spawner = get_spawner_keeping_refused
 
 
+#: JupyterHub's methods that find a request's user and write down their last activity
+ACTIVITY_WRITERS = ("get_current_user_token", "_user_for_cookie")
+
+
+def find_users_when_activity_cannot_be_written() -> None:
+    """A request's user is found even when the hub's database refuses to write down their last
+    activity (its disk full: SQLite's "database or disk is full"). JupyterHub writes it while it
+    finds the user of a request (``ACTIVITY_WRITERS``, at most every ``activity_resolution``)
+    and takes a failed write for no user: on a full disk, a participant pressing Start read
+    "403: Missing or invalid credentials", a logged-in one was sent to log in again (whose own
+    writes fail too), and running servers checking their participants were refused. Now the
+    write is rolled back and the user found again without writing their activity; a start then
+    reaches the spawner, whose refusal says the hub's disk is full (``hub_disk_refusal``), and
+    everything that only reads goes on. Idempotent."""
+    missing = [n for n in (*ACTIVITY_WRITERS, "_record_activity") if not hasattr(BaseHandler, n)]
+    if missing:
+        raise unknown_jupyterhub(f"JupyterHub's BaseHandler has no {', '.join(missing)}")
+    for name in ACTIVITY_WRITERS:
+        method = getattr(BaseHandler, name)
+        if not hasattr(method, "gpuhub_unwritten"):
+            setattr(BaseHandler, name, _without_activity_if_refused(method))
+    record = BaseHandler._record_activity
+    if not hasattr(record, "gpuhub_unwritten"):
+
+        @functools.wraps(record)
+        def record_unless_refused(self, obj, timestamp=None):
+            if getattr(self, "gpuhub_activity_refused", False):
+                return False
+            return record(self, obj, timestamp)
+
+        record_unless_refused.gpuhub_unwritten = True
+        BaseHandler._record_activity = record_unless_refused
+
+
+#: the refused activity writes are logged at most this often (every request meets one)
+REFUSED_WRITE_LOG_S = 60.0
+_refused_write_logged = [-REFUSED_WRITE_LOG_S]  # when it was last logged (time.monotonic)
+
+
+def _without_activity_if_refused(method):
+    @functools.wraps(method)
+    def finding(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OperationalError as e:
+            self.db.rollback()
+            now = time.monotonic()
+            if now - _refused_write_logged[0] >= REFUSED_WRITE_LOG_S:
+                _refused_write_logged[0] = now
+                self.log.warning(
+                    "The hub's database refused to write down a request's activity (%s): "
+                    "requests go on without (said once a minute). Free space on the hub's "
+                    "data volume if it is full.",
+                    e.orig,
+                )
+            self.gpuhub_activity_refused = True
+            return method(self, *args, **kwargs)
+
+    finding.gpuhub_unwritten = True
+    return finding
+
+
 def deepen_listen_backlog(backlog: int = LISTEN_BACKLOG) -> None:
     """JupyterHub's HTTP server listens with room for ``backlog`` waiting connections instead
     of tornado's 128 (JupyterHub has no setting for it). Idempotent."""
@@ -188,7 +259,9 @@ def deepen_listen_backlog(backlog: int = LISTEN_BACKLOG) -> None:
 
 
 def install() -> None:
-    """JupyterHub's spawn page and REST API ask the spawner before any spawn work. Call it
-    from the hub's config file (JupyterHub reads its tables after loading the config)."""
+    """JupyterHub's spawn page and REST API ask the spawner before any spawn work, and a
+    request's user is found on a full disk too. Call it from the hub's config file (JupyterHub
+    reads its tables after loading the config)."""
     swap_handlers([handlers.default_handlers, apihandlers.default_handlers], SWAPS)
     keep_refused_spawners()
+    find_users_when_activity_cannot_be_written()

@@ -103,7 +103,7 @@ from tests.integration.aftermath import (
     twice,
     write_marker,
 )
-from tests.integration.hub import REPO, Hub, hub_url, state_file
+from tests.integration.hub import REPO, Hub, hub_url, launch_chromium, log_in, state_file
 from tests.integration.spawners import inventory
 
 STACK = {"STACK": "bench-faults", "HTTP_PORT": "18500", "NETWORK": "bench-faults"}
@@ -243,6 +243,52 @@ class Tracked:
     @property
     def settled(self) -> bool:
         return self.answered_at is not None or self.back_at is not None or self.gave_up
+
+
+class InBrowser:
+    """A participant in Chromium, logged in (which starts their server) and then stopped, so
+    that they can press Start later as on the page they see."""
+
+    #: JupyterHub writes down a user's activity at most this often (``activity_resolution``);
+    #: pressing Start later than this after the last request meets that write
+    ACTIVITY_S = 31
+
+    def __init__(self, hub: Hub, p: Participant):
+        self.hub, self.p = hub, p
+
+    def __enter__(self) -> InBrowser:
+        from playwright.sync_api import sync_playwright
+
+        self._playwright = sync_playwright().start()
+        self._chromium = launch_chromium(self._playwright, self.hub.url)
+        self.page = self._chromium.new_context().new_page()
+        log_in(self.page, self.hub, self.p.name)
+        self.hub.wait_ready(self.p.name)
+        self.hub.stop(self.p.name)
+        self.since = time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._chromium.close()
+        self._playwright.stop()
+
+    def press_start(self, told: str = "disk is full", timeout: float = 60) -> str:
+        """Start pressed on the home page: what the page says (``told`` found, or not)."""
+        time.sleep(max(0.0, self.since + self.ACTIVITY_S - time.monotonic()))
+        t0 = time.monotonic()
+        try:
+            self.page.goto(f"{self.hub.url}/hub/home")
+            self.page.click("#start", timeout=timeout * 1000)
+            self.page.wait_for_function(
+                f"document.body && document.body.innerText.includes({told!r})",
+                timeout=timeout * 1000,
+            )
+            found = "told"
+        except Exception as e:  # Playwright's timeouts and errors: the page says what it shows
+            found = f"not told ({type(e).__name__})"
+        seconds = time.monotonic() - t0
+        text = " ".join(self.page.inner_text("body").split())[:240]
+        return f"{found} in {seconds:.1f} s at {self.page.url}: {text}"
 
 
 class HubPulse:
@@ -979,7 +1025,16 @@ class Suite:
     def fault_full(self) -> Row:
         row, ps = self.base("full")
         late = self.participants(3, "late")
-        self.fill(row, len(late))
+        with InBrowser(self.hub, self.participants(1, "page")[0]) as page:
+            self.fill(row, len(late))
+            self.fill_hub_data(row, ps, late, page)
+        return row
+
+    def fill_hub_data(
+        self, row: Row, ps: list[Participant], late: list[Participant], page: InBrowser
+    ) -> None:
+        """The hub's data volume filled up while ``ps`` run; ``late`` and ``page`` press Start
+        (by the REST API; in the browser), then space is freed and ``late`` start again."""
         wall = time.time()
         fill = self.hub_data / "fill"
         # the write-ahead log emptied first, as after a quiet moment or a restart: the hub's next
@@ -1006,6 +1061,8 @@ class Suite:
                 told.append(f"no answer: {e}")
         row.notes["starts while full"] = told
         say(f"starts while full: {told}")
+        row.notes["browser while full"] = page.press_start()
+        say(f"in the browser while full: {row.notes['browser while full']}")
         time.sleep(10)  # what a start let through does meanwhile
         seen = listed(self.hub) if hub_answers(self.hub) else {}
         row.notes["late listed while full"] = [
@@ -1032,7 +1089,6 @@ class Suite:
         tracked.append(Tracked(stopping, wanted=False))
         tracked += [Tracked(p) for p in late]  # press Start again once the space is back
         self.watch(row, tracked, t, time.monotonic(), self.args.limit)
-        return row
 
     def checkpoint(self) -> str:
         """SQLite's TRUNCATE checkpoint of the hub's database: its write-ahead log emptied."""

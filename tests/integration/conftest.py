@@ -6,7 +6,18 @@ from pathlib import Path
 import docker
 import pytest
 
-from .hub import BED, BED_HOST, REPO, Hub, deploy, dump_logs, hub_url, settings, state_file
+from .hub import (
+    BED,
+    BED_HOST,
+    REPO,
+    Hub,
+    deploy,
+    dump_logs,
+    hub_url,
+    launch_chromium,
+    settings,
+    state_file,
+)
 
 # The stack under test never touches the demo's: its own name, port and network, whatever the
 # caller's environment says (GPUHUB_TEST_STACK / _HTTP_PORT / _NETWORK choose others).
@@ -43,18 +54,6 @@ for _name, _value in _TEST_STACK.items():
     os.environ[f"GPUHUB_{_name}"] = os.environ.get(f"GPUHUB_TEST_{_name}", _value)
 
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-    "--no-first-run",
-]
-
-
 @pytest.fixture
 def browser(hub_settings):
     """Debian's headless Chromium through Playwright (never a downloaded browser). Per test:
@@ -67,10 +66,8 @@ def browser(hub_settings):
     as those are (a dashboard that drew nothing in ``make demo`` passed on the bed without)."""
     from playwright.sync_api import sync_playwright
 
-    secure = hub_url(hub_settings["GPUHUB_HTTP_PORT"])
-    args = [*CHROMIUM_ARGS, f"--unsafely-treat-insecure-origin-as-secure={secure}"]
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=args)
+        chromium = launch_chromium(p, hub_url(hub_settings["GPUHUB_HTTP_PORT"]))
         yield chromium
         chromium.close()
 

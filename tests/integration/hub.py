@@ -120,6 +120,25 @@ class Hub:
             self.wait_stopped(user)
 
 
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+]
+
+
+def launch_chromium(playwright, secure: str):
+    """Debian's headless Chromium (never a downloaded browser), treating the hub's plain-HTTP
+    address ``secure`` as secure (the browser fixture in conftest.py says why)."""
+    args = [*CHROMIUM_ARGS, f"--unsafely-treat-insecure-origin-as-secure={secure}"]
+    return playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=args)
+
+
 def log_in(page, hub: Hub, user: str, password: str | None = None) -> None:
     """Log in on the hub's login page (the demo's shared password unless ``password``)."""
     page.goto(f"{hub.url}/hub/login")

@@ -16,6 +16,7 @@ import sqlalchemy
 import sqlalchemy.orm
 from jupyterhub import apihandlers, handlers, orm
 from jupyterhub.apihandlers.users import UserServerAPIHandler
+from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.handlers.pages import SpawnHandler
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.user import User
@@ -324,6 +325,8 @@ def test_users_the_hub_holds_are_found_without_walking_through_all_of_them_each_
 
 def test_install_puts_the_gated_handlers_in_jupyterhub_s_tables(monkeypatch):
     monkeypatch.setattr(User, "get_spawner", User.get_spawner)  # put back afterwards
+    for name in (*gate.ACTIVITY_WRITERS, "_record_activity"):
+        monkeypatch.setattr(BaseHandler, name, getattr(BaseHandler, name))
     gate.install()
     gate.install()  # twice: as once
     tables = handlers.default_handlers + apihandlers.default_handlers
@@ -334,6 +337,8 @@ def test_install_puts_the_gated_handlers_in_jupyterhub_s_tables(monkeypatch):
     assert "/spawn/([^/]+)" in spawn and r"/api/users/([^/]+)/server" in api
     assert issubclass(gate.GatedSpawnHandler, SpawnHandler)
     assert User.get_spawner.gpuhub_keeps_refused  # and refused spawners are kept
+    # and users found on a full disk (test_full_hub_db.py)
+    assert BaseHandler.get_current_user_token.gpuhub_unwritten
 
 
 def test_a_jupyterhub_without_those_handlers_stops_the_hub_with_advice():
