@@ -47,9 +47,11 @@ it as stopped, they press Start (POST /hub/api/users/NAME/server, their token), 
   back s       Start pressed -> their server ready, p50 (max)
   lost         marker files gone from homes (read back through the contents API at the end)
   unread       markers not read: no server of theirs answered at the end
-  twice        most participants seen running in two containers at once (sampled every ~2 s
-               on every machine's own engine, during and after the fault)
-  over         most slices held by running containers beyond a GPU's slices (a slice given twice)
+  twice        most participants seen running their server in two containers at once (a copy
+               waiting for the earlier one to end, images/singleuser/one_copy.py, runs none;
+               sampled every ~2 s on every machine's own engine, during and after the fault)
+  over         most slices held by running containers beyond a GPU's slices (a slice given
+               twice; a waiting copy holds none yet)
   leaked       slices Swarm counts on a GPU beyond those held there by running servers of
                participants the hub lists
 
@@ -108,6 +110,8 @@ from tests.integration.spawners import inventory
 
 STACK = {"STACK": "bench-faults", "HTTP_PORT": "18500", "NETWORK": "bench-faults"}
 STACK["CONFIG"] = "none"  # an organizer's ./config.env is not the bench's
+#: the restarted hub's log lines that tell how its start-up went (JupyterHub's own words)
+STARTUP_LOG = ("still running", "reported in", "ready", "Adding user", "Healed", "Hub API", "away")
 #: the hub's data volume, bound to a tmpfs of this size (tests/bed/bed.sh small-dir)
 HUB_DATA_SIZE = "64m"
 FAULTS = ["proxy", "prometheus", "worker", "worker-killed", "hub-kill", "cut", "manager"]
@@ -122,6 +126,15 @@ BURST, BURST_STOPS = 20, 5
 #: the label of the fillers' services: not the hub's stack (whose keeper removes services of its
 #: own label that no server owns), and not counted as orphans here
 FILLER_LABEL = "bench-faults-filler"
+#: a filler's command: a server's first step (images/singleuser/start-singleuser: one copy at a
+#: time in its home, one_copy.py), then it holds its slices doing nothing
+FILLER_COMMAND = [
+    "sh", "-c",
+    '{ command exec 9>>"$HOME/.gpuhub-server.lock"; } && python3 -m one_copy 9;'
+    " exec sleep infinity",
+]  # fmt: skip
+#: and a server's restart policy (GPUSwarmSpawner.create_object), Swarm's own delay and attempts
+FILLER_RESTART = {"Condition": "on-failure"}
 #: the burst's requests answered before the hub is killed (the rest are in flight)
 KILL_AFTER_ANSWERS = 10
 
@@ -509,6 +522,10 @@ class Suite:
             row.over = max(row.over or 0, sum(over.values()))
         if double:
             row.notes.setdefault("seen twice", sorted(double))
+        waiting = {c.user for c in copies if c.waiting}
+        if waiting:  # a second copy, waiting for the first to end (one_copy.py)
+            seen = set(row.notes.get("seen waiting for their earlier copy", ()))
+            row.notes["seen waiting for their earlier copy"] = sorted(seen | waiting)
         if over:
             row.notes.setdefault("over capacity", over)
 
@@ -729,7 +746,8 @@ class Suite:
 
     def fill(self, row: Row, spare: int) -> None:
         """Fillers on every slice but ``spare``: one service per GPU, holding its free slices,
-        with the labels of a server's container (counted as holders, never as orphans)."""
+        with the labels, the restart policy and the first step of a server's container (counted
+        as holders, never as orphans)."""
         if self.args.no_fill:
             return
         image = deploy_cli(self.extra, "settings", "GPUHUB_SINGLEUSER_IMAGE").strip()
@@ -743,11 +761,14 @@ class Suite:
             name = f"fltfill-{g.uuid[-10:].lower()}"
             self.client.services.create(
                 image,
-                ["sleep", "infinity"],
+                FILLER_COMMAND,
                 name=name,
                 labels={STACK_LABEL: FILLER_LABEL},
                 container_labels={USER_LABEL: name, GPU_LABEL: g.uuid, SLICES_LABEL: str(n)},
                 resources=docker.types.Resources(generic_resources={g.uuid: n}),
+                # a home of its own on its machine, as a server's (the one-copy lock is there)
+                mounts=[f"{name}-home:/home/jovyan:rw"],
+                restart_policy=FILLER_RESTART,
             )
         self.until(
             f"fillers hold all but {spare} slices",
@@ -969,6 +990,9 @@ class Suite:
         row.notes["burst: ready"] = sum(t.answered_at is not None or t.back_at is not None
                                         for t in tracked[1 + len(stops):])  # fmt: skip
         row.notes["hub log"] = self.hub_log(wall, ("Error", "error", "Traceback", "orphan"))[-15:]
+        row.notes["restarted hub's start-up"] = [
+            x[:300] for x in self.hub_log(wall, STARTUP_LOG) if ps[0].name in x or "ervers" in x
+        ][:30]
         return row
 
     def fault_broken(self) -> Row:

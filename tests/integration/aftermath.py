@@ -197,6 +197,13 @@ class Copy:
     user: str
     gpu: str
     slices: int
+    #: waiting for an earlier copy of the same server to end (images/singleuser/one_copy.py):
+    #: running no server and touching no GPU yet
+    waiting: bool = False
+
+
+#: a process of a container whose server waits for an earlier copy to end
+WAITING_PROCESS = "one_copy"
 
 
 def running_copies(engines: dict[str, docker.DockerClient]) -> list[Copy]:
@@ -212,16 +219,27 @@ def running_copies(engines: dict[str, docker.DockerClient]) -> list[Copy]:
             labels = c.get("Labels") or {}
             copies.append(
                 Copy(machine, labels[USER_LABEL], labels.get(GPU_LABEL, ""),
-                     int(labels.get(SLICES_LABEL) or 0))
+                     int(labels.get(SLICES_LABEL) or 0), waits(engine, c["Id"]))
             )  # fmt: skip
     return copies
 
 
+def waits(engine: docker.DockerClient, container: str) -> bool:
+    """Does ``container`` wait for an earlier copy of its server to end?"""
+    try:
+        processes = engine.api.top(container).get("Processes") or []
+    except (docker.errors.DockerException, requests.RequestException):
+        return False  # ended meanwhile, or its engine went
+    return any(WAITING_PROCESS in " ".join(p) for p in processes)
+
+
 def twice(copies: list[Copy]) -> dict[str, int]:
-    """{participant: running copies} for those running more than once."""
+    """{participant: copies running their server} for those running it more than once (a copy
+    that waits for the earlier one to end runs nothing yet)."""
     counts: dict[str, int] = {}
     for c in copies:
-        counts[c.user] = counts.get(c.user, 0) + 1
+        if not c.waiting:
+            counts[c.user] = counts.get(c.user, 0) + 1
     return {user: n for user, n in counts.items() if n > 1}
 
 
@@ -230,7 +248,8 @@ def over_capacity(copies: list[Copy], capacity: dict[str, int]) -> dict[str, int
     twice."""
     held: dict[str, int] = {}
     for c in copies:
-        held[c.gpu] = held.get(c.gpu, 0) + c.slices
+        if not c.waiting:
+            held[c.gpu] = held.get(c.gpu, 0) + c.slices
     return {
         gpu: n - capacity[gpu] for gpu, n in held.items() if gpu in capacity and n > capacity[gpu]
     }

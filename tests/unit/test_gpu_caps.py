@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from .start_command import start_command
+
 REPO = Path(__file__).resolve().parents[2]
 SINGLEUSER = REPO / "images" / "singleuser"
 
@@ -274,19 +276,10 @@ def test_the_xla_fraction(environ, expected):
 
 def start_singleuser(python: Path, tmp_path: Path, **environ: str) -> dict[str, str]:
     """start-singleuser with a jupyterhub-singleuser that prints its environment."""
-    stubs = tmp_path / "bin"
-    stubs.mkdir(exist_ok=True)
-    # a venv's python is found by its path, which a symbolic link would hide
-    (stubs / "python3").write_text(f'#!/bin/sh\nexec "{python}" "$@"\n')
-    (stubs / "jupyterhub-singleuser").write_text("#!/bin/sh\nenv -0\n")
-    for stub in stubs.iterdir():
-        stub.chmod(0o755)
-    env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path),
-           "TUTORIALS_SHARE": str(tmp_path / "no-tutorials"), **environ}  # fmt: skip
+    command, env = start_command(tmp_path, python, "#!/bin/sh\nenv -0\n", **environ)
     result = subprocess.run(
-        [str(SINGLEUSER / "start-singleuser")], env=env, capture_output=True, text=True,
-        timeout=60, check=False,
-    )  # fmt: skip
+        command, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     return dict(line.split("=", 1) for line in result.stdout.split("\0") if line)
