@@ -73,7 +73,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -256,6 +256,18 @@ class Tracked:
     @property
     def settled(self) -> bool:
         return self.answered_at is not None or self.back_at is not None or self.gave_up
+
+
+@dataclass
+class Press:
+    """What a press of Start got."""
+
+    at: float  # time.monotonic() when pressed
+    status: int  # the hub's answer (0: none)
+    text: str
+    own: bool  # refused while a service of their own held slices
+    full: bool  # refused while every slice of the bed was held (a true refusal)
+    swarm: str  # what Swarm counted then (for a refusal)
 
 
 class InBrowser:
@@ -566,8 +578,13 @@ class Suite:
         expected = [t for t in tracked if t.expected]
         row.expected = len(expected)
         last_report = 0.0
+        in_flight: dict[int, tuple[Tracked, bool, Future]] = {}  # presses under way
+        # presses run in the background, as participants act: a press waits for its spawn (up
+        # to 10 s), which must delay neither the others' presses nor the probes of servers
+        pressing = ThreadPoolExecutor(max(1, len(tracked)))
         while True:
             now = time.monotonic()
+            self.record_presses(row, in_flight)
             try:
                 servers = listed(self.hub)
             except requests.RequestException as e:
@@ -578,14 +595,13 @@ class Suite:
                 continue
             probe = []  # those whose server the hub lists as ready: do they answer?
             for t in tracked:
-                if not t.wanted or t.settled:
+                if not t.wanted or t.settled or id(t) in in_flight:
                     continue
                 server = servers.get(t.p.name)
                 if server is None:
-                    if t.pressed_at is None:
-                        self.press(row, t, first=True)
-                    elif time.monotonic() - t.last_press_at > PRESS_AGAIN_S:
-                        self.press(row, t, first=False)
+                    first = t.pressed_at is None
+                    if first or now - t.last_press_at > PRESS_AGAIN_S:
+                        in_flight[id(t)] = (t, first, pressing.submit(self.press, t))
                 elif server.get("ready"):
                     probe.append(t)
             for t, answers, at in self.probe(probe):
@@ -620,6 +636,8 @@ class Suite:
             if (done and row.orphans is not None) or now - ref > limit:
                 break
             time.sleep(1)
+        pressing.shutdown(wait=True)  # the presses still under way, counted too
+        self.record_presses(row, in_flight)
         answered = [t.answered_at for t in expected if t.answered_at is not None]
         row.silent = len(expected) - len(answered)
         row.dropped = sum(t.pressed_at is not None for t in expected)
@@ -647,34 +665,46 @@ class Suite:
         with ThreadPoolExecutor(len(tracked)) as pool:
             return list(pool.map(one, tracked))
 
-    def press(self, row: Row, t: Tracked, first: bool) -> None:
-        """``t``'s participant presses Start."""
+    def record_presses(self, row: Row, in_flight: dict[int, tuple[Tracked, bool, Future]]) -> None:
+        """The presses of Start that have been answered, recorded (and no longer under way)."""
+        for key, (t, first, future) in list(in_flight.items()):
+            if future.done():
+                del in_flight[key]
+                self.record_press(row, t, first, future.result())
+
+    def press(self, t: Tracked) -> Press:
+        """``t``'s participant presses Start: what they got."""
         now = time.monotonic()
         try:
             r = self.press_start(t.p)
             status, text = r.status_code, r.text
         except requests.RequestException as e:
             status, text = 0, str(e)
-        t.last_press_at = now
-        own, full = False, False
-        if status not in (201, 202):
-            own = t.p.name in slice_holders(STACK["STACK"], self.client)
-            # every slice of the bed as it was before the fault (a machine still coming back
-            # is not counted by Swarm meanwhile) held: a true refusal
-            full = sum(g.used for g in inventory().values()) >= sum(self.capacity.values())
-        outcome = "accepted" if status in (201, 202) else ("refused-own" if own else "refused")
+        if status in (201, 202):
+            return Press(now, status, text, False, False, "")
+        own = t.p.name in slice_holders(STACK["STACK"], self.client)
+        # every slice of the bed as it was before the fault (a machine still coming back is not
+        # counted by Swarm meanwhile) held: a true refusal
+        full = sum(g.used for g in inventory().values()) >= sum(self.capacity.values())
+        return Press(now, status, text, own, full, self.swarm_use())
+
+    def record_press(self, row: Row, t: Tracked, first: bool, press: Press) -> None:
+        """What ``t``'s press of Start got, in ``t`` and the row."""
+        t.last_press_at = press.at
+        accepted = press.status in (201, 202)
+        outcome = "accepted" if accepted else ("refused-own" if press.own else "refused")
         if first:
-            t.pressed_at = now
+            t.pressed_at = press.at
             t.first_press = outcome
             row.died += 1
-            row.own += own
-            row.refused += outcome != "accepted"
-            if outcome != "accepted":
+            row.own += press.own
+            row.refused += not accepted
+            if not accepted:
                 row.notes.setdefault("refusals", []).append(
-                    f"{t.p.name}: {status} {text[:160]} ({self.swarm_use()})"
+                    f"{t.p.name}: {press.status} {press.text[:160]} ({press.swarm})"
                 )
-            say(f"{t.p.name} pressed Start: {status} {outcome}")
-        if outcome == "refused" and full:
+            say(f"{t.p.name} pressed Start: {press.status} {outcome}")
+        if outcome == "refused" and press.full:
             t.gave_up = True  # every slice is in use by others: a true refusal
 
     def swarm_use(self) -> str:
