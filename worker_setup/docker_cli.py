@@ -65,6 +65,10 @@ class DockerCLI:
     def restart(self) -> None:
         engine.restart(self.env)
 
+    def recent_log(self) -> str:
+        """What the engine logged lately ("" when it cannot be read)."""
+        return engine.recent_log(self.env)
+
     # ---- what it says ---------------------------------------------------------------------
 
     def info(self) -> dict:

@@ -65,6 +65,32 @@ def uses_systemd(env: Mapping[str, str] = os.environ) -> bool:
     return not env.get("GPUHUB_DOCKERD_CMD") and Path("/run/systemd/system").is_dir()
 
 
+#: how much of the end of the engine's own log file ``recent_log`` reads
+LOG_TAIL_BYTES = 1 << 20
+#: how far back ``recent_log`` reads the journal of systemd's docker unit
+JOURNAL_SINCE = "-15min"
+
+
+def recent_log(env: Mapping[str, str] = os.environ) -> str:
+    """What the engine logged lately: the journal of systemd's docker unit where systemd runs
+    it, else the end of its log file (``GPUHUB_DOCKERD_LOG``). "" when it cannot be read."""
+    if uses_systemd(env):
+        try:
+            result = subprocess.run(
+                ["journalctl", "-u", "docker", "--since", JOURNAL_SINCE, "-o", "cat", "--no-pager"],
+                capture_output=True, text=True, errors="replace", timeout=30, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return result.stdout if result.returncode == 0 else ""
+    try:
+        with open(dockerd_log(env), "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def running(env: Mapping[str, str] | None = None) -> bool:
     """The engine answers (``docker info``)."""
     if not shutil.which("docker", path=(env or os.environ).get("PATH")):

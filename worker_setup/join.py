@@ -220,6 +220,18 @@ def change_lines(plan: advertise.Plan) -> list[str]:
 #: machine that then came back; or a join that never completed), "error" (its certificate or
 #: state refused). `docker swarm join` refuses such a machine ("already part of a swarm").
 STUCK_STATES = ("pending", "error")
+#: seconds before each try to leave a stuck swarm state (the first at once)
+LEAVE_RETRY_S = (0, 2, 5, 10)
+#: the state of a machine the manager removed while its engine ran (``removed_from_swarm``)
+REMOVED = "removed on the manager"
+
+
+def removed_from_swarm(log: str, node_id: str) -> bool:
+    """Does the engine's ``log`` say the manager removed node ``node_id`` from its swarm
+    (``docker node rm``)? Its engine then still calls itself "active", with no error, while
+    the manager refuses it every time it connects (swarmkit's words, since 2016: "node ID was
+    removed from swarm"). A node that joined since has another ID."""
+    return bool(node_id) and f"node {node_id} was removed from swarm" in log
 
 
 def ensure_joined(m: Machine) -> None:
@@ -232,9 +244,11 @@ def ensure_joined(m: Machine) -> None:
                 f"this machine is already in another swarm (managers: {' '.join(managers)}); "
                 "run 'worker_setup/setup.sh --leave' first"
             )
-        m.checklist.row("swarm", f"already joined ({m.manager})")
-        return
-    stuck = state in STUCK_STATES
+        if not removed_from_swarm(m.docker.recent_log(), swarm.get("NodeID") or ""):
+            m.checklist.row("swarm", f"already joined ({m.manager})")
+            return
+        state = REMOVED  # stuck: a member of no swarm, though it says it is
+    stuck = state in (*STUCK_STATES, REMOVED)
     if stuck and managers and m.manager not in managers:
         raise Stop(
             f"this machine is stuck joining another swarm (state {state}, managers: "
@@ -245,9 +259,15 @@ def ensure_joined(m: Machine) -> None:
         m.checklist.row("swarm", f"would {forget}join the swarm of {m.manager}")
         return
     if stuck:
-        # A member of no working swarm runs no task of one: leaving loses nothing.
-        error = " ".join(m.docker.swarm_leave().split())
-        if error:
+        # A member of no working swarm runs no task of one: leaving loses nothing. Right after
+        # the manager removed it, the engine's leave may time out ("context deadline exceeded"):
+        # it is tried again a few times.
+        for wait in LEAVE_RETRY_S:
+            m.sleep(wait)
+            error = " ".join(m.docker.swarm_leave().split())
+            if not error:
+                break
+        else:
             raise Stop(f"forgetting the stuck swarm state ({state}) failed: {error}")
         m.checklist.changed(
             "swarm", f"forgot the stuck state of a swarm it is no member of ({state})"

@@ -40,6 +40,9 @@ class FakeEngine:
         self.pullable: dict[str, str] = {}  # what a pull gets: name -> id
         self.tar: tuple[str, str] = (IMAGE, "sha256:" + "b" * 64)  # what a load gets
         self.join_error = ""
+        self.node_id = "w7node" if swarm != "inactive" else ""
+        self.log = ""  # what the engine logged lately
+        self.leave_errors: list[str] = []  # what its next leaves answer
         self.changes: list[tuple] = []
 
     def running(self):
@@ -57,8 +60,11 @@ class FakeEngine:
         if not self.up:
             return {}
         managers = [{"NodeID": "m1", "Addr": a} for a in self.managers] or None
-        swarm = {"LocalNodeState": self.swarm, "RemoteManagers": managers}
+        swarm = {"LocalNodeState": self.swarm, "RemoteManagers": managers, "NodeID": self.node_id}
         return {"Name": "gpu-7", "Swarm": swarm}
+
+    def recent_log(self):
+        return self.log
 
     def server_version(self):
         return "20.10.24"
@@ -78,6 +84,8 @@ class FakeEngine:
 
     def swarm_leave(self):
         self.changes.append(("leave",))
+        if self.leave_errors:
+            return self.leave_errors.pop(0)
         self.swarm, self.servers = "inactive", []
         return ""
 
@@ -317,6 +325,59 @@ def test_a_machine_stuck_in_a_swarm_it_is_no_member_of_joins_afresh(
     assert engine.swarm == "active"
     assert f"swarm: forgot the stuck state of a swarm it is no member of ({state})" in out
     assert f"swarm: joined the swarm of {manager}" in out
+
+
+#: what the engine of a machine removed on the manager logs every few seconds (Docker 20.10)
+REMOVED_LOG = (
+    'time="2026-11-26T08:04:07.970568688Z" level=error msg="agent: session failed" '
+    'backoff=100ms error="rpc error: code = PermissionDenied desc = Permission denied: '
+    "unauthorized peer role: rpc error: code = PermissionDenied desc = Permission denied: node "
+    '{} was removed from swarm" module=node/agent node.id={}\n'
+)
+
+
+def test_a_machine_removed_on_the_manager_while_its_engine_ran_joins_afresh(
+    daemon_json, manager, capsys
+):
+    """``docker node rm --force`` on the manager: the machine's engine still says "active",
+    with no error, and only its log says the manager refuses it."""
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    engine.log = "starting up\n" + REMOVED_LOG.format(engine.node_id, engine.node_id) * 3
+    assert setup(engine, daemon_json, manager) == 0
+    out = capsys.readouterr().out
+    assert engine.changes[:2] == [("leave",), ("join", manager, "")]
+    assert "swarm: forgot the stuck state of a swarm it is no member of (removed on the " in out
+
+
+def test_a_leave_that_times_out_right_after_the_removal_is_tried_again(
+    daemon_json, manager, capsys, monkeypatch
+):
+    assert join.LEAVE_RETRY_S == (0, 2, 5, 10)
+    monkeypatch.setattr(join, "LEAVE_RETRY_S", (0, 0, 0, 0))  # the test does not wait them
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    engine.log = REMOVED_LOG.format(engine.node_id, engine.node_id)
+    timeout = "Error response from daemon: context deadline exceeded"
+    engine.leave_errors = [timeout, timeout]  # as a fresh machine's engine answered on the bed
+    assert setup(engine, daemon_json, manager) == 0
+    assert engine.changes[:4] == [("leave",)] * 3 + [("join", manager, "")]
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    engine.log = REMOVED_LOG.format(engine.node_id, engine.node_id)
+    engine.leave_errors = [timeout] * 4  # never: stops, saying why
+    assert setup(engine, daemon_json, manager) == 1
+    assert "forgetting the stuck swarm state (removed on the manager) failed: " in (
+        one_error_line(capsys)
+    )
+    assert ("join", manager, "") not in engine.changes
+
+
+def test_a_removal_of_an_earlier_membership_leaves_a_joined_machine_alone(
+    daemon_json, manager, capsys
+):
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    engine.log = REMOVED_LOG.format("oldnode", "oldnode")  # then it joined again as w7node
+    assert setup(engine, daemon_json, manager) == 0
+    assert f"already joined ({manager})" in capsys.readouterr().out
+    assert ("leave",) not in engine.changes
 
 
 def test_a_dry_run_on_a_stuck_machine_changes_nothing(daemon_json, manager, capsys):
