@@ -971,18 +971,23 @@ def read_secret_file(path: str) -> str:
 
 
 def secret_file_problems(settings: dict[str, str]) -> list[str]:
-    """A line for each secret file (GPUHUB_*SECRET*_FILE) that others may read, or that holds
-    no single secret."""
+    """A line for each secret file that its group or others may read: a GPUHUB_*SECRET*_FILE,
+    which must also hold no more than the secret, and the TLS private key (GPUHUB_TLS_KEY with
+    GPUHUB_TLS=files; its certificate is public)."""
     out = []
     for key, path in settings.items():
-        if not (key.endswith("_FILE") and "SECRET" in key and path):
+        secret = key.endswith("_FILE") and "SECRET" in key
+        tls_key = key == "GPUHUB_TLS_KEY" and settings.get("GPUHUB_TLS") == "files"
+        if not (path and (secret or tls_key)):
             continue
         try:
             mode = os.stat(path).st_mode
             if not stat.S_ISREG(mode):
-                out.append(f"{key}: {path} is not a file; name the file holding the secret")
+                held = "the secret" if secret else "the private key"
+                out.append(f"{key}: {path} is not a file; name the file holding {held}")
                 continue
-            read_secret_file(path)
+            if secret:
+                read_secret_file(path)
         except OSError:
             continue  # "does not exist" is said by problems()
         except ValueError as e:

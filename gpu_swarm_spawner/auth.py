@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from urllib.parse import quote
@@ -60,10 +61,19 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
         )
 
     _roster: frozenset[str] = frozenset()
+    # the mtime of the file the names were read from, and of the last one refused as no roster
+    # (RosterError: its text is wrong, so it is read again only once it changes)
     _roster_mtime: float | None = None
+    _roster_refused_mtime: float | None = None
+    _roster_lock: asyncio.Lock | None = None
 
-    def roster_usernames(self) -> frozenset[str]:
-        """The roster's usernames, re-read if the file changed since the last call."""
+    async def roster_usernames(self) -> frozenset[str]:
+        """The roster's usernames, re-read if the file changed since the last call.
+
+        The file is read in a worker thread, so a large one (a file given by mistake) holds up
+        no other request of the hub; logins that come while it is read wait for that reading
+        instead of reading it again.
+        """
         if not self.roster_file:
             return frozenset()
         try:
@@ -71,24 +81,31 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
         except FileNotFoundError:
             self.log.error("Roster %s does not exist; nobody is let in by it", self.roster_file)
             return frozenset()
-        if mtime != self._roster_mtime:
-            try:
-                found = roster.read(self.roster_file)
-            except OSError as e:
-                self.log.error("Roster not reloaded, keeping %d names: %s", len(self._roster), e)
-            except roster.RosterError as e:
-                self.log.error(
-                    "Roster not reloaded, keeping %d names: %s",
-                    len(self._roster),
-                    "; ".join(e.problems),
-                )
-            else:
-                self.log.info("Roster %s: %s", self.roster_file, found.describe())
-                self._roster, self._roster_mtime = found.names, mtime
+        self._roster_lock = self._roster_lock or asyncio.Lock()
+        async with self._roster_lock:  # a login before this one may be reading this version
+            if mtime not in (self._roster_mtime, self._roster_refused_mtime):
+                await self._reload_roster(mtime)
         return self._roster
 
+    async def _reload_roster(self, mtime: float) -> None:
+        """Read the roster off the event loop; a file that cannot be read keeps the names."""
+        try:
+            found = await asyncio.to_thread(roster.read, self.roster_file)
+        except OSError as e:  # read again at the next login: a fixed permission is no change
+            self.log.error("Roster not reloaded, keeping %d names: %s", len(self._roster), e)
+        except roster.RosterError as e:
+            self.log.error(
+                "Roster not reloaded, keeping %d names: %s",
+                len(self._roster),
+                "; ".join(e.problems),
+            )
+            self._roster_refused_mtime = mtime
+        else:
+            self.log.info("Roster %s: %s", self.roster_file, found.describe())
+            self._roster, self._roster_mtime = found.names, mtime
+
     async def check_allowed(self, username, auth_model):
-        if username in self.roster_usernames():
+        if username in await self.roster_usernames():
             return True
         # OAuthenticator's rules (admins, allowed_users); GitHubOAuthenticator's organization
         # check is replaced by the one below, which tells a refused member what happened

@@ -1,7 +1,13 @@
-"""WorkshopGitHubOAuthenticator's roster: who it lets in, reloading, and a broken edit."""
+"""WorkshopGitHubOAuthenticator's roster: who it lets in, reloading (in a worker thread, once per
+change), and a broken edit."""
 
+import asyncio
 import os
+import threading
 
+import pytest
+
+from gpu_swarm_spawner import roster
 from gpu_swarm_spawner.auth import WorkshopGitHubOAuthenticator
 
 
@@ -40,3 +46,119 @@ async def test_admins_are_let_in_without_the_roster(tmp_path):
 def test_a_refused_user_is_told_how_to_get_in():
     message = WorkshopGitHubOAuthenticator().custom_403_message
     assert "participant list" in message and "roster" in message
+
+
+# ---- reading the roster off the event loop --------------------------------------------------
+
+
+class Reads:
+    """roster.read as the authenticator calls it, recording the thread of each call; a read
+    can be held until ``release`` is set (a large file being read)."""
+
+    def __init__(self, monkeypatch):
+        self.threads: list[int] = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+        real = roster.read
+
+        def read(path):
+            self.threads.append(threading.get_ident())
+            self.started.set()
+            self.release.wait(timeout=3)  # on the event loop, nothing else could set it
+            return real(path)
+
+        monkeypatch.setattr(roster, "read", read)
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    return Reads(monkeypatch)
+
+
+async def test_the_roster_is_read_in_a_worker_thread_not_the_event_loop_s(tmp_path, reads):
+    path = tmp_path / "roster.txt"
+    path.write_text("rosa\n")
+    assert await WorkshopGitHubOAuthenticator(roster_file=str(path)).check_allowed(
+        "rosa", model("rosa")
+    )
+    assert len(reads.threads) == 1
+    assert reads.threads[0] != threading.get_ident()
+
+
+async def test_the_hub_answers_other_requests_while_a_large_roster_is_read(tmp_path, reads):
+    path = tmp_path / "roster.txt"
+    path.write_text("rosa\n")
+    auth = WorkshopGitHubOAuthenticator(roster_file=str(path))
+    reads.release.clear()
+    done = []
+
+    async def login():
+        assert await auth.check_allowed("rosa", model("rosa"))
+        done.append("login")
+
+    async def other_request():
+        while not reads.started.is_set():
+            await asyncio.sleep(0.01)
+        done.append("other request")  # answered while the roster is still being read
+        reads.release.set()
+
+    await asyncio.wait_for(asyncio.gather(login(), other_request()), timeout=10)
+    assert done == ["other request", "login"]
+
+
+async def test_an_unchanged_roster_is_not_read_again_and_a_changed_one_is(tmp_path, reads):
+    path = tmp_path / "roster.txt"
+    path.write_text("rosa\n")
+    auth = WorkshopGitHubOAuthenticator(roster_file=str(path))
+    assert await auth.check_allowed("rosa", model("rosa"))
+    assert not await auth.check_allowed("rick", model("rick"))
+    assert len(reads.threads) == 1
+
+    path.write_text("rosa\nrick\n")
+    touch_later(path, 1)
+    assert await auth.check_allowed("rick", model("rick"))
+    assert await auth.check_allowed("rosa", model("rosa"))
+    assert len(reads.threads) == 2
+
+
+async def test_logins_during_a_reload_share_that_one_reading(tmp_path, reads):
+    path = tmp_path / "roster.txt"
+    path.write_text("rosa\nrick\nrita\n")
+    auth = WorkshopGitHubOAuthenticator(roster_file=str(path))
+    reads.release.clear()
+
+    async def release_once_all_wait():
+        while not reads.started.is_set():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the other logins reach the roster meanwhile
+        reads.release.set()
+
+    let_in = await asyncio.wait_for(
+        asyncio.gather(
+            *(auth.check_allowed(name, model(name)) for name in ("rosa", "rick", "rita")),
+            release_once_all_wait(),
+        ),
+        timeout=10,
+    )
+    assert let_in[:3] == [True, True, True]
+    assert len(reads.threads) == 1
+
+
+async def test_a_roster_refused_once_is_not_read_again_until_it_changes(tmp_path, reads, caplog):
+    path = tmp_path / "roster.txt"
+    path.write_text("rosa\n")
+    auth = WorkshopGitHubOAuthenticator(roster_file=str(path))
+    assert await auth.check_allowed("rosa", model("rosa"))
+    path.write_text("rosa\nRosa Lopez\n")
+    touch_later(path, 1)
+    for _ in range(3):
+        assert await auth.check_allowed("rosa", model("rosa"))
+    assert len(reads.threads) == 2
+    refused = [r.getMessage() for r in caplog.records if "not reloaded" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].startswith("Roster not reloaded, keeping 1 names: ")
+
+    path.write_text("rosa\nrosa-l\n")
+    touch_later(path, 2)
+    assert await auth.check_allowed("rosa-l", model("rosa-l"))
+    assert len(reads.threads) == 3

@@ -1062,6 +1062,60 @@ def test_a_secret_file_others_may_read_or_holding_no_single_secret_is_refused(
     assert "3c9f1e0d8b7a" not in problem
 
 
+def tls_files_config(tmp_path, cert_mode: int, key_mode: int | None) -> Path:
+    """A config file with GPUHUB_TLS=files (line 2: the certificate, line 3: the key), its
+    certificate and key (a folder when ``key_mode`` is None) at those modes."""
+    cert, key = tmp_path / "fullchain.pem", tmp_path / "privkey.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    cert.chmod(cert_mode)
+    if key_mode is None:
+        key.mkdir()
+    else:
+        key.write_text("-----BEGIN PRIVATE KEY-----\n")
+        key.chmod(key_mode)
+    config = tmp_path / "config.env"
+    config.write_text(
+        f"GPUHUB_TLS=files\nGPUHUB_TLS_CERT={cert}\nGPUHUB_TLS_KEY={key}\n"
+        "GPUHUB_HOSTNAME=hub.uni.example\nGPUHUB_AUTH=local\nGPUHUB_ADMIN_USERS=ada\n"
+        "GPUHUB_CPU_LIMIT=4\nGPUHUB_MEM_LIMIT=16G\nGPUHUB_PIDS_LIMIT=4096\n"
+    )
+    config.chmod(0o600)
+    return config
+
+
+@pytest.mark.parametrize(
+    "key_mode, says",
+    [
+        (0o644, "may be read by others (mode 0644); run: chmod 600 {key}"),
+        (0o640, "may be read by others (mode 0640); run: chmod 600 {key}"),
+        (0o604, "may be read by others (mode 0604); run: chmod 600 {key}"),
+        (None, "is not a file; name the file holding the private key"),
+    ],
+    ids=["0644", "0640", "0604", "a folder"],
+)
+def test_a_tls_key_others_may_read_is_refused_with_the_fix(tmp_path, key_mode, says):
+    config = tls_files_config(tmp_path, 0o644, key_mode)
+    key = tmp_path / "privkey.pem"
+    assert refused_lines(str(config)) == [
+        f"{config} line 3: GPUHUB_TLS_KEY: {key} {says.format(key=key)}"
+    ]
+
+
+def test_a_tls_key_only_its_owner_may_read_and_a_public_certificate_are_accepted(tmp_path):
+    config = tls_files_config(tmp_path, 0o644, 0o600)
+    cfg = read("up", environ={}, config=str(config), machine=MACHINE)
+    assert (cfg.tls, cfg.tls_key) == ("files", str(tmp_path / "privkey.pem"))
+    (tmp_path / "privkey.pem").chmod(0o400)
+    assert read("up", environ={}, config=str(config), machine=MACHINE).tls == "files"
+
+
+def test_a_tls_key_of_no_use_is_not_checked_for_its_mode(tmp_path):
+    config = tls_files_config(tmp_path, 0o644, 0o644)
+    config.write_text(config.read_text().replace("GPUHUB_TLS=files", "GPUHUB_TLS=self-signed"))
+    (problem,) = refused_lines(str(config))
+    assert "GPUHUB_TLS_CERT / GPUHUB_TLS_KEY are set but GPUHUB_TLS is not files" in problem
+
+
 def test_an_idn_hostname_is_refused_with_its_ascii_form(tmp_path):
     path = organizers_file(tmp_path, "idn-hostname.env")
     assert refused_lines(path) == [
