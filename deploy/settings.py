@@ -993,12 +993,37 @@ def secret_file_problems(settings: dict[str, str]) -> list[str]:
         except ValueError as e:
             out.append(f"{key}: {path} {e}")
             continue
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        if open_to_others(path, mode):
             out.append(
                 f"{key}: {path} may be read by others (mode {stat.S_IMODE(mode):04o}); "
                 f"run: chmod 600 {path}"
             )
     return out
+
+
+def _folder_mode(folder: Path) -> int | None:
+    try:
+        return folder.stat().st_mode
+    except OSError:
+        return None
+
+
+def open_to_others(path: str, mode: int) -> int:
+    """The group and others bits of a file of ``mode`` at ``path`` that its folders let
+    through: a group's bits count only where every folder above the file (links followed) lets
+    the group in, others' likewise. 0: only its owner can reach it; so is a key of mode 0644
+    in a folder of mode 0700 (an older certbot's ``/etc/letsencrypt/archive/``)."""
+    bits = mode & (stat.S_IRWXG | stat.S_IRWXO)
+    folder = Path(os.path.realpath(path)).parent
+    for above in (folder, *folder.parents):
+        folder_mode = _folder_mode(above)
+        if folder_mode is None:
+            continue
+        if not folder_mode & stat.S_IXGRP:
+            bits &= ~stat.S_IRWXG
+        if not folder_mode & stat.S_IXOTH:
+            bits &= ~stat.S_IRWXO
+    return bits
 
 
 def _noted(errors: list[str], settings: Settings, notes: dict[str, str]) -> list[str]:

@@ -1062,6 +1062,22 @@ def test_a_secret_file_others_may_read_or_holding_no_single_secret_is_refused(
     assert "3c9f1e0d8b7a" not in problem
 
 
+@pytest.fixture(autouse=True)
+def folders_above_the_tests_open(monkeypatch, tmp_path_factory):
+    """The test's temporary folder and those above it (pytest makes them 0700: only their
+    owner may enter) are taken as open to all, as /etc or /srv are: a file's own mode then
+    decides whether others may read it, unless a folder the test made bars them
+    (``open_to_others``)."""
+    base = tmp_path_factory.getbasetemp().resolve()
+    real = settings_module._folder_mode
+
+    def folder_mode(folder):
+        pytests = folder in (base, *base.parents) or folder.parent == base
+        return 0o40755 if pytests else real(folder)
+
+    monkeypatch.setattr(settings_module, "_folder_mode", folder_mode)
+
+
 def tls_files_config(tmp_path, cert_mode: int, key_mode: int | None) -> Path:
     """A config file with GPUHUB_TLS=files (line 2: the certificate, line 3: the key), its
     certificate and key (a folder when ``key_mode`` is None) at those modes."""
@@ -1107,6 +1123,28 @@ def test_a_tls_key_only_its_owner_may_read_and_a_public_certificate_are_accepted
     assert (cfg.tls, cfg.tls_key) == ("files", str(tmp_path / "privkey.pem"))
     (tmp_path / "privkey.pem").chmod(0o400)
     assert read("up", environ={}, config=str(config), machine=MACHINE).tls == "files"
+
+
+def test_a_tls_key_in_a_folder_only_its_owner_may_enter_is_accepted(tmp_path):
+    """An older certbot's layout: live/NAME/privkey.pem links to archive/NAME/privkey1.pem, of
+    mode 0644, in archive/ of mode 0700."""
+    config = tls_files_config(tmp_path, 0o644, 0o600)
+    archive, live = tmp_path / "archive" / "hub", tmp_path / "live" / "hub"
+    archive.mkdir(parents=True)
+    live.mkdir(parents=True)
+    (archive / "privkey1.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    (archive / "privkey1.pem").chmod(0o644)
+    (live / "privkey.pem").symlink_to("../../archive/hub/privkey1.pem")
+    config.write_text(
+        config.read_text().replace(str(tmp_path / "privkey.pem"), str(live / "privkey.pem"))
+    )
+    (tmp_path / "archive").chmod(0o700)
+    assert read("up", environ={}, config=str(config), machine=MACHINE).tls == "files"
+    (tmp_path / "archive").chmod(0o755)  # the folder lets others in: the key's mode counts
+    assert refused_lines(str(config)) == [
+        f"{config} line 3: GPUHUB_TLS_KEY: {live / 'privkey.pem'} may be read by others "
+        f"(mode 0644); run: chmod 600 {live / 'privkey.pem'}"
+    ]
 
 
 def test_a_tls_key_of_no_use_is_not_checked_for_its_mode(tmp_path):
