@@ -6,7 +6,11 @@ It answers as a GitHub Enterprise server does (API under ``/api/v3``), so the hu
 everything after it is GitHub's protocol: the authorization code, the token exchange with the
 client secret, ``/user``, and the organization and team membership checks the hub makes
 (``/orgs/ORG/members/USER`` 204 or 404; ``/user/memberships/orgs/ORG`` and
-``/orgs/ORG/teams/TEAM/memberships/USER`` 200 with ``"state": "active"`` or 404).
+``/orgs/ORG/teams/TEAM/memberships/USER`` 200 with ``"state": "active"`` or 404). And the
+answers that are not "yes" or "no", as GitHub gives them: an invitation not accepted yet
+(``"state": "pending"``), an organization that restricts OAuth apps hiding a private member
+(403 "... has enabled OAuth App access restrictions ..."), a token over its rate limit (403
+with ``x-ratelimit-remaining: 0``).
 
     python -m tests.integration.fake_github --host 10.199.8.1 --port 18900 \\
         --client-id ID --client-secret SECRET --org gpu-workshop=alice,ada
@@ -20,6 +24,7 @@ import json
 import re
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlencode, urlparse
@@ -34,7 +39,17 @@ class GitHubData:
     codes: dict[str, str] = field(default_factory=dict)  # authorization code -> login
     tokens: dict[str, str] = field(default_factory=dict)  # access token -> login
     requests: list[str] = field(default_factory=list)  # "METHOD path" of every request
+    #: org -> logins invited and not accepted yet (their membership's state is "pending")
+    invited: dict[str, set[str]] = field(default_factory=dict)
+    #: org -> private members of an organization that restricts OAuth apps (GitHub's default)
+    #: and has not approved this one: GitHub hides their membership from the hub
+    hidden: dict[str, set[str]] = field(default_factory=dict)
+    #: logins whose membership checks GitHub answers "API rate limit exceeded"
+    rate_limited: set[str] = field(default_factory=set)
 
+
+DOCS_RATE = "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"
+DOCS_RESTRICTED = "https://docs.github.com/articles/restricting-access-to-your-organization-s-data/"
 
 _MEMBER = re.compile(r"^/orgs/([^/]+)/members/([^/]+)$")
 _TEAM_MEMBER = re.compile(r"^/orgs/([^/]+)/teams/([^/]+)/members/([^/]+)$")
@@ -48,16 +63,43 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # quiet: the tests assert on data.requests
         pass
 
-    def _send(self, code: int, body: bytes = b"", content_type: str = "application/json"):
+    def _send(
+        self,
+        code: int,
+        body: bytes = b"",
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ):
         self.send_response(code)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         if body:
             self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    def _json(self, code: int, payload) -> None:
-        self._send(code, json.dumps(payload).encode())
+    def _json(self, code: int, payload, headers: dict[str, str] | None = None) -> None:
+        self._send(code, json.dumps(payload).encode(), headers=headers)
+
+    def _rate_limited(self) -> None:
+        """GitHub's answer once a token has used its hourly requests (its documented form)."""
+        reset = int(time.time()) + 60
+        headers = {"x-ratelimit-limit": "5000", "x-ratelimit-remaining": "0",
+                   "x-ratelimit-reset": str(reset), "x-ratelimit-resource": "core"}  # fmt: skip
+        message = "API rate limit exceeded for user ID 1. If you reach out to GitHub Support..."
+        self._json(403, {"message": message, "documentation_url": DOCS_RATE}, headers)
+
+    def _restricted(self, org: str) -> None:
+        """GitHub's answer to an OAuth app an organization restricting them has not approved."""
+        message = (
+            "Although you appear to have the correct authorization credentials, the "
+            f"`{org}` organization has enabled OAuth App access restrictions, meaning that data "
+            "access to third-parties is limited. For more information on these restrictions, "
+            "including how to enable this app, visit "
+            "https://docs.github.com/articles/restricting-access-to-your-organization-s-data/"
+        )
+        self._json(403, {"message": message, "documentation_url": DOCS_RESTRICTED})
 
     def _login(self) -> str | None:
         header = self.headers.get("Authorization", "")
@@ -86,6 +128,8 @@ class Handler(BaseHTTPRequestHandler):
                     "email": f"{login}@users.example.invalid",
                 },
             )
+        if login in self.data.rate_limited and path != "/user":
+            return self._rate_limited()
         match = _MEMBER.match(path)
         if match:
             org, user = match.groups()
@@ -96,7 +140,12 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(204 if user in self.data.teams.get(f"{org}:{team}", set()) else 404)
         match = _OWN_MEMBERSHIP.match(path)
         if match:
-            return self._membership(login in self.data.orgs.get(match.group(1), set()))
+            org = match.group(1)
+            if login in self.data.hidden.get(org, set()):
+                return self._restricted(org)
+            if login in self.data.invited.get(org, set()):
+                return self._json(200, {"state": "pending", "role": "member"})
+            return self._membership(login in self.data.orgs.get(org, set()))
         match = _TEAM_MEMBERSHIP.match(path)
         if match:
             org, team, user = match.groups()

@@ -142,6 +142,8 @@ class Production:
 def production(hub, hub_settings, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("organizer")
     github = GitHubData("fake-github-client", CLIENT_SECRET, orgs=ORGS, teams=TEAMS)
+    github.invited, github.hidden = {"gpu-workshop": {"ivy"}}, {"gpu-workshop": {"hugo"}}
+    github.rate_limited = {"remy"}
     server = serve(BED_HOST, GITHUB_PORT, github)
     (tmp / "roster.txt").write_text(ROSTER)
     config = tmp / "config.env"
@@ -384,6 +386,45 @@ def test_others_are_refused_with_a_clear_page(production, page, login):
     assert "roster" in text
     r = production.hub.api("GET", f"/users/{login}")
     assert r.status_code == 404  # never became a user
+
+
+@pytest.mark.parametrize(
+    "login, says",
+    [
+        (
+            "ivy",  # invited to gpu-workshop, not accepted yet
+            "You are invited to gpu-workshop but have not accepted yet: accept at "
+            "https://github.com/orgs/gpu-workshop/invitation, then log in again.",
+        ),
+        (
+            "hugo",  # a private member; the organization restricts OAuth apps
+            "GitHub does not tell this hub whether you are a member of gpu-workshop: the "
+            "organization gpu-workshop restricts third-party (OAuth) apps and has not approved "
+            "this hub's. If you are a member, make your membership of gpu-workshop public at "
+            "https://github.com/orgs/gpu-workshop/people",
+        ),
+        (
+            "remy",  # GitHub limits the rate of his token's requests
+            "GitHub could not be asked whether you are a member of gpu-school:tutors or "
+            "gpu-workshop just now. Please log in again in",
+        ),
+    ],
+)
+def test_a_participant_github_did_not_vouch_for_is_told_what_happened(
+    production, page, login, says
+):
+    """Never "not on the participant list" when GitHub did not say so: the page says what
+    GitHub answered and what to do; the organizer's log says it too."""
+    github_login(page, production.url, login)
+    page.wait_for_load_state()
+    text = " ".join(page.inner_text("body").split())
+    assert "403" in text and says in text, text
+    assert "not on this workshop's participant list" not in text
+    page.screenshot(path=str(ARTIFACTS / f"refused-{login}.png"))
+    assert production.hub.api("GET", f"/users/{login}").status_code == 404
+    service = docker.from_env().services.get(f"{production.hub.stack}_hub")
+    log = b"".join(service.logs(stdout=True, stderr=True, tail=300)).decode(errors="replace")
+    assert f"Login of {login} refused: " in log
 
 
 def test_a_roster_user_logs_in_and_the_roster_reloads(production, page, browser):
