@@ -64,7 +64,8 @@ VERSIONS = ".versions"
 #: The layout of a published version. 2: links published as copies, never as links. A version in
 #: another format is published again even when its commit is current. 3: the manifest hashes the
 #: bytes written (.gitattributes applied), no LFS pointers, submodules and overlong names listed.
-FORMAT = 3
+#: 4: only what git-lfs takes for a pointer (with its oid and size) is left out.
+FORMAT = 4
 _LINK_MODE = "120000"  # git's file mode of a symbolic link
 _GITLINK_MODE = "160000"  # git's file mode of a submodule
 _MAX_LINK_TEXT = 4096  # PATH_MAX: a longer "link" is no path
@@ -152,13 +153,15 @@ def extract_regular(stream, target: Path, too_long: dict[str, str] | None = None
 
 
 def lfs_pointer(data: bytes) -> str:
-    """For the text of a Git LFS pointer file, the size of the file it stands for (``"1.2 GB"``,
-    ``"an unknown size"``); "" for anything else."""
+    """For the text of a Git LFS pointer file, the size of the file it stands for (``"1.2 GB"``);
+    "" for anything else. A pointer, as git-lfs reads one: its version line, then ``key value``
+    lines among which ``oid sha256:<64 hex>`` and ``size <bytes>`` (a text that only begins like
+    one, a lesson about LFS, is a file like any other)."""
     if len(data) > _LFS_POINTER_MAX or not _LFS_POINTER.fullmatch(data):
         return ""
     size = re.search(rb"^size (\d+)$", data, re.MULTILINE)
-    if not size:
-        return "an unknown size"
+    if not size or not re.search(rb"^oid sha256:[0-9a-f]{64}$", data, re.MULTILINE):
+        return ""
     value = float(size.group(1))
     for unit in ("bytes", "kB", "MB", "GB", "TB"):
         if value < 1000 or unit == "TB":

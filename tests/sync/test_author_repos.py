@@ -187,6 +187,8 @@ async def test_lfs_pointers_are_not_published_and_said_on_status_and_at_start(co
     author.write(
         "notes/lfs.md", "version https://git-lfs.github.com/spec/v1 is the pointer's first line\n"
     )
+    # a lesson's example: a pointer's first lines, without the oid and size git-lfs needs
+    author.write("notes/pointer.txt", "version https://git-lfs.github.com/spec/v1\nsize 12\n")
     author.write("train.ipynb", "{}")
     author.commit_and_push("models through LFS")
     service = SyncService(course.publisher, [course.repo])
@@ -199,6 +201,7 @@ async def test_lfs_pointers_are_not_published_and_said_on_status_and_at_start(co
     assert "datasets folder" in skipped["models/resnet.pt"]
     files = course.manifest()["files"]
     assert "models/small.pt" in files and "notes/lfs.md" in files and "train.ipynb" in files
+    assert "notes/pointer.txt" in files
     assert not (course.version / "models" / "resnet.pt").exists()
     assert not (course.version / "weights").exists(), "no folder left empty"
     assert files == share_files(course.version)
