@@ -22,6 +22,7 @@ from gpu_swarm_spawner.contract import SERVICE_PREFIX, USER_LABEL, is_mig, is_si
 from gpu_swarm_spawner.inventory import (
     build_inventory,
     gpu_kinds,
+    kinds_on_several_nodes,
     task_reservations,
     totals,
     used_slices,
@@ -94,6 +95,12 @@ def render(
     used, total = totals(build_inventory(nodes, tasks))
     lines = ["GPU machines", *_table(rows), ""]
     lines.append(f"  {total - used} of {total} slices free on schedulable machines")
+    for uuid, names in kinds_on_several_nodes(nodes).items():
+        lines.append(
+            f"  {uuid} is advertised by {' and '.join(names)}: no server starts on it (Swarm "
+            "could place it on either). Give each machine its own /etc/machine-id (machines "
+            "cloned from one image share simulated GPUs), then run its join line again"
+        )
 
     specs = {s["ID"]: s["Spec"] for s in services}
     hosts = {n["ID"]: n["Description"].get("Hostname", n["ID"][:12]) for n in nodes}

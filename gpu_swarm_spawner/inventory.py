@@ -147,6 +147,23 @@ def used_slices(
     return used
 
 
+def kinds_on_several_nodes(
+    nodes: list[dict], kind_prefix: Prefixes = KIND_PREFIXES
+) -> dict[str, list[str]]:
+    """``{uuid: [machine names]}`` for every GPU kind that more than one schedulable machine
+    advertises. Real GPUs never share a UUID; machines cloned from one image (one
+    /etc/machine-id: one set of simulated GPUs) or hand-written advertisements can. Swarm may
+    then place a server that asks for that kind on any of those machines, not on the one the
+    spawner chose, so the hub uses none of them (``build_inventory``)."""
+    seen: dict[str, list[str]] = {}
+    for node in nodes:
+        if node_is_schedulable(node):
+            name = node.get("Description", {}).get("Hostname") or node["ID"][:12]
+            for uuid in gpu_kinds(node, kind_prefix):
+                seen.setdefault(uuid, []).append(name)
+    return {uuid: names for uuid, names in seen.items() if len(names) > 1}
+
+
 def build_inventory(
     nodes: list[dict],
     tasks: list[dict],
@@ -155,17 +172,21 @@ def build_inventory(
     usage: TaskUsage | None = None,
 ) -> list[GPU]:
     """Every GPU on a schedulable node, with the slices live tasks (and ``claims``) hold on it
-    (``usage``: ``task_usage(tasks)`` when already counted).
+    (``usage``: ``task_usage(tasks)`` when already counted); not those whose UUID another
+    schedulable node advertises too (``kinds_on_several_nodes``).
 
     Sorted by node name then UUID, so callers get a stable order.
     """
     used = used_slices(tasks, kind_prefix, claims, usage)
+    shared = kinds_on_several_nodes(nodes, kind_prefix)
     gpus = []
     for node in nodes:
         if not node_is_schedulable(node):
             continue
         name = node.get("Description", {}).get("Hostname") or node["ID"][:12]
         for uuid, slices in gpu_kinds(node, kind_prefix).items():
+            if uuid in shared:
+                continue  # Swarm could place its servers on another machine
             memory = gpu_memory(node, uuid)
             gpus.append(GPU(uuid, node["ID"], name, slices, used.get(uuid, 0), memory))
     gpus.sort(key=lambda g: (g.node_name, g.uuid))

@@ -124,3 +124,15 @@ def test_a_memory_label_no_gpu_has_reads_as_unknown():
     labelled["Description"]["Engine"] = {"Labels": {f"{contract.MEMORY_LABEL}{A0}": "-1"}}
     (gpu,) = build_inventory([labelled], [])
     assert gpu.memory_mb == 0 and gpu.memory_budget_mb(1) == 0
+
+
+def test_a_gpu_two_machines_advertise_is_used_on_neither():
+    """Machines cloned from one image: one UUID on two machines. Swarm could place a server
+    that asks for it on either, so the hub places none there, and says which."""
+    nodes = [
+        node("n1", "alpha", {A0: 3, A1: 3}),
+        node("n2", "clone", {A0: 3}),
+        node("n3", "drained", {A1: 3}, availability="drain"),  # takes no servers: no matter
+    ]
+    assert inventory.kinds_on_several_nodes(nodes) == {A0: ["alpha", "clone"]}
+    assert [(g.node_name, g.uuid) for g in build_inventory(nodes, [])] == [("alpha", A1)]

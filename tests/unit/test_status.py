@@ -34,6 +34,17 @@ def test_machines_slices_and_servers():
     assert "carol" not in out and "net-anchor" not in out
 
 
+def test_a_gpu_two_machines_advertise_is_named_with_the_fix():
+    nodes = [
+        node("n1", "gpu-a", {"GPU-simulated-aa-0": 3}),
+        node("n2", "gpu-a2", {"GPU-simulated-aa-0": 3}),
+    ]
+    out = render(nodes, [], [])
+    assert "GPU-simulated-aa-0 is advertised by gpu-a and gpu-a2: no server starts on it" in out
+    assert "its own /etc/machine-id" in out
+    assert "0 of 0 slices free on schedulable machines" in out
+
+
 def test_no_servers():
     assert "Servers (0)\n  none" in render([node("n1", "a", {"GPU-x": 2})], [], [])
 
