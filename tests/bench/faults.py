@@ -772,7 +772,47 @@ class Suite:
         t_end = time.monotonic()
         tracked = [Tracked(p, expected=p.node != machine) for p in ps]
         self.watch(row, tracked, t_fault, t_end, self.args.limit, copies=copies)
+        replaced = self.replaced(ps)
+        if replaced:
+            row.notes["servers Swarm started anew"] = replaced
         return row
+
+    def replaced(self, ps: list[Participant]) -> dict[str, list[str]]:
+        """For each participant whose server Swarm ran in more than one task: each task (its
+        state, desired state, machine, when made) and what their containers said about an
+        earlier copy (images/singleuser/one_copy.py)."""
+        out: dict[str, list[str]] = {}
+        try:
+            hosts = {n["ID"]: n["Description"]["Hostname"] for n in self.client.api.nodes()}
+            for p in ps:
+                found = self.client.services.list(filters={"label": f"{USER_LABEL}={p.name}"})
+                if not found:
+                    continue
+                tasks = sorted(found[0].tasks(), key=lambda t: t["CreatedAt"])
+                if len(tasks) < 2:
+                    continue
+                out[p.name] = [
+                    f"{t['Status']['State']}/{t['DesiredState']} on "
+                    f"{hosts.get(t.get('NodeID', ''), '?')} made {t['CreatedAt'][11:19]}"
+                    + (f" ({t['Status']['Err']})" if t["Status"].get("Err") else "")
+                    for t in tasks
+                ] + self.copy_lines(p)
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            out["(not read)"] = [str(e)]
+        return out
+
+    def copy_lines(self, p: Participant) -> list[str]:
+        """What ``p``'s containers, on every machine, said about an earlier copy."""
+        lines = []
+        for machine, engine in self.engines.items():
+            try:
+                mine = {"label": f"{USER_LABEL}={p.name}"}
+                for c in engine.containers.list(all=True, filters=mine):
+                    log = c.logs(tail=200).decode(errors="replace")
+                    lines += [f"{machine}: {x[:160]}" for x in log.splitlines() if "copy" in x]
+            except (docker.errors.DockerException, requests.RequestException):
+                continue
+        return lines
 
     def fill(self, row: Row, spare: int) -> None:
         """Fillers on every slice but ``spare``: one service per GPU, holding its free slices,
