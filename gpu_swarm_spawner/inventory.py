@@ -147,6 +147,24 @@ def used_slices(
     return used
 
 
+def _advertised(nodes: list[dict], kind_prefix: Prefixes) -> list[tuple[dict, str, dict[str, int]]]:
+    """``(node, its name, {uuid: slices})`` for each schedulable node, its kinds read once."""
+    return [
+        (node, node.get("Description", {}).get("Hostname") or node["ID"][:12],
+         gpu_kinds(node, kind_prefix))
+        for node in nodes
+        if node_is_schedulable(node)
+    ]  # fmt: skip
+
+
+def _shared(advertised: list[tuple[dict, str, dict[str, int]]]) -> dict[str, list[str]]:
+    seen: dict[str, list[str]] = {}
+    for _node, name, kinds in advertised:
+        for uuid in kinds:
+            seen.setdefault(uuid, []).append(name)
+    return {uuid: names for uuid, names in seen.items() if len(names) > 1}
+
+
 def kinds_on_several_nodes(
     nodes: list[dict], kind_prefix: Prefixes = KIND_PREFIXES
 ) -> dict[str, list[str]]:
@@ -155,13 +173,7 @@ def kinds_on_several_nodes(
     /etc/machine-id: one set of simulated GPUs) or hand-written advertisements can. Swarm may
     then place a server that asks for that kind on any of those machines, not on the one the
     spawner chose, so the hub uses none of them (``build_inventory``)."""
-    seen: dict[str, list[str]] = {}
-    for node in nodes:
-        if node_is_schedulable(node):
-            name = node.get("Description", {}).get("Hostname") or node["ID"][:12]
-            for uuid in gpu_kinds(node, kind_prefix):
-                seen.setdefault(uuid, []).append(name)
-    return {uuid: names for uuid, names in seen.items() if len(names) > 1}
+    return _shared(_advertised(nodes, kind_prefix))
 
 
 def build_inventory(
@@ -178,13 +190,11 @@ def build_inventory(
     Sorted by node name then UUID, so callers get a stable order.
     """
     used = used_slices(tasks, kind_prefix, claims, usage)
-    shared = kinds_on_several_nodes(nodes, kind_prefix)
+    advertised = _advertised(nodes, kind_prefix)
+    shared = _shared(advertised)
     gpus = []
-    for node in nodes:
-        if not node_is_schedulable(node):
-            continue
-        name = node.get("Description", {}).get("Hostname") or node["ID"][:12]
-        for uuid, slices in gpu_kinds(node, kind_prefix).items():
+    for node, name, kinds in advertised:
+        for uuid, slices in kinds.items():
             if uuid in shared:
                 continue  # Swarm could place its servers on another machine
             memory = gpu_memory(node, uuid)
