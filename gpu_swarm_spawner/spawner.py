@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Awaitable
 
@@ -198,6 +199,21 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     def executor(self):
         """The broker's thread pool, for every Docker call (dockerspawner's has 1 thread)."""
         return self.broker.executor
+
+    _client_made = threading.Lock()
+
+    @property
+    def client(self):
+        """dockerspawner's one Docker client, made once under a lock. dockerspawner makes it on
+        first use with no lock (its pool has one thread); the broker's threads reaching it at
+        once each made one and replaced the others while a thread read it, and CPython 3.11
+        crashed (a segmentation fault: the replaced client's connections were closed while the
+        class attribute was being set)."""
+        made = type(self)._client
+        if made is not None:
+            return made
+        with self._client_made:
+            return super().client
 
     # ---- the spawn path ---------------------------------------------------------------------
 

@@ -1,3 +1,6 @@
+import faulthandler
+import os
+
 import pytest
 
 
@@ -7,3 +10,17 @@ def pytest_runtest_makereport(item, call):
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """With GPUHUB_CRASH_LOG (tests/run.sh): a crash of the test process dumps every thread's
+    stack into that file (after pytest's own faulthandler, which writes to standard error),
+    for run.sh to show the crashed thread last."""
+    path = os.environ.get("GPUHUB_CRASH_LOG")
+    if path:
+        config.stash[_crash_file] = open(path, "w")  # noqa: SIM115 (open until the process ends)
+        faulthandler.enable(config.stash[_crash_file], all_threads=True)
+
+
+_crash_file = pytest.StashKey()

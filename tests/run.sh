@@ -76,4 +76,15 @@ log "pytest (integration)"
 args=("$@")
 # options only (or nothing): the integration tests; named tests: those
 [[ " ${args[*]} " == *" tests/"* ]] || args=(tests/integration "${args[@]}")
-"$VENV/bin/python" -m pytest "${args[@]}"
+# A crash of pytest itself (a segmentation fault) dumps every thread's stack, the crashed one
+# among them; CI shows the end of the output, so that one is printed again last.
+CRASH_LOG=test-artifacts/crash.txt
+mkdir -p test-artifacts && rm -f "$CRASH_LOG"
+rc=0
+GPUHUB_CRASH_LOG=$CRASH_LOG "$VENV/bin/python" -m pytest "${args[@]}" || rc=$?
+if [ "$rc" -gt 128 ] && [ -s "$CRASH_LOG" ]; then
+  cat "$CRASH_LOG" >&2
+  echo "pytest crashed (signal $((rc - 128))); the thread that crashed ($CRASH_LOG):" >&2
+  awk '/^Current thread/ {on = 1} on && /^$/ {exit} on' "$CRASH_LOG" >&2
+fi
+exit "$rc"

@@ -2,8 +2,12 @@
 
 import asyncio
 import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
+import dockerspawner.dockerspawner as ds
 import pytest
 from jupyterhub.objects import Hub
 from tornado import web
@@ -317,3 +321,30 @@ async def test_a_server_waiting_for_an_address_on_a_network_with_room_waits_on(m
 
 def attached(address: str) -> list[dict]:
     return [{"Network": {"Spec": {"Name": "hubnet"}}, "Addresses": [f"{address}/29"]}]
+
+
+def test_the_docker_client_is_made_once_when_the_pool_s_threads_ask_at_once(monkeypatch):
+    """dockerspawner makes its client on first use with no lock; the broker's threads asking
+    at once each made one (and CPython crashed replacing them)."""
+    made = []
+
+    def slow_client(**kwargs):
+        time.sleep(0.05)  # as the real one, which asks the engine for its API version
+        made.append(object())
+        return made[-1]
+
+    monkeypatch.setattr(ds.docker, "APIClient", slow_client)
+    monkeypatch.setattr(GPUSwarmSpawner, "_client", None)
+    spawner = make_spawner()
+    threads = 8
+    together = threading.Barrier(threads)
+
+    def ask(_):
+        together.wait()
+        return spawner.client
+
+    with ThreadPoolExecutor(threads) as pool:
+        clients = list(pool.map(ask, range(threads)))
+    assert len(made) == 1, f"{len(made)} clients made"
+    assert all(c is made[0] for c in clients)
+    assert spawner.client is made[0]
