@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import json
 import os
 import re
@@ -189,27 +190,71 @@ print(time.time())
 
 
 def server_template(hub: Hub) -> tuple[dict, str]:
-    """The container spec of a server the hub spawned (image, command, env, home volume) and
-    the server's URL path: the bare operation starts exactly the same server program."""
+    """The task template of a server ``hub`` spawned (image, command, env, mounts, limits,
+    reservations, restart policy, network) and the server's URL path: the bare operation starts
+    the same server program under the same limits."""
     user = "bench-template"
     hub.api("POST", f"/users/{user}")
     hub.api("POST", f"/users/{user}/server")
     hub.wait_ready(user)
-    client = docker.from_env()
-    service = client.api.inspect_service(f"jy-{user.replace('-', '-2d')}")
-    spec = service["Spec"]["TaskTemplate"]["ContainerSpec"]
+    (service,) = (
+        s
+        for s in docker.from_env().api.services()
+        if f"JUPYTERHUB_USER={user}" in s["Spec"]["TaskTemplate"]["ContainerSpec"].get("Env", [])
+    )
     hub.stop(user)
-    env = dict(line.split("=", 1) for line in spec["Env"])
-    return spec, env["JUPYTERHUB_SERVICE_PREFIX"] + "api"
+    template = service["Spec"]["TaskTemplate"]
+    env = dict(line.split("=", 1) for line in template["ContainerSpec"]["Env"])
+    return template, env["JUPYTERHUB_SERVICE_PREFIX"] + "api"
+
+
+def slices_of(template: dict) -> int:
+    """The GPU slices a task template reserves (0: none)."""
+    reserved = template.get("Resources", {}).get("Reservations", {})
+    return sum(
+        r["DiscreteResourceSpec"]["Value"]
+        for r in reserved.get("GenericResources") or []
+        if "DiscreteResourceSpec" in r
+    )
+
+
+def on_gpu(template: dict, gpu_uuid: str) -> dict:
+    """``template`` with its GPU slices (as many, at least 1) reserved on ``gpu_uuid``."""
+    t = copy.deepcopy(template)
+    t.pop("ForceUpdate", None)
+    reserved = t.setdefault("Resources", {}).setdefault("Reservations", {})
+    slices = slices_of(template) or 1
+    reserved["GenericResources"] = [{"DiscreteResourceSpec": {"Kind": gpu_uuid, "Value": slices}}]
+    return t
+
+
+def describe_limits(template: dict) -> str:
+    """What a server runs under: its CPU, memory and process limits, the CPU and memory it
+    reserves, its GPU slices, its restart policy."""
+    resources = template.get("Resources", {})
+    limits, reserved = resources.get("Limits", {}), resources.get("Reservations", {})
+
+    def cpu(r):
+        return f"{r['NanoCPUs'] / 1e9:g} cores" if r.get("NanoCPUs") else "-"
+
+    def memory(r):
+        return f"{r['MemoryBytes'] / 2**30:.2g} GiB" if r.get("MemoryBytes") else "-"
+
+    restart = template.get("RestartPolicy", {}).get("Condition", "any (Swarm's default)")
+    return (
+        f"limits cpu {cpu(limits)}, memory {memory(limits)}, pids {limits.get('Pids') or '-'}; "
+        f"reserves cpu {cpu(reserved)}, memory {memory(reserved)}, "
+        f"{slices_of(template)} GPU slice(s); restart {restart}"
+    )
 
 
 def bare_server(hub_container, network: str, template: tuple[dict, str], name: str):
-    """docker service create (the hub's container spec for a server, same network, one GPU
-    slice, dnsrr) until the server answers, probed from the hub's container: (the service's
-    ID, seconds from the create to the answer)."""
+    """docker service create of the hub's task template for a server (same program, limits,
+    network, GPU slices, restart policy; dnsrr) until the server answers, probed from the hub's
+    container: (the service's ID, seconds from the create to the answer)."""
     client = docker.from_env()
-    gpu = max(inventory().values(), key=lambda g: g.free)
     spec, path = template
+    gpu = max(inventory().values(), key=lambda g: g.free)
     result = {}
 
     def probe():
@@ -220,11 +265,7 @@ def bare_server(hub_container, network: str, template: tuple[dict, str], name: s
     t0 = time.time()
     prober.start()
     service = client.api.create_service(
-        docker.types.TaskTemplate(
-            container_spec=spec,
-            resources=docker.types.Resources(generic_resources={gpu.uuid: 1}),
-            networks=[network],
-        ),
+        on_gpu(spec, gpu.uuid),
         name=name,
         endpoint_spec=docker.types.EndpointSpec(mode="dnsrr"),
         labels={"gpu-jupyterhub.stack": "bench-bare"},
@@ -255,6 +296,9 @@ def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"bare": [], "stock": [], "gpu": []}
     container = hub_container_of(hubs["gpu"])
     template = server_template(hubs["gpu"])
+    stock_template, _ = server_template(hubs["stock"])
+    print(f"  servers of GPUSwarmSpawner and bare: {describe_limits(template[0])}")
+    print(f"  servers of stock SwarmSpawner:       {describe_limits(stock_template)}")
     for name in ("bare", "stock", "gpu"):  # one warm-up each, not counted
         for i in range(repeats + 1):
             wait_quiet()
