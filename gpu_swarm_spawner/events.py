@@ -45,6 +45,15 @@ class Event:
     node: str = ""
     reason: str = ""  # refused, failed: what the participant was told; healed: what was done
     action: str = ""  # healed: which action (healing.ACTIONS)
+    #: started: seconds from the spawner's start to each of its PHASES it saw (where the
+    #: start's time went; the bench adds the hub's part before and after)
+    phases: dict | None = None
+
+
+#: The marks of a start, in order: its GPU slices reserved, its service created, Swarm's task
+#: placed on a machine, the task running (its container started, as the spawner saw it), the
+#: server answering on its port.
+PHASES = ("slices", "created", "placed", "running", "answered")
 
 
 _FIELDS = {f.name for f in fields(Event)}
@@ -78,8 +87,17 @@ def _event(record) -> Event | None:
         user=user,
         seconds=_number(record.get("seconds")),
         waited=_number(record.get("waited")),
+        phases=_phases(record.get("phases")),
         **text,
     )
+
+
+def _phases(value) -> dict | None:
+    """The known PHASES of a record's ``phases`` with a number of seconds; None if none."""
+    if not isinstance(value, dict):
+        return None
+    found = {k: _number(value.get(k)) for k in PHASES}
+    return {k: v for k, v in found.items() if v is not None} or None
 
 
 def read_events(lines: Iterable[str | bytes]) -> list[Event]:

@@ -185,6 +185,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     _refused = False  # this spawn was refused before any service was made (or left)
     _early_claim = None  # the claim refusal_before_spawn made, until start claims its own
     _away_since = None  # when (time.monotonic) poll first found the server away (recovering)
+    _started_at = None  # when (time.monotonic) this start began
+    _phases: dict = {}  # this start's marks (_phase), replaced by a new dict at each start
 
     @property
     def broker(self) -> broker.GPUBroker:
@@ -380,7 +382,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self._waited = None
         self._refused = False
         self._away_since = None
-        t0 = time.monotonic()
+        t0 = self._started_at = time.monotonic()
+        self._phases = {}
         try:
             full = self.hub_disk_refusal()
             if full is not None:
@@ -406,8 +409,16 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             waited=None if self._waited is None else round(self._waited, 1),
             gpu=self.gpu_uuid,
             node=self.gpu_node or self.cpu_node,
+            phases=dict(self._phases) or None,
         )
         return started
+
+    def _phase(self, name: str) -> None:
+        """This start reached ``name`` (events.PHASES), now: its first time is kept, in seconds
+        from the start (after the line: a wait in it is not the start's)."""
+        if name not in self._phases and self._started_at is not None:
+            since = time.monotonic() - self._started_at - (self._waited or 0)
+            self._phases[name] = round(since, 3)
 
     def hub_disk_refusal(self) -> SpawnFailed | None:
         """The refusal every start meets while the hub's data folder (``hub_data_dir``) has
@@ -601,6 +612,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.slices_held = reservation.slices
         self.gpu_memory_mb = gpu.memory_budget_mb(reservation.slices)
         self.gpu_total_slices = gpu.slices
+        self._phase("slices")
         kind = "SIMULATED GPU" if gpu.simulated else "MIG instance" if gpu.mig else "GPU"
         isolated = " (hardware-isolated)" if gpu.mig else ""
         self.log.info(
@@ -653,7 +665,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         endpoint = dict(self.extra_endpoint_spec)
         if not self.use_internal_ip:
             endpoint.setdefault("ports", {None: (self.port, "tcp")})
-        return await self.docker(
+        created = await self.docker(
             "create_service",
             **{
                 "name": self.service_name,
@@ -663,6 +675,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 "labels": self.service_labels_for_server(),
             },
         )
+        self._phase("created")
+        return created
 
     async def start_object(self):
         """dockerspawner's hop after create_object: wait until the server listens.
@@ -724,6 +738,9 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         participant told the stage, and the start ended where the task will not come up."""
         if reading.placed:
             self.broker.placed(self)  # Swarm counts the slices itself now (or refused them)
+            self._phase("placed")
+        if reading.phase is Phase.RUNNING:
+            self._phase("running")
         self.task_ip = reading.address or self.task_ip
         if reading.phase is Phase.UNPLACEABLE:
             raise SliceTaken(reading.detail)
@@ -814,6 +831,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 await asyncio.sleep(0.1)
                 continue
             writer.close()
+            self._phase("answered")
             return
 
     async def connect_address(self, task_ip: str) -> tuple[str, int]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import datetime
 import json
 import os
 import re
@@ -34,6 +35,8 @@ from pathlib import Path
 import docker
 
 from gpu_swarm_spawner import GPUSwarmSpawner
+from gpu_swarm_spawner.contract import USER_LABEL
+from gpu_swarm_spawner.events import Event, read_events
 from gpu_swarm_spawner.tasks import is_live
 from tests.bench.client import Spawns
 from tests.bench.line import bench_line, report, until_ended
@@ -159,9 +162,65 @@ def wait_quiet(timeout: float = 180) -> None:
 # ---- 1. one spawn, warm image ----------------------------------------------------------------
 
 
-def spawn_once(hub: Hub, user: str) -> float:
+#: The hub's data folder in its container (jupyterhub_config.DATA; the stack keeps its default)
+HUB_DATA = "/srv/jupyterhub/data"
+#: Where a spawn's time goes, in order (``spawn_split``)
+SPLIT = (
+    "hub before the spawner",
+    "spawner until its service",
+    "Swarm until the container runs",
+    "server's start until it answers",
+    "hub until it says ready",
+)
+
+
+def spawn_split(post: float, ready: float, started: Event, running: float) -> dict | None:
+    """Where one spawn's time went (SPLIT, seconds), from the bench's own clock (``post``: the
+    POST sent, ``ready``: the REST API said ready), the spawner's record of its start
+    (``started``, events.py: when it began, its service created, its server answering) and
+    Swarm's (``running``: when the task's container was running). None when the record lacks
+    a mark (a hub without them: stock SwarmSpawner). All on this machine's clock, as the bed's
+    machines are."""
+    phases = started.phases or {}
+    if started.seconds is None or not {"created", "answered"} <= phases.keys():
+        return None
+    begun = started.time - started.seconds
+    marks = [post, begun, begun + phases["created"], running, begun + phases["answered"], ready]
+    return dict(zip(SPLIT, (b - a for a, b in zip(marks, marks[1:]))))
+
+
+def swarm_time(stamp: str) -> float:
+    """Swarm's RFC 3339 time (nanoseconds, Z) as epoch seconds."""
+    day, _, rest = stamp.rstrip("Z").partition("T")
+    clock, _, fraction = rest.partition(".")
+    whole = datetime.datetime.fromisoformat(f"{day}T{clock}+00:00").timestamp()
+    return whole + float(f"0.{fraction or 0}")
+
+
+def running_since(user: str) -> float | None:
+    """When the running task of ``user``'s server began running (Swarm's record), if it does."""
+    client = docker.from_env()
+    for service in client.api.services(filters={"label": f"{USER_LABEL}={user}"}):
+        for t in client.api.tasks(filters={"service": service["ID"]}):
+            if t["Status"]["State"] == "running":
+                return swarm_time(t["Status"]["Timestamp"])
+    return None
+
+
+def started_record(hub: Hub, user: str) -> Event | None:
+    """The hub's last record of a start of ``user``'s server (its events.jsonl)."""
+    out = hub_container_of(hub).exec_run(
+        ["tail", "-n", "200", f"{HUB_DATA}/dashboard/events.jsonl"]
+    )
+    found = [e for e in read_events(out.output.splitlines()) if e.user == user]
+    return next((e for e in reversed(found) if e.kind == "started"), None)
+
+
+def spawn_once(hub: Hub, user: str, split: list | None = None) -> float:
+    """Seconds from POST to ready for one spawn of ``user``'s server; ``split``: where its time
+    went is appended (SPLIT), when the hub records it."""
     hub.api("POST", f"/users/{user}")
-    t0 = time.monotonic()
+    t0, post = time.monotonic(), time.time()
     r = hub.api("POST", f"/users/{user}/server")
     if r.status_code not in (201, 202):
         raise RuntimeError(f"spawn of {user} failed: {r.status_code} {r.text}")
@@ -169,7 +228,11 @@ def spawn_once(hub: Hub, user: str) -> float:
         if time.monotonic() - t0 > 120:
             raise TimeoutError(f"{user} not ready after 120 s")
         time.sleep(0.05)
-    elapsed = time.monotonic() - t0
+    elapsed, ready = time.monotonic() - t0, time.time()
+    if split is not None:
+        running, started = running_since(user), started_record(hub, user)
+        if running is not None and started is not None:
+            split.append(spawn_split(post, ready, started, running))
     hub.stop(user)
     return elapsed
 
@@ -294,6 +357,7 @@ def bare_removal_once(hub_container, network: str, template: tuple[dict, str], n
 
 def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"bare": [], "stock": [], "gpu": []}
+    split: list[dict | None] = []  # where each counted GPUSwarmSpawner spawn's time went
     container = hub_container_of(hubs["gpu"])
     template = server_template(hubs["gpu"])
     stock_template, _ = server_template(hubs["stock"])
@@ -305,11 +369,26 @@ def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
             if name == "bare":
                 t = bare_once(container, VARIANTS["gpu"]["NETWORK"], template, i)
             else:
-                t = spawn_once(hubs[name], f"bench-one-{i}")
+                t = spawn_once(hubs[name], f"bench-one-{i}", split if i and name == "gpu" else None)
             if i:
                 times[name].append(t)
         print(f"  single spawn  {name:12s} {fmt(times[name])}", flush=True)
+    print_split(split)
     return times
+
+
+def print_split(split: list[dict | None]) -> None:
+    """Where the GPU hub's spawns' time went: each part's median (and its share of the total
+    of the medians), in order."""
+    known = [s for s in split if s]
+    if not known:
+        print(f"  where a spawn's time goes: not recorded ({len(split)} spawns)")
+        return
+    medians = {part: statistics.median(s[part] for s in known) for part in SPLIT}
+    total = sum(medians.values())
+    print(f"  where a GPUSwarmSpawner spawn's time goes (medians of {len(known)} spawns):")
+    for part, seconds in medians.items():
+        print(f"    {part:34s} {seconds:6.2f} s  {seconds / total:4.0%}")
 
 
 PAGE = 200  # JupyterHub's largest page of users (api_page_max_limit)

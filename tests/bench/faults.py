@@ -177,6 +177,44 @@ def p50_max(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} ({max(values):.1f})"
 
 
+class NodeStates:
+    """Each machine's state in Swarm (and Swarm's message) whenever it changes, sampled every
+    0.5 s from ``start`` until ``stop``: what the manager made of its machines across a fault."""
+
+    def __init__(self):
+        self.client = docker.from_env(timeout=3)  # the manager may not answer
+        self.changes: list[str] = []
+        self._last: dict[str, tuple] = {}
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, t0: float) -> None:
+        def sample():
+            while not self._done.wait(0.5):
+                try:
+                    nodes = self.client.api.nodes()
+                except (docker.errors.DockerException, requests.RequestException):
+                    continue  # the manager is away
+                for n in nodes:
+                    host = n["Description"]["Hostname"]
+                    now = (n["Status"]["State"], n["Status"].get("Message", ""))
+                    if self._last.get(host) != now:
+                        self._last[host] = now
+                        message = f" ({now[1]})" if now[1] else ""
+                        self.changes.append(
+                            f"+{time.monotonic() - t0:.1f} s {host}: {now[0]}{message}"
+                        )
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[str]:
+        self._done.set()
+        if self._thread:
+            self._thread.join()
+        return self.changes
+
+
 @dataclass
 class Row:
     """One fault's figures (see the module's docstring for each)."""
@@ -878,15 +916,20 @@ class Suite:
         return self.fault_worker(kill=True)
 
     def fault_manager(self, kill: bool = False) -> Row:
+        seen = NodeStates()
+
         def inject(ps, row):
             t = time.monotonic()
+            seen.start(t)
             say(f"{'killing' if kill else 'restarting'} the manager's engine")
             bed("restart", "manager", *(["--kill"] if kill else []))
             row.notes["engine back s"] = round(time.monotonic() - t, 1)
             say(f"the manager's engine answers again after {time.monotonic() - t:.1f} s")
             return t, "manager"
 
-        return self.simple("manager-killed" if kill else "manager", inject)
+        row = self.simple("manager-killed" if kill else "manager", inject)
+        row.notes["machines as Swarm saw them"] = seen.stop()
+        return row
 
     def fault_manager_killed(self) -> Row:
         return self.fault_manager(kill=True)

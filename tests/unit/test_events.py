@@ -22,6 +22,7 @@ from .waiting import until
 def test_events_read_back_as_written():
     written = [
         Event(1.5, "started", "alice", seconds=3.2, waited=40.0, gpu="GPU-a", node="gpu-1"),
+        Event(1.6, "started", "ann", seconds=2.5, phases={"created": 0.1, "answered": 2.4}),
         Event(2.0, "refused", "bob", server="big", reason="All GPU slices are in use (18/18)"),
         Event(3.0, "stopped", "zoë"),
     ]
@@ -45,6 +46,10 @@ def test_the_reader_skips_what_it_cannot_use_and_keeps_the_rest():
         '{"time": 1, "kind": "started", "user": "x", "gpu": 7}',
         '{"time": 1, "kind": "started", "user": "x", "seconds": "fast"}',  # dropped, kept
         '{"time": 2, "kind": "stopped", "user": "y", "colour": "red"}',  # unknown field
+        # phases: an unknown one and one without a number dropped, the rest kept
+        '{"time": 3, "kind": "started", "user": "p", "phases": {"created": 0.2, "x": 1, '
+        '"running": "soon"}}',
+        '{"time": 3, "kind": "started", "user": "q", "phases": [1, 2]}',
         good,
         good.encode(),  # bytes, as tail() returns them
     ]
@@ -52,10 +57,13 @@ def test_the_reader_skips_what_it_cannot_use_and_keeps_the_rest():
     assert [(e.kind, e.user) for e in found] == [
         ("started", "x"),
         ("stopped", "y"),
+        ("started", "p"),
+        ("started", "q"),
         ("failed", "carol"),
         ("failed", "carol"),
     ]
     assert found[0].seconds is None
+    assert found[2].phases == {"created": 0.2} and found[3].phases is None
 
 
 def test_the_line_snapshot_reads_back_and_odd_entries_are_skipped():
@@ -135,7 +143,29 @@ async def test_a_start_and_a_stop_are_recorded_with_the_gpu_and_the_duration(tmp
         "alpha",
     )
     assert 0 <= started.seconds < 5 and started.waited is None
+    # where the start's time went, in the order a start reaches them
+    marks = started.phases
+    assert list(marks) == ["slices", "created", "placed", "running"], marks
+    assert list(marks.values()) == sorted(marks.values())
+    assert marks["running"] <= started.seconds + 0.01  # (rounded to 0.01 s)
     assert (stopped.kind, stopped.gpu) == ("stopped", "GPU-a0")
+
+
+async def test_a_start_whose_server_answers_records_when_it_answered(tmp_path):
+    async def answer(reader, writer):
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    spawner = a_hub(tmp_path, probe_server=True, port=port)
+    spawner.task_address = "127.0.0.1"  # where the server listens
+    try:
+        await spawner.start()
+    finally:
+        server.close()
+    (started,) = recorded(tmp_path)
+    assert "answered" in started.phases, started.phases
+    assert started.phases["created"] <= started.phases["answered"] <= started.seconds + 0.01
 
 
 async def test_a_refusal_and_a_failure_are_recorded_with_what_the_participant_read(tmp_path):
