@@ -258,6 +258,22 @@ def deepen_listen_backlog(backlog: int = LISTEN_BACKLOG) -> None:
     TCPServer.listen = deep_listen
 
 
+def wired() -> dict[str, bool]:
+    """Which of this module's changes to JupyterHub and tornado are in place in this process
+    (``install`` and ``deepen_listen_backlog``, which jupyterhub_config.py calls)."""
+    tables = [*handlers.default_handlers, *apihandlers.default_handlers]
+    in_tables = {handler for _, handler, *_ in tables}
+    activity = [getattr(BaseHandler, n, None) for n in (*ACTIVITY_WRITERS, "_record_activity")]
+    return {
+        "the gate's handlers": all(gated in in_tables for gated in SWAPS.values()),
+        "refused spawners kept": hasattr(
+            getattr(User, "get_spawner", None), "gpuhub_keeps_refused"
+        ),
+        "users found on a full disk": all(hasattr(m, "gpuhub_unwritten") for m in activity),
+        "the listen backlog": hasattr(TCPServer.listen, "gpuhub_backlog"),
+    }
+
+
 def install() -> None:
     """JupyterHub's spawn page and REST API ask the spawner before any spawn work, and a
     request's user is found on a full disk too. Call it from the hub's config file (JupyterHub

@@ -35,3 +35,8 @@ def use_write_ahead_log() -> None:
     """Every SQLite connection SQLAlchemy opens from now on is in WAL mode (idempotent)."""
     if not event.contains(Engine, "connect", _on_connect):
         event.listen(Engine, "connect", _on_connect)
+
+
+def wired() -> bool:
+    """Whether SQLite connections are put in WAL mode in this process (use_write_ahead_log)."""
+    return event.contains(Engine, "connect", _on_connect)

@@ -4,8 +4,10 @@ setting mapped from the typed settings (deploy.settings.from_environment) onto `
 
 import ast
 import asyncio
+import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -423,3 +425,38 @@ def test_a_teams_display_name_never_reaches_the_authenticator(tmp_path):
     (problem,) = refused.value.problems
     assert problem.startswith(f"{path} line 7: GPUHUB_ALLOWED_ORGS: 'gpu-school:Teaching ")
     assert "gpu-school:teaching-assistants" in problem
+
+
+WIRED = """
+import json, sys
+from traitlets.config.loader import PyFileConfigLoader
+from gpu_swarm_spawner import gate, hubdb
+def wired():
+    return {**gate.wired(), "WAL": hubdb.wired()}
+before = wired()
+PyFileConfigLoader("jupyterhub_config.py", path=sys.argv[1]).load_config()
+print(json.dumps([before, wired()]))
+"""
+
+
+def test_the_hub_config_wires_the_gate_the_listen_backlog_and_wal(hub_config):
+    """jupyterhub_config.py makes the process-wide changes the hub relies on (gate.py,
+    hubdb.py): none is in place before it is loaded, each is after. In a process of its own:
+    this one may have them from other tests."""
+    out = subprocess.run(
+        [sys.executable, "-c", WIRED, str(REPO)],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    before, after = json.loads(out.stdout.splitlines()[-1])
+    assert not any(before.values()), before
+    assert all(after.values()), after
+    assert set(after) == {
+        "the gate's handlers",
+        "refused spawners kept",
+        "users found on a full disk",
+        "the listen backlog",
+        "WAL",
+    }
