@@ -7,6 +7,7 @@ with the gate answers 100 and 500 refusals at once in ``make bench-scale``; the 
 """
 
 import asyncio
+import inspect
 import logging
 import subprocess
 from types import SimpleNamespace
@@ -360,7 +361,8 @@ def listen_queue(port):
 
 
 async def test_the_hubs_port_queues_a_burst_of_connections_instead_of_dropping_them(monkeypatch):
-    monkeypatch.setattr(TCPServer, "listen", TCPServer.listen)  # put back afterwards
+    # tornado's own (a test that loaded jupyterhub_config.py deepened it already); put back after
+    monkeypatch.setattr(TCPServer, "listen", inspect.unwrap(TCPServer.listen))
     gate.deepen_listen_backlog(1500)
     gate.deepen_listen_backlog(1000)  # twice: as once
     server = HTTPServer(lambda request: None)
