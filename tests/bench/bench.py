@@ -13,6 +13,7 @@
 
     python -m tests.bench.bench [--repeats 10] [--crowd 50]
                                 [--only single|crowd|join|tutorials|line|refusals|network]
+                                [--cpu-limit CORES]
 """
 
 from __future__ import annotations
@@ -748,7 +749,14 @@ def main() -> None:
         choices=("single", "crowd", "join", "tutorials", "line", "refusals", "network"),
         help="run one part only (while working on it)",
     )
+    parser.add_argument(
+        "--cpu-limit",
+        metavar="CORES",
+        help="the hubs' GPUHUB_CPU_LIMIT (default: the deploy's, auto; '' for no limit)",
+    )
     args = parser.parse_args()
+    if args.cpu_limit is not None:
+        COMMON["CPU_LIMIT"] = args.cpu_limit
 
     slices = sum(g.slices for g in inventory().values())
     nodes = len({g.node_name for g in inventory().values()})
