@@ -37,6 +37,18 @@ MEMORY_LABEL = LABEL_PREFIX + "memory-mb."
 #: The MIG profile of one MIG instance: ``gpu-jupyterhub.mig-profile.<MIG-uuid>=1g.10gb``.
 MIG_PROFILE_LABEL = LABEL_PREFIX + "mig-profile."
 
+#: Spare units of each GPU (or MIG instance) kind a machine advertises beyond its slices, which
+#: no server reserves. Swarm's constraint enforcer, each time a node is updated (the manager's
+#: engine restarted, a machine reconnected, its availability or labels changed), walks the
+#: node's tasks and rejects the one that holds the last free unit of a discrete generic
+#: resource (it compares "at least as much as is left", where "more than" was meant:
+#: swarmkit's constraintenforcer, Docker 20.10 to today), so a participant's server on a full
+#: GPU was killed and started anew each time. With a spare unit no task holds the last one.
+#: Swarm then admits one slice beyond a GPU's count, which the hub never asks for (its broker
+#: holds each GPU to its slices); a machine so advertised carries SPARE_LABEL=<units>.
+SWARM_SPARE = 1
+SPARE_LABEL = LABEL_PREFIX + "swarm-spare"
+
 #: Labels of a participant's service (and home volume): whose it is, which GPU, how many
 #: slices, which stack created it. The service's container carries the first three too, with
 #: the GPU memory budget: the GPU guard on the machine reads them there (a worker cannot read
@@ -87,6 +99,28 @@ def kinds_in(
         if spec and spec.get("Kind", "").startswith(kind_prefix):
             kinds[spec["Kind"]] = kinds.get(spec["Kind"], 0) + int(spec.get("Value", 0))
     return kinds
+
+
+def advertised_slices(
+    generic_resources: list | None,
+    engine_labels: dict | list | None,
+    kind_prefix: str | tuple[str, ...] = KIND_PREFIXES,
+) -> dict[str, int]:
+    """The slices of each GPU (and MIG instance) kind a node or engine advertises: its units
+    (``kinds_in``) less the spare units its engine labels say it adds (SPARE_LABEL; none on a
+    machine joined before the spare). ``engine_labels``: a node's (a dict) or the engine's
+    ``/info`` (a list of ``key=value``)."""
+    if isinstance(engine_labels, dict):
+        spare_text = engine_labels.get(SPARE_LABEL, "")
+    else:
+        found = [x.split("=", 1)[1] for x in engine_labels or [] if x.startswith(SPARE_LABEL + "=")]
+        spare_text = found[-1] if found else ""
+    spare = int(spare_text) if spare_text.isdigit() else 0
+    return {
+        kind: units - spare
+        for kind, units in kinds_in(generic_resources, kind_prefix).items()
+        if units > spare
+    }
 
 
 def simulated_uuid(machine_id: str, index: int, kind_prefix: str = KIND_PREFIX) -> str:

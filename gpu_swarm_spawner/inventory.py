@@ -57,9 +57,12 @@ Prefixes = str | tuple[str, ...]
 
 
 def gpu_kinds(node: dict, kind_prefix: Prefixes = KIND_PREFIXES) -> dict[str, int]:
-    """The GPU (and MIG instance) kinds a node advertises, as ``{uuid: slices}``."""
-    resources = node.get("Description", {}).get("Resources", {}) or {}
-    return contract.kinds_in(resources.get("GenericResources"), kind_prefix)
+    """The GPU (and MIG instance) kinds a node advertises, as ``{uuid: slices}`` (its spare
+    units left out: ``contract.SWARM_SPARE``)."""
+    description = node.get("Description", {})
+    resources = description.get("Resources", {}) or {}
+    labels = (description.get("Engine") or {}).get("Labels")
+    return contract.advertised_slices(resources.get("GenericResources"), labels, kind_prefix)
 
 
 def gpu_memory(node: dict, uuid: str) -> int:

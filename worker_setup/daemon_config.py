@@ -9,7 +9,13 @@ from __future__ import annotations
 import difflib
 import json
 
-from gpu_swarm_spawner.contract import KIND_PREFIX, LABEL_PREFIX, MEMORY_LABEL
+from gpu_swarm_spawner.contract import (
+    KIND_PREFIX,
+    LABEL_PREFIX,
+    MEMORY_LABEL,
+    SPARE_LABEL,
+    SWARM_SPARE,
+)
 
 KEY = "node-generic-resources"
 LABELS_KEY = "labels"
@@ -39,7 +45,9 @@ def parse(text: str, path: str = "daemon.json") -> dict:
 def slice_resources(slices: dict[str, int], named_kind: str = "") -> list[str]:
     """The generic-resource entries advertising each GPU (``{uuid: slices}``) as its slices.
 
-    One discrete kind per GPU (``<uuid>=<slices>``), which GPUSwarmSpawner reserves. With
+    One discrete kind per GPU (``<uuid>=<slices + SWARM_SPARE>``), whose slices GPUSwarmSpawner
+    reserves (the spare unit, which no server takes, keeps Swarm from killing a server on a
+    full GPU whenever the machine is updated: ``contract.SWARM_SPARE``). With
     ``named_kind``, also one named slot per slice (``<named_kind>=<uuid>/<n>``): the form a
     stock SwarmSpawner asks for with ``{"generic_resources": {named_kind: 1}}``, as in the
     original workshop. Swarm accounts the two forms separately: let one hub use them, not two.
@@ -47,7 +55,7 @@ def slice_resources(slices: dict[str, int], named_kind: str = "") -> list[str]:
     for uuid, count in slices.items():
         if count < 1:
             raise ValueError(f"slices per GPU must be 1 or more, got {count} for {uuid}")
-    entries = [f"{uuid}={count}" for uuid, count in slices.items()]
+    entries = [f"{uuid}={count + SWARM_SPARE}" for uuid, count in slices.items()]
     if named_kind:
         entries += [
             f"{named_kind}={uuid}/{n}" for uuid, count in slices.items() for n in range(count)
@@ -71,6 +79,7 @@ def engine_labels(gpus: list, slices: dict[str, int]) -> list[str]:
         "simulated": "true" if any(g.simulated for g in gpus) else "false",
     }
     entries = [f"{LABEL_PREFIX}{key}={value}" for key, value in labels.items()]
+    entries.append(f"{SPARE_LABEL}={SWARM_SPARE}")  # (slice_resources' spare unit)
     return entries + [f"{MEMORY_LABEL}{g.uuid}={g.memory_mb}" for g in gpus]
 
 

@@ -486,7 +486,9 @@ class Guard:
             except EngineUnavailable as e:
                 self._problem("engine", f"engine: {e}; slices advertised here unknown")
                 return self._slices
-            self._slices = contract.kinds_in(info.get("GenericResources"))
+            self._slices = contract.advertised_slices(
+                info.get("GenericResources"), info.get("Labels")
+            )
             self._slices_read = now
         return self._slices
 

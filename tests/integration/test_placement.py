@@ -74,6 +74,32 @@ async def test_full_gpu_profile_gets_all_slices_of_one_gpu(stack):
     assert env["NVIDIA_VISIBLE_DEVICES"] == full.gpu_uuid and env["GPU_SLICES"] == "3"
 
 
+async def test_a_machine_updated_keeps_the_server_on_its_full_gpu(stack):
+    """Swarm's constraint enforcer, at each update of a node (the manager's engine restarted,
+    a machine reconnected, a label or its availability changed), rejected the task holding the
+    last free unit of a GPU: a server on a full GPU was killed. With the spare unit every GPU
+    is advertised with (contract.SWARM_SPARE), the server runs on, in the same task."""
+    full = make_spawner("ci-full-kept", stack, slices_per_server=3)
+    await full.start()
+    client = docker.from_env()
+    service = client.services.get(full.object_id)
+    (running,) = [t for t in service.tasks() if t["Status"]["State"] == "running"]
+    node = client.nodes.get(running["NodeID"])
+    spec = copy.deepcopy(node.attrs["Spec"])
+    spec.setdefault("Labels", {})["ci-probe"] = "1"
+    node.update(spec)  # as `docker node update --label-add ci-probe=1 <machine>`
+    try:
+        time.sleep(5)  # the enforcer acts within a second of the update
+        tasks = {t["ID"]: t["Status"] for t in service.tasks()}
+        assert list(tasks) == [running["ID"]], tasks
+        assert tasks[running["ID"]]["State"] == "running", tasks
+    finally:
+        node.reload()
+        spec = copy.deepcopy(node.attrs["Spec"])
+        spec.get("Labels", {}).pop("ci-probe", None)
+        node.update(spec)
+
+
 def only_gpu(node: dict, uuid: str) -> dict:
     """``node`` as if it advertised the GPU ``uuid`` alone."""
     node = copy.deepcopy(node)
@@ -94,8 +120,10 @@ async def test_a_lost_race_moves_on_to_another_gpu_and_leaves_nothing_pending(st
     (free_gpu,) = gpus_with_room()
     full_gpu = fillers[0].gpu_uuid
 
-    # a spawner whose first look at the swarm is stale: it sees a full GPU as empty
-    late = make_spawner("ci-late", stack)
+    # a spawner whose first look at the swarm is stale: it sees a full GPU as empty, and asks
+    # for all of it (Swarm keeps a spare unit on each GPU, contract.SWARM_SPARE: one slice
+    # would fit beside the filler)
+    late = make_spawner("ci-late", stack, slices_per_server=3)
     real_read = late._read_swarm
     reads = []
 

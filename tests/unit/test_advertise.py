@@ -56,10 +56,12 @@ def test_k80_fixture_gives_three_slices_each_and_labels(tmp_path, capsys):
     rc, config = run(tmp_path, "--nvml-fixture", str(FIXTURES / "k80x2.json"))
     assert rc == advertise.CHANGED
     resources = config["node-generic-resources"]
+    # 3 slices and Swarm's spare unit (contract.SWARM_SPARE), which the label records
     assert resources == [
-        "GPU-6b3c1f0e-4a5d-2c8e-9f1a-000000000000=3",
-        "GPU-6b3c1f0e-4a5d-2c8e-9f1a-000000000001=3",
+        "GPU-6b3c1f0e-4a5d-2c8e-9f1a-000000000000=4",
+        "GPU-6b3c1f0e-4a5d-2c8e-9f1a-000000000001=4",
     ]
+    assert "gpu-jupyterhub.swarm-spare=1" in config["labels"]
     assert "gpu-jupyterhub.gpu-model=Tesla K80" in config["labels"]
     assert "gpu-jupyterhub.slice-memory-mb=3813" in config["labels"]
     out = capsys.readouterr().out
@@ -72,7 +74,7 @@ def test_h100_fixture_sliced_by_memory(tmp_path):
     )
     assert rc == advertise.CHANGED
     resources = config["node-generic-resources"]
-    assert len(resources) == 8 and all(r.endswith("=7") for r in resources)
+    assert len(resources) == 8 and all(r.endswith("=8") for r in resources)  # 7 + spare
     assert "gpu-jupyterhub.gpu-count=8" in config["labels"]
     assert "gpu-jupyterhub.slices-per-gpu=7" in config["labels"]
 
@@ -104,7 +106,7 @@ def test_plan_gives_the_gpus_the_change_and_its_diff_without_writing(tmp_path):
     assert [g.uuid for g in planned.gpus] == K80_UUIDS
     assert planned.slices == dict.fromkeys(K80_UUIDS, 3)
     assert planned.changes and planned.current == {"debug": True}
-    assert f'+    "{K80_UUIDS[0]}=3",' in planned.diff()
+    assert f'+    "{K80_UUIDS[0]}=4",' in planned.diff()  # 3 slices and the spare
     assert planned.gpu_lines()[0] == f"GPU 0: {K80_UUIDS[0]} Tesla K80 11441 MiB -> 3 slices"
     assert planned.runtime_lines()[0].startswith("warning: nvidia-container-runtime not found")
     assert notes == [f"FAKE NVML: GPUs from the fixture {K80X2}, not from a driver"]

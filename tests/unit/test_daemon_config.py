@@ -15,7 +15,8 @@ def test_merge_keeps_every_other_key_and_resource():
     merged = merge(config, slice_resources({"GPU-new-0": 3, "GPU-new-1": 3}))
     assert merged["log-driver"] == "json-file"
     assert merged["runtimes"] == config["runtimes"]
-    assert merged["node-generic-resources"] == ["fpga=1", "GPU-new-0=3", "GPU-new-1=3"]
+    # each GPU's slices and Swarm's spare unit (contract.SWARM_SPARE)
+    assert merged["node-generic-resources"] == ["fpga=1", "GPU-new-0=4", "GPU-new-1=4"]
     assert config["node-generic-resources"] == ["fpga=1", "GPU-old-0=2"], "input not mutated"
 
 
@@ -56,7 +57,8 @@ def test_advertise_simulated_writes_backup_and_is_a_no_op_the_second_time(tmp_pa
     assert written["debug"] is True
     kinds = written["node-generic-resources"]
     assert len(kinds) == 2 and all(
-        k.startswith("GPU-simulated-") and k.endswith("=3") for k in kinds
+        k.startswith("GPU-simulated-") and k.endswith("=4")
+        for k in kinds  # 3 and the spare
     )
     assert [p.name for p in tmp_path.glob("daemon.json.bak-*")], "old file backed up"
     assert "SIMULATED" in capsys.readouterr().out
@@ -90,7 +92,7 @@ def test_render_round_trips():
 
 def test_named_slots_for_a_stock_spawner_are_added_and_replaced():
     entries = slice_resources({"GPU-a": 2}, named_kind="NVIDIA-GPU")
-    assert entries == ["GPU-a=2", "NVIDIA-GPU=GPU-a/0", "NVIDIA-GPU=GPU-a/1"]
+    assert entries == ["GPU-a=3", "NVIDIA-GPU=GPU-a/0", "NVIDIA-GPU=GPU-a/1"]  # 2 + spare
     old = {KEY_: ["fpga=1", "NVIDIA-GPU=GPU-old/0", "GPU-old=1"]}
     assert merge(old, entries, named_kind="NVIDIA-GPU")[KEY_] == ["fpga=1", *entries]
     # without named slots wanted, the old ones are still recognised and dropped
@@ -114,6 +116,7 @@ def test_engine_labels_describe_the_machine_and_each_gpus_memory():
         "gpu-jupyterhub.slices-per-gpu=3",
         "gpu-jupyterhub.slice-memory-mb=3813",
         "gpu-jupyterhub.simulated=false",
+        "gpu-jupyterhub.swarm-spare=1",
         "gpu-jupyterhub.memory-mb.GPU-k80-0=11441",
         "gpu-jupyterhub.memory-mb.GPU-k80-1=11441",
     ]

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_swarm_spawner import contract
 from worker_setup import guard as guard_module
 from worker_setup.engine_api import EngineUnavailable
 from worker_setup.fake_nvml import FakeNVML
@@ -52,6 +53,7 @@ class Engine:
         self.proc = proc
         self.down = False
         self.advertised = {GPU0: 3, GPU1: 3, "ssd": 2}
+        self.labels = ["rack=7"]  # the engine's labels, as /info lists them
         self.info_calls = 0
 
     def containers(self, label):
@@ -66,7 +68,8 @@ class Engine:
         specs = [
             {"DiscreteResourceSpec": {"Kind": k, "Value": v}} for k, v in self.advertised.items()
         ]
-        return {"GenericResources": specs + [{"NamedResourceSpec": {"Kind": "x", "Value": "y"}}]}
+        named = [{"NamedResourceSpec": {"Kind": "x", "Value": "y"}}]
+        return {"GenericResources": specs + named, "Labels": self.labels}
 
     def container_pid(self, container):
         if self.down:
@@ -487,3 +490,8 @@ def test_the_advertised_slices_are_read_each_minute_and_after_the_engine_was_awa
     clock.now += 61
     engine.advertised[GPU1] = 1
     assert guard.round().slices == {GPU0: 7, GPU1: 1}
+    # a machine joined with Swarm's spare unit (contract.SWARM_SPARE): its slices are one less
+    clock.now += 61
+    engine.advertised.update({GPU0: 4, GPU1: 4})
+    engine.labels.append(f"{contract.SPARE_LABEL}={contract.SWARM_SPARE}")
+    assert guard.round().slices == {GPU0: 3, GPU1: 3}

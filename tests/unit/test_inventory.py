@@ -136,3 +136,21 @@ def test_a_gpu_two_machines_advertise_is_used_on_neither():
     ]
     assert inventory.kinds_on_several_nodes(nodes) == {A0: ["alpha", "clone"]}
     assert [(g.node_name, g.uuid) for g in build_inventory(nodes, [])] == [("alpha", A1)]
+
+
+def test_the_spare_unit_swarm_is_given_is_no_slice():
+    """A machine advertises one unit per GPU beyond its slices and says so in an engine label
+    (contract.SWARM_SPARE): its GPU is full when its slices are held. A machine joined
+    before the spare (no label) counts every unit; a label no number reads as none."""
+    spare = {contract.SPARE_LABEL: str(contract.SWARM_SPARE)}
+    joined = node("n1", "alpha", {A0: 3 + contract.SWARM_SPARE})
+    joined["Description"]["Engine"] = {"Labels": spare}
+    older = node("n2", "beta", {B0: 3})
+    gpus = by_uuid(build_inventory([joined, older], [task("n1", {A0: 3}), task("n2", {B0: 2})]))
+    assert (gpus[A0].slices, gpus[A0].used, gpus[A0].free) == (3, 3, 0)
+    assert (gpus[B0].slices, gpus[B0].free) == (3, 1)
+    generic = joined["Description"]["Resources"]["GenericResources"]
+    listed = [f"{contract.SPARE_LABEL}=1", "rack=7"]  # an engine's /info lists its labels
+    assert contract.advertised_slices(generic, listed) == {A0: 3}
+    for odd in ({contract.SPARE_LABEL: "one"}, [f"{contract.SPARE_LABEL}=-1"], None):
+        assert contract.advertised_slices(generic, odd) == {A0: 4}

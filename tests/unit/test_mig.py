@@ -136,7 +136,8 @@ def test_the_fake_checks_mig_instances_and_mig_failures():
 def test_h100_with_seven_instances_advertises_seven_kinds_and_not_the_gpu(tmp_path, capsys):
     rc, config = run(tmp_path, "--nvml-fixture", str(H100_MIG), "--slices-per-gpu", "4")
     assert rc == advertise.CHANGED
-    assert config["node-generic-resources"] == [f"{uuid}=1" for uuid in H100_MIGS]
+    # one slice each, and Swarm's spare unit (contract.SWARM_SPARE)
+    assert config["node-generic-resources"] == [f"{uuid}=2" for uuid in H100_MIGS]
     assert H100_PARENT not in json.dumps(config)
     labels = config["labels"]
     for uuid in H100_MIGS:
@@ -152,7 +153,7 @@ def test_h100_with_seven_instances_advertises_seven_kinds_and_not_the_gpu(tmp_pa
 def test_mig_slices_split_each_instance(tmp_path):
     rc, config = run(tmp_path, "--nvml-fixture", str(A100_MIXED), "--mig-slices", "2")
     assert rc == advertise.CHANGED
-    assert config["node-generic-resources"] == [f"{uuid}=2" for uuid in A100_MIGS]
+    assert config["node-generic-resources"] == [f"{uuid}=3" for uuid in A100_MIGS]  # 2 + spare
     assert "gpu-jupyterhub.memory-mb." + A100_MIGS[1] + "=19968" in config["labels"]
     assert "gpu-jupyterhub.mig-profile." + A100_MIGS[1] + "=2g.20gb" in config["labels"]
 
@@ -179,8 +180,8 @@ def test_a_mixed_machine_advertises_whole_gpus_and_instances_and_names_the_empty
     rc, config = run(tmp_path, "--nvml-fixture", str(MIXED_MIG))
     assert rc == advertise.CHANGED
     assert config["node-generic-resources"] == [
-        f"{MIXED_GPU_UUIDS[0]}=3",
-        *(f"{uuid}=1" for uuid in MIXED_MIG_UUIDS),
+        f"{MIXED_GPU_UUIDS[0]}=4",  # 3 slices and the spare unit
+        *(f"{uuid}=2" for uuid in MIXED_MIG_UUIDS),
     ]
     assert MIXED_GPU_UUIDS[1] not in json.dumps(config)
     assert MIXED_GPU_UUIDS[2] not in json.dumps(config)
@@ -211,7 +212,7 @@ def test_instances_gone_since_the_last_run_are_taken_out(tmp_path):
     path.write_text(json.dumps(fixture))
     rc, config = run(tmp_path, "--nvml-fixture", str(path))
     assert rc == advertise.CHANGED
-    assert config["node-generic-resources"] == [f"{H100_PARENT}=3"]
+    assert config["node-generic-resources"] == [f"{H100_PARENT}=4"]  # 3 and the spare
     assert "MIG-" not in json.dumps(config)
 
 

@@ -103,7 +103,7 @@ def test_advertise_runs_with_nvidia_ml_py_alone(venvs, tmp_path):
     result = run_in(venvs[1], *args, "--nvml-fixture", str(K80X2), cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     config = json.loads(daemon_json.read_text())
-    assert config["node-generic-resources"] == [f"{uuid}=3" for uuid in K80_UUIDS]
+    assert config["node-generic-resources"] == [f"{uuid}=4" for uuid in K80_UUIDS]  # 3 + spare
     assert "gpu-jupyterhub.gpu-model=Tesla K80" in config["labels"]
 
     result = run_in(venvs[1], *args, "--simulate-gpus", "2", "--dry-run", cwd=tmp_path)
@@ -271,7 +271,7 @@ def test_setup_sh_plans_a_join_with_nvidia_ml_py_alone(venvs, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "2 GPU(s): 2 Tesla K80 11441 MiB -> 3 slices" in out
-    assert f'+    "{K80_UUIDS[0]}=3",' in out  # the daemon.json diff
+    assert f'+    "{K80_UUIDS[0]}=4",' in out  # the daemon.json diff (3 slices and the spare)
     # the image's name from deploy.settings' defaults (GPUHUB_CONFIG=none)
     assert "would pull gpu-jupyterhub/singleuser:latest" in out
     for step in ("checks", "engine", "gpus", "swarm", "image", "daemon.json"):
