@@ -9,7 +9,7 @@ from pathlib import Path
 
 SINGLEUSER = Path(__file__).resolve().parents[2] / "images" / "singleuser"
 #: what the image copies to /usr/local/lib/gpu-jupyterhub besides tutorial_sync
-MODULES = ["one_copy.py"]
+MODULES = ["one_copy.py", "server_start.py"]
 
 
 def start_command(
