@@ -278,7 +278,10 @@ class GPUBroker:
             self._tell()
 
     def nudge(self) -> None:
-        """Something may have freed slices (a server stopped): look at the line now."""
+        """Something may have freed slices (a server stopped): the next reservation reads the
+        swarm afresh (a participant pressing Start right after a server stopped was refused
+        on a read from before), and the line looks now."""
+        self.forget_read()
         if self._nudged is not None:
             self._nudged.set()
 

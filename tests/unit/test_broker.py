@@ -96,6 +96,18 @@ async def test_a_recent_read_is_shared_an_old_or_failed_one_is_not():
     broker.close()
 
 
+async def test_a_server_stopped_makes_the_next_reservation_read_afresh():
+    """A read from before a server stopped still counts its slices: a participant pressing
+    Start at once was refused with every slice in use (seen on the bed, 30 ms after a stop)."""
+    broker = GPUBroker(threads=1, max_age=30)
+    swarm = Swarm(ONE_FREE_EACH, [])
+    await broker.inventory(swarm)
+    broker.nudge()  # what a stop does once its server's task has ended
+    await broker.inventory(swarm)
+    assert swarm.reads == 2
+    broker.close()
+
+
 async def test_a_failed_read_is_not_shared():
     broker = GPUBroker(threads=1, max_age=30)
 
