@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from .start_command import start_command
+from .test_gpu_caps import BUDGET  # a server's GPU memory budget
 
 SERVER = "#!/bin/sh\necho serving\n"
-BUDGET = {"GPU_MEMORY_LIMIT_MB": "8192", "GPU_MEMORY_FRACTION": "0.3333"}
 
 
 def run(tmp_path: Path, **environ: str) -> tuple[subprocess.CompletedProcess, list[str]]:
