@@ -56,8 +56,10 @@ def read_secret(config: Config, name: str) -> str:
 
 
 def limit(config: Config, kind: str) -> str:
-    """A limit per server as the organizer writes it (16G, not bytes); "none" for none."""
-    return config.values[f"GPUHUB_{kind}_LIMIT"] or "none"
+    """A limit per server as the organizer writes it (16G, not bytes); for none, what holds."""
+    if config.values[f"GPUHUB_{kind}_LIMIT"]:
+        return config.values[f"GPUHUB_{kind}_LIMIT"]
+    return "shared equally (no quota)" if kind == "CPU" else "none"
 
 
 def demo_banner(deployed: Config, demo_password: str, admin_password: str) -> str:

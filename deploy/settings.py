@@ -441,7 +441,6 @@ def read_defaults(path: str) -> dict[str, tuple[str, int]]:
 
 LIMIT_KEYS = ("GPUHUB_CPU_LIMIT", "GPUHUB_MEM_LIMIT", "GPUHUB_PIDS_LIMIT")
 # What a JupyterLab with a kernel needs to start and work; "auto" never goes below these.
-CPU_FLOOR = 0.5
 MEM_FLOOR = GIB
 PIDS_FLOOR = 1024
 # Memory kept for the hub, the proxy, the Docker engine and the system.
@@ -482,15 +481,17 @@ def servers_here(settings: dict[str, str], machine: Machine) -> int:
 
 
 def auto_limits(machine: Machine, servers: int) -> dict[str, str]:
-    """Per-server limits that let ``servers`` servers share ``machine``: its cores and its
-    memory (less MEM_RESERVE) divided among them, and PIDS_PER_CPU tasks per core; never below
-    the floors a JupyterLab needs (servers then may compete, but each starts)."""
+    """Per-server limits that let ``servers`` servers share ``machine``: its memory (less
+    MEM_RESERVE) divided among them, never below what a JupyterLab needs, and PIDS_PER_CPU tasks
+    per core. No CPU quota: every server's container has Docker's default CPU weight, so servers
+    share the cores equally while they compete and one alone uses them all (a quota of cores /
+    servers made a start on an idle machine take twice as long and was no fairer under load:
+    docs/benchmarks.md, "CPU limits"); the hub's and the proxy's weight stays above (priority.py)."""
     servers = max(1, servers)
-    cpu = max(CPU_FLOOR, int(machine.cpus * 10 / servers) / 10)  # tenths of a core, rounded down
     memory = max(MEM_FLOOR, (machine.memory - MEM_RESERVE) // servers)
     pids = max(PIDS_FLOOR, PIDS_PER_CPU * machine.cpus)
     return {
-        "GPUHUB_CPU_LIMIT": f"{cpu:g}",
+        "GPUHUB_CPU_LIMIT": "",
         "GPUHUB_MEM_LIMIT": f"{memory // MIB}M",
         "GPUHUB_PIDS_LIMIT": str(pids),
     }

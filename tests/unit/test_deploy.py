@@ -722,7 +722,8 @@ def test_make_demo_twice(tmp_path, machine, capsys):
     config = settings.read("demo", environ)
     cpu, mem, pids = (config.values[f"GPUHUB_{k}_LIMIT"] for k in ("CPU", "MEM", "PIDS"))
     assert config.mem_limit == settings.typed.memory(mem)  # as written, e.g. 4096M
-    limits = f"cores {cpu}, memory {mem}, tasks {pids}"
+    assert cpu == ""  # auto: no quota
+    limits = f"cores shared equally (no quota), memory {mem}, tasks {pids}"
     demo, admin = (
         (state / name).read_text().strip() for name in ("demo_password", "admin_password")
     )

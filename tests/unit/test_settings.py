@@ -203,17 +203,24 @@ def test_the_shipped_defaults_read_as_before():
 
 def test_auto_limits_share_the_machine_among_the_servers_it_holds():
     assert auto_limits(Machine(16, 64 * GIB, 2), servers=6) == {
-        "GPUHUB_CPU_LIMIT": "2.6",  # 16/6, rounded down to a tenth
+        "GPUHUB_CPU_LIMIT": "",  # no quota: equal CPU weight per server
         "GPUHUB_MEM_LIMIT": f"{(62 * GIB // 6) // MIB}M",  # 2 GiB kept for hub and system
         "GPUHUB_PIDS_LIMIT": "1024",
     }
     assert auto_limits(Machine(64, 512 * GIB, 8), servers=8)["GPUHUB_PIDS_LIMIT"] == "4096"
-    assert auto_limits(Machine(8, 34 * GIB, 1), servers=4)["GPUHUB_CPU_LIMIT"] == "2"
+    assert auto_limits(Machine(8, 34 * GIB, 1), servers=4)["GPUHUB_MEM_LIMIT"] == "8192M"
+
+
+def test_auto_never_puts_a_cpu_quota_on_a_server():
+    """A quota of cores / servers doubled an idle machine's start and was no fairer under load
+    (issue 31): auto shares the cores by Docker's equal weight instead."""
+    for cpus, servers in [(1, 1), (2, 6), (16, 4), (256, 1)]:
+        assert auto_limits(Machine(cpus, 64 * GIB, 0), servers)["GPUHUB_CPU_LIMIT"] == ""
 
 
 def test_auto_limits_never_go_below_what_a_jupyterlab_needs():
     assert auto_limits(Machine(2, 4 * GIB, 0), servers=6) == {
-        "GPUHUB_CPU_LIMIT": "0.5",
+        "GPUHUB_CPU_LIMIT": "",
         "GPUHUB_MEM_LIMIT": "1024M",
         "GPUHUB_PIDS_LIMIT": "1024",
     }
@@ -239,7 +246,7 @@ def test_only_auto_is_resolved():
     values = dict(defaults(), GPUHUB_MEM_LIMIT="8G", GPUHUB_PIDS_LIMIT="")
     resolved = resolve_auto(Settings(values, {}), Machine(12, 26 * GIB, 0)).values
     # the demo's 2 simulated GPUs of 3 slices: 6 servers
-    assert resolved["GPUHUB_CPU_LIMIT"] == "2"
+    assert resolved["GPUHUB_CPU_LIMIT"] == ""
     assert resolved["GPUHUB_MEM_LIMIT"] == "8G"
     assert resolved["GPUHUB_PIDS_LIMIT"] == ""
 
@@ -500,8 +507,8 @@ def test_load_without_a_mode_resolves_auto_on_this_machine(tmp_path):
     machine = Machine(cpus=12, memory=26 * GIB, gpus=0)
     settings, errors = load(args, environ={}, machine=machine)
     assert errors == []
-    assert settings.values["GPUHUB_CPU_LIMIT"] == "2"  # 12 cores, 6 simulated slices
-    assert settings.values["GPUHUB_MEM_LIMIT"] == "4096M"
+    assert settings.values["GPUHUB_CPU_LIMIT"] == ""  # no quota
+    assert settings.values["GPUHUB_MEM_LIMIT"] == "4096M"  # 24 GiB, 6 simulated slices
     settings, errors = load(
         argparse.Namespace(defaults=str(DEFAULTS), config="", mode="up"), environ={}
     )
@@ -614,8 +621,9 @@ def test_read_gives_every_setting_its_declared_type():
     assert cfg.stack == "gpuhub" and cfg.http_port == 8000 and cfg.slices_per_gpu == 3
     assert cfg.simulated_gpus is False and cfg.tutorial_sync_replicas == 0
     assert cfg.state_dir == "/var/lib/gpu-jupyterhub/gpuhub"
-    assert cfg.cpu_limit == 2.6  # auto, for MACHINE's 16 cores and 6 simulated slices
-    assert cfg.values["GPUHUB_CPU_LIMIT"] == "2.6"
+    assert cfg.cpu_limit is None  # auto: no quota
+    assert cfg.mem_limit == 10581 * MIB  # auto, for MACHINE's 62 GiB and 6 simulated slices
+    assert cfg.values["GPUHUB_MEM_LIMIT"] == "10581M"
     assert cfg.origin["GPUHUB_STACK"] == "the default"
 
 
@@ -733,7 +741,7 @@ def test_from_environment_is_the_defaults_under_what_the_stack_passes(tmp_path):
     assert cfg.config_file == ""
     # a default referring to another setting takes its passed value
     assert cfg.state_dir == "/var/lib/gpu-jupyterhub/prod"
-    assert cfg.cpu_limit == 2.6  # not passed: auto, sized for MACHINE as `read` does
+    assert cfg.mem_limit == 10581 * MIB  # not passed: auto, sized for MACHINE as `read` does
     assert cfg.origin["GPUHUB_STACK"] == "the environment"
     assert cfg.origin["GPUHUB_CPU_LIMIT"] == "the default"
     assert "GPUHUB_NOT_A_SETTING" not in cfg.values
