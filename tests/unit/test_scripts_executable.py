@@ -1,5 +1,6 @@
-"""Every script the README (or a line the scripts print, such as `make join-command`'s) tells
-people to run as ``./path`` is executable in git, so a fresh clone runs it as written."""
+"""Every script the README or a page of docs/ (or a line the scripts print, such as
+`make join-command`'s) tells people to run as ``./path`` is executable in git, so a fresh clone
+runs it as written."""
 
 import re
 import subprocess
@@ -9,7 +10,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 #: Where people read the commands they run.
-DOCS = ["README.md", "deploy/steps.py", "worker_setup/setup.sh"]
+DOCS = [
+    "README.md",
+    *sorted(str(page.relative_to(REPO)) for page in (REPO / "docs").glob("*.md")),
+    "deploy/steps.py",
+    "worker_setup/setup.sh",
+]
 
 
 def git_modes() -> dict[str, str]:

@@ -1,0 +1,211 @@
+"""docs/configuration.md, generated from deploy/settings.env: every setting, its default and the
+comment that documents it, grouped as the file groups them.
+
+``render(text)`` is a pure function of the file's text. ``python -m deploy.reference`` writes the
+page (``make docs``); ``--check`` writes nothing and exits 1 when the page differs from what
+``render`` gives, so a setting changed without regenerating the page fails the unit tests.
+
+How the file is read (the config file's line format, deploy/config.example.env):
+
+- the comment lines at the top, up to the first blank line, introduce the page;
+- a comment line of the form ``# ---- title ----`` starts a group of its own;
+- the comment lines right above one or more ``GPUHUB_X=value`` lines document those settings
+  together (an empty ``#`` line starts a new paragraph);
+- a comment block followed by a blank line describes the group it stands in.
+
+Standard library only, like the rest of ``deploy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SETTINGS = Path("deploy/settings.env")
+PAGE = Path("docs/configuration.md")
+STALE = f"{PAGE} is stale: run make docs"
+
+#: The title of the settings above the file's first ``# ---- title ----`` line.
+FIRST_GROUP = "Settings an organizer may set"
+
+_SETTING = re.compile(r"^\s*(?:export[ \t]+)?(GPUHUB_[A-Z0-9_]+)[ \t]*=(.*)$")
+_HEADING = re.compile(r"^#[ \t]*-{3,}[ \t]*(.+?)[ \t]*-{3,}[ \t]*$")
+
+
+@dataclass
+class Block:
+    """Settings documented by one comment: [(key, default)] and the comment's paragraphs."""
+
+    settings: list[tuple[str, str]] = field(default_factory=list)
+    paragraphs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Group:
+    title: str
+    description: list[str] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+
+
+def _value(raw: str) -> str:
+    """The default as the settings reader takes it: blanks around it dropped, one pair of
+    quotes around all of it removed, nothing expanded."""
+    value = raw.strip(" \t")
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def _paragraphs(comment: list[str]) -> list[str]:
+    """Comment lines (without their ``#``) as paragraphs: wrapped lines joined, an empty line
+    between paragraphs."""
+    paragraphs, lines = [], []
+    for line in [*comment, ""]:
+        if line.strip():
+            lines.append(line.strip())
+        elif lines:
+            paragraphs.append(" ".join(lines))
+            lines = []
+    return paragraphs
+
+
+def parse(text: str) -> tuple[list[str], list[Group]]:
+    """(the introduction's paragraphs, the groups) of deploy/settings.env's text."""
+    intro: list[str] = []
+    groups = [Group(FIRST_GROUP)]
+    comment: list[str] = []
+    block: Block | None = None  # the block whose settings are being read
+    started = False  # past the introduction
+
+    def describe() -> None:
+        """A comment block that documents no setting: the introduction, or its group's."""
+        if comment:
+            (groups[-1].description if started else intro).extend(_paragraphs(comment))
+        comment.clear()
+
+    for raw in [*text.lstrip("\ufeff").splitlines(), ""]:
+        line = raw.strip(" \t")
+        heading = _HEADING.match(line)
+        setting = _SETTING.match(line)
+        if heading:
+            describe()
+            groups.append(Group(heading.group(1)))
+            block, started = None, True
+        elif line.startswith("#"):
+            block = None
+            after = line[1:]
+            comment.append(after[1:] if after.startswith(" ") else after)
+        elif setting:
+            if block is None:
+                block = Block(paragraphs=_paragraphs(comment))
+                groups[-1].blocks.append(block)
+                comment.clear()
+            block.settings.append((setting.group(1), _value(setting.group(2))))
+            started = True
+        elif not line:
+            describe()
+            block, started = None, True
+    return intro, [group for group in groups if group.blocks or group.description]
+
+
+def _escaped(text: str) -> str:
+    """Prose for Markdown: ``<`` outside code spans is written ``&lt;``, so that
+    ``https://<hostname>/`` is not taken for an HTML tag and dropped."""
+    parts = re.split(r"(`+[^`]*`+)", text)
+    return "".join(part if part.startswith("`") else part.replace("<", "&lt;") for part in parts)
+
+
+def _code(value: str) -> str:
+    """``value`` as a Markdown code span (in a table cell); an empty value says so."""
+    if not value:
+        return "empty"
+    ticks = "`" * (max((len(run) for run in re.findall(r"`+", value)), default=0) + 1)
+    pad = " " if value.startswith("`") or value.endswith("`") else ""
+    return f"{ticks}{pad}{value}{pad}{ticks}".replace("|", "\\|")
+
+
+def _slug(title: str) -> str:
+    """GitHub's anchor for a heading of plain text (lower case, blanks to hyphens, other
+    punctuation dropped)."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def _title(block: Block) -> str:
+    return ", ".join(key for key, _ in block.settings)
+
+
+def render(settings_env_text: str) -> str:
+    """docs/configuration.md for deploy/settings.env's text."""
+    intro, groups = parse(settings_env_text)
+    out = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated from deploy/settings.env by `make docs` (python -m deploy.reference): "
+        "edit that file, then run make docs. -->",
+        "",
+        "Every setting of the hub, with its default and what it does, as `deploy/settings.env` "
+        "declares it. How to write the values an organizer sets most (limits, admins, "
+        "organizations, the hostname, files) is in [input-config.md](input-config.md); how the "
+        "settings reach the hub and the spawner's own options are in "
+        "[spawner-options.md](spawner-options.md).",
+        "",
+    ]
+    if intro:
+        out += ["`deploy/settings.env` begins:", ""]
+        out += "\n>\n".join(f"> {_escaped(paragraph)}" for paragraph in intro).split("\n")
+        out.append("")
+    out += ["| setting | default |", "| --- | --- |"]
+    for group in groups:
+        for block in group.blocks:
+            anchor = _slug(_title(block))
+            for key, value in block.settings:
+                out.append(f"| [`{key}`](#{anchor}) | {_code(value)} |")
+    out.append("")
+    for group in groups:
+        out += [f"## {group.title[:1].upper()}{group.title[1:]}", ""]
+        for paragraph in group.description:
+            out += [_escaped(paragraph), ""]
+        for block in group.blocks:
+            out += [f"### {_title(block)}", ""]
+            if len(block.settings) == 1:
+                out += [f"Default: {_code(block.settings[0][1])}", ""]
+            else:
+                out += ["| setting | default |", "| --- | --- |"]
+                out += [f"| `{key}` | {_code(value)} |" for key, value in block.settings]
+                out.append("")
+            for paragraph in block.paragraphs:
+                out += [_escaped(paragraph), ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None, root: Path = REPO) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy.reference",
+        description=f"Write {PAGE} from {SETTINGS}.",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help=f"write nothing; exit 1 when {PAGE} is stale"
+    )
+    args = parser.parse_args(argv)
+    page = render((root / SETTINGS).read_text(encoding="utf-8"))
+    target = root / PAGE
+    current = target.read_text(encoding="utf-8") if target.exists() else None
+    if args.check:
+        if current != page:
+            print(STALE, file=sys.stderr)
+            return 1
+        return 0
+    if current == page:
+        print(f"{PAGE} is up to date")
+    else:
+        target.write_text(page, encoding="utf-8")
+        print(f"wrote {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
