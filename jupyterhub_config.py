@@ -3,8 +3,8 @@
 # This file only maps settings onto `c.`: it sets each option once and never changes it. The
 # settings are deploy.settings' typed Config (every key of deploy/settings.env, defaults
 # overridden by the environment deploy/stack.yml gives the hub service; checked by `make up`
-# before the stack was deployed), the secrets are Docker secrets under /run/secrets. See README,
-# "Configuration".
+# before the stack was deployed), the secrets are Docker secrets under /run/secrets. See
+# docs/configuration.md and docs/spawner-options.md.
 import os
 import sys
 from pathlib import Path

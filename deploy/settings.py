@@ -486,7 +486,8 @@ def auto_limits(machine: Machine, servers: int) -> dict[str, str]:
     per core. No CPU quota: every server's container has Docker's default CPU weight, so servers
     share the cores equally while they compete and one alone uses them all (a quota of cores /
     servers made a start on an idle machine take twice as long and was no fairer under load:
-    docs/benchmarks.md, "CPU limits"); the hub's and the proxy's weight stays above (priority.py)."""
+    docs/benchmarks.md, "CPU limits"); the hub's and the proxy's weight stays above theirs
+    (priority.py)."""
     servers = max(1, servers)
     memory = max(MEM_FLOOR, (machine.memory - MEM_RESERVE) // servers)
     pids = max(PIDS_FLOOR, PIDS_PER_CPU * machine.cpus)

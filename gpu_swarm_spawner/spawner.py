@@ -795,7 +795,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         raise SpawnFailed(
             f"The hub's network has no address left for another server ({self.network_name}: "
             f"{', '.join(subnets)}). Please tell an organizer: set GPUHUB_NETWORK_SUBNET to a "
-            'larger private range (README, "Large courses"), or stop servers nobody uses.',
+            'larger private range (docs/organizer.md, "Large courses"), or stop servers nobody '
+            "uses.",
             f"{self._log_name}: network {self.network_name} ({', '.join(subnets)}) is full",
             reason="network",
             status_code=503,

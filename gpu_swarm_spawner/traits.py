@@ -340,8 +340,8 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         and offers to wait in line (a button on the refusal); ``auto`` puts them in the line
         straight away; ``off`` only tells them. In the line the spawn page shows their place
         and an estimate, and their server starts by itself when slices free up, in order of
-        arrival (the rule for full-GPU requests is in ``gpu_swarm_spawner/line.py`` and the
-        README). Nobody in the line holds a service or a slice. Each waiting participant is a
+        arrival (the rule for full-GPU requests is in ``gpu_swarm_spawner/line.py`` and
+        docs/line.md). Nobody in the line holds a service or a slice. Each waiting participant is a
         pending spawn for JupyterHub: keep ``c.JupyterHub.concurrent_spawn_limit`` above the
         longest line you expect.
         """,

@@ -283,7 +283,7 @@ def fill(hub) -> dict[str, list[str]]:
 
 
 def test_a_full_gpu_request_in_line_holds_one_gpu_and_blocks_no_one_elsewhere(hub, full_hub):
-    """The rule (README, line.py): the admin's full-GPU request, first in line, holds the GPU
+    """The rule (docs/line.md, line.py): the admin's full-GPU request, first in line, holds the GPU
     closest to empty (all equal here: the first by machine name, then UUID); a 1-slice request
     behind it gets a slice freed elsewhere, but not one freed on the held GPU, which the admin
     gets once it is empty."""

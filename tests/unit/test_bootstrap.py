@@ -95,7 +95,7 @@ def test_an_old_python_is_named_with_the_fix(tmp_path):
 
 def test_up_refuses_the_unedited_example_before_anything_changes(tmp_path):
     config = tmp_path / "config.env"
-    config.write_bytes(EXAMPLE.read_bytes())  # copied unedited, protected as the README says
+    config.write_bytes(EXAMPLE.read_bytes())  # copied unedited, protected as docs/organizer.md says
     config.chmod(0o600)
     roster = tmp_path / "roster.txt"
     roster.write_text("ada\n")

@@ -108,14 +108,14 @@ def test_without_a_uuid_to_compare_one_device_is_enough(monkeypatch):
 def test_a_stand_in_skips_the_framework_checks_and_runs_the_others(monkeypatch):
     monkeypatch.setenv("GPUHUB_ENVIRONMENT", "pytorch-standin")
     ran = []
-    for name in ("kernel", "gpu_info", "tensorboard"):
+    for name in ("server_start", "kernel", "gpu_info", "tensorboard"):
         monkeypatch.setattr(
             check,
             f"check_{name}",
             lambda *a, name=name: ran.append(name) or check.Result(name, "ok", ""),
         )
     results = {r.name: r.status for r in check.run_checks()}
-    assert ran == ["kernel", "gpu_info", "tensorboard"]
+    assert ran == ["server_start", "kernel", "gpu_info", "tensorboard"]
     assert results["import"] == results["train"] == results["caps"] == "skipped"
     assert "devices" not in results
 
@@ -132,3 +132,25 @@ def test_a_loss_that_does_not_go_down_fails_training(monkeypatch):
     assert check.check_train("torch").status == "FAILED"
     monkeypatch.setattr(check, "python", lambda code, env=None, timeout=600: answered("0.9 0.2\n"))
     assert check.check_train("torch").status == "ok"
+
+
+def test_the_server_check_fails_when_a_module_that_only_slows_every_start_is_imported(
+    tmp_path, monkeypatch
+):
+    """Run for real in a fresh process: a stand-in rfc3987_syntax imported by a stand-in server
+    module fails the check with the fix; without it, the check passes and times the imports."""
+    (tmp_path / "server_mod.py").write_text("import rfc3987_syntax\n")
+    (tmp_path / "rfc3987_syntax.py").write_text("")
+    (tmp_path / "quick_mod.py").write_text("import json\n")
+    real = check.python
+    here = {"PYTHONPATH": str(tmp_path)}
+    monkeypatch.setattr(check, "python", lambda code, env=None, timeout=600: real(code, here))
+    monkeypatch.setattr(check, "SERVER_MODULES", ("quick_mod", "server_mod"))
+    slow = check.check_server_start(repeats=1)
+    assert slow.status == "FAILED"
+    assert "rfc3987_syntax is imported" in slow.detail
+    assert "pip uninstall -y rfc3987-syntax" in slow.detail
+    monkeypatch.setattr(check, "SERVER_MODULES", ("quick_mod",))
+    quick = check.check_server_start(repeats=1)
+    assert quick.status == "ok", quick.detail
+    assert "the server's modules import in" in quick.detail
