@@ -292,6 +292,21 @@ def on_gpu(template: dict, gpu_uuid: str) -> dict:
     return t
 
 
+def with_new_home(template: dict, name: str) -> dict:
+    """``template`` with each named volume it mounts replaced by a new one for ``name``, as a
+    new participant's server gets (Docker makes it and copies the image's files into it)."""
+    t = copy.deepcopy(template)
+    for mount in t["ContainerSpec"].get("Mounts") or []:
+        if mount.get("Type") == "volume" and mount.get("Source"):
+            mount["Source"] = f"{name}-{RUN}-{mount['Source']}"
+    return t
+
+
+#: this run's mark in the names it gives (its participants, the bare servers' volumes): each
+#: spawn is a new participant's, whose home volume is made
+RUN = time.strftime("%H%M%S")
+
+
 def describe_limits(template: dict) -> str:
     """What a server runs under: its CPU, memory and process limits, the CPU and memory it
     reserves, its GPU slices, its restart policy."""
@@ -329,13 +344,27 @@ def bare_server(hub_container, network: str, template: tuple[dict, str], name: s
     t0 = time.time()
     prober.start()
     service = client.api.create_service(
-        on_gpu(spec, gpu.uuid),
+        with_new_home(on_gpu(spec, gpu.uuid), name),
         name=name,
         endpoint_spec=docker.types.EndpointSpec(mode="dnsrr"),
         labels={"gpu-jupyterhub.stack": "bench-bare"},
     )
     prober.join()
+    BARE_SPLIT.append(bare_split(t0, service["ID"], result["t"]))
     return service["ID"], result["t"] - t0
+
+
+#: each bare server's (Swarm until its container runs, its start until it answers), seconds
+BARE_SPLIT: list[tuple[float, float] | None] = []
+
+
+def bare_split(created: float, service_id: str, answered: float) -> tuple[float, float] | None:
+    """Where a bare server's time went, from Swarm's record of when its task began running."""
+    for t in docker.from_env().api.tasks(filters={"service": service_id}):
+        if t["Status"]["State"] == "running":
+            running = swarm_time(t["Status"]["Timestamp"])
+            return running - created, answered - running
+    return None
 
 
 def bare_once(hub_container, network: str, template: tuple[dict, str], n: int) -> float:
@@ -370,11 +399,19 @@ def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
             if name == "bare":
                 t = bare_once(container, VARIANTS["gpu"]["NETWORK"], template, i)
             else:
-                t = spawn_once(hubs[name], f"bench-one-{i}", split if i and name == "gpu" else None)
+                user = f"bench-one-{RUN}-{i}"
+                t = spawn_once(hubs[name], user, split if i and name == "gpu" else None)
             if i:
                 times[name].append(t)
         print(f"  single spawn  {name:12s} {fmt(times[name])}", flush=True)
     print_split(split)
+    bare = [b for b in BARE_SPLIT[-repeats:] if b]
+    if bare:
+        swarm, start = (statistics.median(b[i] for b in bare) for i in (0, 1))
+        print(
+            f"  the bare servers (medians of {len(bare)}): {SPLIT[2]} {swarm:.2f} s, "
+            f"{SPLIT[3]} {start:.2f} s"
+        )
     return times
 
 
