@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 
 from deploy.settings import from_environment
-from gpu_swarm_spawner import HUB_TEMPLATES, contract, gate, hubdb
+from gpu_swarm_spawner import HUB_TEMPLATES, contract, gate, hubdb, internals
 from gpu_swarm_spawner.keeper import FreshResolver
 from gpu_swarm_spawner.priority import CPUPriority
 
+# the versions of JupyterHub and dockerspawner the hub's reach-ins were written for, or a stop
+# with the fix (docs/internals.md)
+internals.check_versions()
 c = get_config()  # noqa: F821  (provided by JupyterHub)
 cfg = from_environment(os.environ)
 

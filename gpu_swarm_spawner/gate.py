@@ -37,16 +37,13 @@ that write (``find_users_when_activity_cannot_be_written``).
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 
-from jupyterhub import apihandlers, handlers
 from jupyterhub.apihandlers.users import UserServerAPIHandler
-from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.handlers.pages import SpawnHandler
-from jupyterhub.user import User
 from sqlalchemy.exc import OperationalError
-from tornado.tcpserver import TCPServer
+
+from . import internals
 
 #: Connections the hub's port holds while its one thread is busy; tornado's default is 128. With
 #: 500 spawn requests at once (through the proxy, one connection each), the kernel dropped what
@@ -68,7 +65,8 @@ class RefuseFirst:
             failed = asyncio.get_running_loop().create_future()
             failed.set_exception(refusal)
             failed.exception()  # read here, so asyncio does not warn it was never read
-            spawner._spawn_future = spawner.gpuhub_refusal = failed
+            spawner.gpuhub_refusal = failed
+            internals.set_spawn_future(spawner, failed)
             raise refusal
         try:
             return await super().spawn_single_user(user, server_name, display_name, options=options)
@@ -110,7 +108,8 @@ class RefuseFirst:
             return await spawner.refusal_before_spawn(options)
         except Exception:
             self.log.exception(
-                "Could not ask %s before the spawn; starting as usual", spawner._log_name
+                "Could not ask %s before the spawn; starting as usual",
+                internals.log_name(spawner),
             )
             return None
 
@@ -127,32 +126,36 @@ class GatedUserServerAPIHandler(RefuseFirst, UserServerAPIHandler):
 SWAPS = {SpawnHandler: GatedSpawnHandler, UserServerAPIHandler: GatedUserServerAPIHandler}
 
 
-def swap_handlers(tables: list[list[tuple]], swaps: dict[type, type]) -> None:
-    """Put ``swaps``' values in place of their keys in the handler ``tables`` (lists of
-    ``(pattern, handler, ...)``); each key must be found. Idempotent."""
-    found = set()
-    for table in tables:
-        for i, (pattern, handler, *rest) in enumerate(table):
-            for original, gated in swaps.items():
-                if handler in (original, gated):
-                    table[i] = (pattern, gated, *rest)
-                    found.add(original)
-    missing = [cls.__name__ for cls in swaps if cls not in found]
-    if missing:
-        raise unknown_jupyterhub(f"JupyterHub's handler tables have no {', '.join(missing)}")
-
-
-def unknown_jupyterhub(what: str) -> RuntimeError:
-    return RuntimeError(
-        f"{what}: this JupyterHub is not one the gate knows. Install the JupyterHub version in "
-        "images/hub/requirements.txt, or report the version you run."
-    )
-
-
 def refused_by_the_gate(spawner) -> bool:
     """Was the last start asked of ``spawner`` refused by the gate (and none begun since)?"""
-    future = spawner._spawn_future
+    future = internals.spawn_future(spawner)
     return future is not None and future is getattr(spawner, "gpuhub_refusal", None)
+
+
+#: the refused activity writes are logged at most this often (every request meets one)
+REFUSED_WRITE_LOG_S = 60.0
+_refused_write_logged = [-REFUSED_WRITE_LOG_S]  # when it was last logged (time.monotonic)
+
+
+def _refused_write(handler, error: OperationalError) -> None:
+    """The hub's database refused to write a request's activity (its disk full: SQLite's
+    "database or disk is full"): the write is rolled back, and said once a minute."""
+    handler.db.rollback()
+    now = time.monotonic()
+    if now - _refused_write_logged[0] >= REFUSED_WRITE_LOG_S:
+        _refused_write_logged[0] = now
+        handler.log.warning(
+            "The hub's database refused to write down a request's activity (%s): "
+            "requests go on without (said once a minute). Free space on the hub's "
+            "data volume if it is full.",
+            error.orig,
+        )
+
+
+def deepen_listen_backlog(backlog: int = LISTEN_BACKLOG) -> None:
+    """JupyterHub's HTTP server listens with room for ``backlog`` waiting connections instead
+    of tornado's 128 (JupyterHub has no setting for it). Idempotent."""
+    internals.deepen_listen_backlog(backlog)
 
 
 def keep_refused_spawners() -> None:
@@ -163,121 +166,26 @@ def keep_refused_spawners() -> None:
     refused participants asking again at once, the last was told after 1.12-1.37 s instead of
     0.54-0.62 s (a hub outside Docker). Any other failed spawner is replaced as before.
     Idempotent."""
-    get_spawner = getattr(User, "get_spawner", None)
-    if get_spawner is None:
-        raise unknown_jupyterhub("JupyterHub's User has no get_spawner")
-    if hasattr(get_spawner, "gpuhub_keeps_refused"):
-        return
-
-    @functools.wraps(get_spawner)
-    def get_spawner_keeping_refused(self, server_name="", replace_failed=False):
-        spawner = dict.get(self.spawners, server_name)  # dict.get: makes none
-        if spawner is not None and refused_by_the_gate(spawner):
-            return spawner
-        return get_spawner(self, server_name, replace_failed)
-
-    get_spawner_keeping_refused.gpuhub_keeps_refused = True
-    User.get_spawner = get_spawner_keeping_refused
-
-
-#: JupyterHub's methods that find a request's user and write down their last activity
-ACTIVITY_WRITERS = ("get_current_user_token", "_user_for_cookie")
+    internals.keep_spawners(refused_by_the_gate)
 
 
 def find_users_when_activity_cannot_be_written() -> None:
     """A request's user is found even when the hub's database refuses to write down their last
     activity (its disk full: SQLite's "database or disk is full"). JupyterHub writes it while it
-    finds the user of a request (``ACTIVITY_WRITERS``, at most every ``activity_resolution``)
-    and takes a failed write for no user: on a full disk, a participant pressing Start read
-    "403: Missing or invalid credentials", a logged-in one was sent to log in again (whose own
-    writes fail too), and running servers checking their participants were refused. Now the
-    write is rolled back and the user found again without writing their activity; a start then
-    reaches the spawner, whose refusal says the hub's disk is full (``hub_disk_refusal``), and
-    everything that only reads goes on. Idempotent."""
-    missing = [n for n in (*ACTIVITY_WRITERS, "_record_activity") if not hasattr(BaseHandler, n)]
-    if missing:
-        raise unknown_jupyterhub(f"JupyterHub's BaseHandler has no {', '.join(missing)}")
-    for name in ACTIVITY_WRITERS:
-        method = getattr(BaseHandler, name)
-        if not hasattr(method, "gpuhub_unwritten"):
-            setattr(BaseHandler, name, _without_activity_if_refused(method))
-    record = BaseHandler._record_activity
-    if not hasattr(record, "gpuhub_unwritten"):
-
-        @functools.wraps(record)
-        def record_unless_refused(self, obj, timestamp=None):
-            if getattr(self, "gpuhub_activity_refused", False):
-                return False
-            return record(self, obj, timestamp)
-
-        record_unless_refused.gpuhub_unwritten = True
-        BaseHandler._record_activity = record_unless_refused
-
-
-#: the refused activity writes are logged at most this often (every request meets one)
-REFUSED_WRITE_LOG_S = 60.0
-_refused_write_logged = [-REFUSED_WRITE_LOG_S]  # when it was last logged (time.monotonic)
-
-
-def _without_activity_if_refused(method):
-    @functools.wraps(method)
-    def finding(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except OperationalError as e:
-            self.db.rollback()
-            now = time.monotonic()
-            if now - _refused_write_logged[0] >= REFUSED_WRITE_LOG_S:
-                _refused_write_logged[0] = now
-                self.log.warning(
-                    "The hub's database refused to write down a request's activity (%s): "
-                    "requests go on without (said once a minute). Free space on the hub's "
-                    "data volume if it is full.",
-                    e.orig,
-                )
-            self.gpuhub_activity_refused = True
-            return method(self, *args, **kwargs)
-
-    finding.gpuhub_unwritten = True
-    return finding
-
-
-def deepen_listen_backlog(backlog: int = LISTEN_BACKLOG) -> None:
-    """JupyterHub's HTTP server listens with room for ``backlog`` waiting connections instead
-    of tornado's 128 (JupyterHub has no setting for it). Idempotent."""
-    listen = TCPServer.listen
-    if hasattr(listen, "gpuhub_backlog"):
-        return
-
-    @functools.wraps(listen)
-    def deep_listen(self, port, address=None, **kwargs):
-        kwargs.setdefault("backlog", backlog)
-        return listen(self, port, address, **kwargs)
-
-    deep_listen.gpuhub_backlog = backlog
-    TCPServer.listen = deep_listen
-
-
-def wired() -> dict[str, bool]:
-    """Which of this module's changes to JupyterHub and tornado are in place in this process
-    (``install`` and ``deepen_listen_backlog``, which jupyterhub_config.py calls)."""
-    tables = [*handlers.default_handlers, *apihandlers.default_handlers]
-    in_tables = {handler for _, handler, *_ in tables}
-    activity = [getattr(BaseHandler, n, None) for n in (*ACTIVITY_WRITERS, "_record_activity")]
-    return {
-        "the gate's handlers": all(gated in in_tables for gated in SWAPS.values()),
-        "refused spawners kept": hasattr(
-            getattr(User, "get_spawner", None), "gpuhub_keeps_refused"
-        ),
-        "users found on a full disk": all(hasattr(m, "gpuhub_unwritten") for m in activity),
-        "the listen backlog": hasattr(TCPServer.listen, "gpuhub_backlog"),
-    }
+    finds the user of a request (at most every ``activity_resolution``) and takes a failed
+    write for no user: on a full disk, a participant pressing Start read "403: Missing or
+    invalid credentials", a logged-in one was sent to log in again (whose own writes fail too),
+    and running servers checking their participants were refused. Now the write is rolled back
+    and the user found again without writing their activity; a start then reaches the spawner,
+    whose refusal says the hub's disk is full (``hub_disk_refusal``), and everything that only
+    reads goes on. Idempotent."""
+    internals.find_users_despite_refused_writes(OperationalError, _refused_write)
 
 
 def install() -> None:
-    """JupyterHub's spawn page and REST API ask the spawner before any spawn work, and a
-    request's user is found on a full disk too. Call it from the hub's config file (JupyterHub
-    reads its tables after loading the config)."""
-    swap_handlers([handlers.default_handlers, apihandlers.default_handlers], SWAPS)
+    """JupyterHub's spawn page and REST API ask the spawner before any spawn work, refused
+    spawners are kept, and a request's user is found on a full disk too. Call it from the hub's
+    config file (JupyterHub reads its handler tables after loading the config). Idempotent."""
+    internals.replace_handlers(SWAPS)
     keep_refused_spawners()
     find_users_when_activity_cannot_be_written()

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import sqlite3
 
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from . import internals
 
 PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
 
 
-def _on_connect(dbapi_connection, _record) -> None:
+def on_connect(dbapi_connection, _record) -> None:
     if not isinstance(dbapi_connection, sqlite3.Connection):
         return  # another database (MySQL, PostgreSQL): its own settings apply
     cursor = dbapi_connection.cursor()
@@ -33,10 +32,4 @@ def _on_connect(dbapi_connection, _record) -> None:
 
 def use_write_ahead_log() -> None:
     """Every SQLite connection SQLAlchemy opens from now on is in WAL mode (idempotent)."""
-    if not event.contains(Engine, "connect", _on_connect):
-        event.listen(Engine, "connect", _on_connect)
-
-
-def wired() -> bool:
-    """Whether SQLite connections are put in WAL mode in this process (use_write_ahead_log)."""
-    return event.contains(Engine, "connect", _on_connect)
+    internals.on_every_connection(on_connect)

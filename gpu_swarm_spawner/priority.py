@@ -29,12 +29,12 @@ JupyterHub has no hook for work of its own.
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 
 from traitlets import Float, Integer, List, Unicode
 from traitlets.config import LoggingConfigurable
 
+from . import internals
 from .contract import DOCKER_SERVICE_LABEL, DOCKER_STACK_LABEL
 
 #: Docker's weight for a container created without one (HostConfig.CpuShares 0).
@@ -164,22 +164,14 @@ class CPUPriority(LoggingConfigurable):
         """When JupyterHub has started, tune its garbage collector and start ``keep``
         (configured from the hub's config, as ``c.CPUPriority``; ``keep`` does not run when
         ``cpu_shares`` is 0). Idempotent."""
-        from jupyterhub.app import JupyterHub
+        internals.after_hub_start(cls.start_keeping)
 
-        start = JupyterHub.start
-        if hasattr(start, "gpuhub_priority"):
-            return
-
-        @functools.wraps(start)
-        async def start_then_keep(hub):
-            await start(hub)
-            keeper = cls(parent=hub)
-            keeper.tune_gc()
-            if keeper.cpu_shares:
-                hub._gpuhub_priority = asyncio.ensure_future(keeper.keep())
-
-        start_then_keep.gpuhub_priority = True
-        JupyterHub.start = start_then_keep
+    @classmethod
+    def start_keeping(cls, hub) -> None:
+        keeper = cls(parent=hub)
+        keeper.tune_gc()
+        if keeper.cpu_shares:
+            hub.gpuhub_priority = asyncio.ensure_future(keeper.keep())
 
 
 def _docker_client():

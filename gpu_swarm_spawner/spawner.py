@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Awaitable
 
@@ -42,7 +41,6 @@ from docker.types import (
     Resources,
     TaskTemplate,
 )
-from jupyterhub import orm
 from jupyterhub.spawner import SpawnException
 from jupyterhub.utils import format_exception, url_path_join
 from tornado import web
@@ -208,21 +206,6 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         """The broker's thread pool, for every Docker call (dockerspawner's has 1 thread)."""
         return self.broker.executor
 
-    _client_made = threading.Lock()
-
-    @property
-    def client(self):
-        """dockerspawner's one Docker client, made once under a lock. dockerspawner makes it on
-        first use with no lock (its pool has one thread); the broker's threads reaching it at
-        once each made one and replaced the others while a thread read it, and CPython 3.11
-        crashed (a segmentation fault: the replaced client's connections were closed while the
-        class attribute was being set)."""
-        made = type(self)._client
-        if made is not None:
-            return made
-        with self._client_made:
-            return super().client
-
     # ---- the spawn path ---------------------------------------------------------------------
 
     async def stop(self, now=False):
@@ -281,12 +264,12 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 self.log.warning(
                     "%s did not shut down within %s s (server_shutdown_timeout); removing its "
                     "service",
-                    self._log_name,
+                    self.log_name,
                     self.server_shutdown_timeout,
                 )
                 return
             await asyncio.sleep(SHUTDOWN_POLL_S)
-        self.log.info("%s shut down in %.1f s", self._log_name, time.monotonic() - t0)
+        self.log.info("%s shut down in %.1f s", self.log_name, time.monotonic() - t0)
         self.broker.nudge()  # its slices are free now, before the service is even removed
 
     async def _service_tasks(self) -> list[dict]:
@@ -319,7 +302,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             if e.code != 599:  # 599: the server closed the connection as it stopped
                 self.log.warning(
                     "%s refused to shut down (%s %s); removing its service",
-                    self._log_name,
+                    self.log_name,
                     e.code,
                     e.message,
                 )
@@ -327,21 +310,14 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         except OSError as e:  # refused, unreachable: nothing listens there
             self.log.warning(
                 "%s could not be asked to shut down (%s); removing its service",
-                self._log_name,
+                self.log_name,
                 e,
             )
             return False
         finally:
             if made:
-                self._delete_token(made)
+                self.delete_api_token(made)
         return True
-
-    def _delete_token(self, token: str) -> None:
-        db = getattr(self.user, "db", None)
-        found = orm.APIToken.find(db, token) if db is not None else None
-        if found is not None:
-            db.delete(found)
-            db.commit()
 
     @property
     def ready(self):
@@ -444,7 +420,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             "The hub's disk is full, so no server can start right now. Please tell an "
             "organizer; servers already running go on.",
             f"The hub's data folder {self.hub_data_dir} has {free_mb} MiB free (fewer than "
-            f"hub_data_min_free_mb, {self.hub_data_min_free_mb}): refusing {self._log_name}. "
+            f"hub_data_min_free_mb, {self.hub_data_min_free_mb}): refusing {self.log_name}. "
             "Free space on the hub's data volume (`docker system df`, old files in "
             f"{self.hub_data_dir}), then servers start again",
             reason="disk",
@@ -475,13 +451,13 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.broker.forget_read()  # the next reservation sees its slices free
         self._healed(
             "leftover removed",
-            f"{self._log_name}: its earlier service {service['Spec']['Name']} (id {sid[:7]}) "
+            f"{self.log_name}: its earlier service {service['Spec']['Name']} (id {sid[:7]}) "
             "still ran, which the hub did not count as running; removed before the new start",
         )
 
     def _refused_after(self, refusal: NoGPUSliceAvailable, t0: float, where: str) -> None:
         seconds = round(time.monotonic() - t0, 2)
-        self.log.info("%s refused after %.2f s %s", self._log_name, seconds, where)
+        self.log.info("%s refused after %.2f s %s", self.log_name, seconds, where)
         self._record("refused", reason=refusal.jupyterhub_message, seconds=seconds)
 
     async def refusal_before_spawn(self, user_options: dict | None) -> SpawnFailed | None:
@@ -540,7 +516,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 return started
             except SliceTaken as e:
                 lost.add(self.gpu_uuid)
-                self.log.info("%s lost the race for %s: %s", self._log_name, self.gpu_uuid, e)
+                self.log.info("%s lost the race for %s: %s", self.log_name, self.gpu_uuid, e)
                 self._report(15, f"{self.gpu_uuid} was taken a moment ago; trying another GPU")
                 await self._discard_service()
             except Exception:
@@ -554,7 +530,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         raise NoGPUSliceAvailable(
             "Many servers are starting at this moment and the GPU slices chosen for yours were "
             "taken first. Please try again in a few seconds.",
-            f"{self._log_name}: gave up after {self.placement_attempts} lost slice races "
+            f"{self.log_name}: gave up after {self.placement_attempts} lost slice races "
             f"({', '.join(sorted(lost))})",
         )
 
@@ -567,7 +543,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         try:
             self.cpu_node = await self._choose_cpu_node()
             where = f" on {self.cpu_node}" if self.cpu_node else ""
-            self.log.info("Starting %s without a GPU%s", self._log_name, where)
+            self.log.info("Starting %s without a GPU%s", self.log_name, where)
             self._report(20, f"Starting without a GPU{where}: CPU only, no GPU slice reserved")
             try:
                 started = await super().start()
@@ -600,7 +576,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 raise SpawnFailed(
                     f"All {self.cpu_only_max_servers} servers without a GPU this hub allows are "
                     "running. Please wait for a GPU slice instead, or try again later.",
-                    f"{self._log_name}: cpu_only_max_servers ({self.cpu_only_max_servers}) reached",
+                    f"{self.log_name}: cpu_only_max_servers ({self.cpu_only_max_servers}) reached",
                     reason="capacity",
                     status_code=503,
                 )
@@ -627,7 +603,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             kind,
             gpu.uuid,
             gpu.node_name,
-            self._log_name,
+            self.log_name,
             gpu.free,
             gpu.slices,
             attempt,
@@ -790,7 +766,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         left = tasks.addresses_left(subnets, all_tasks, self.network_name, len(nodes))
         self.log.warning(
             "%s has had no address on %s (%s) for %.0f s; %d address(es) left there",
-            self._log_name,
+            self.log_name,
             self.network_name,
             ", ".join(subnets),
             tasks.UNALLOCATED_S,
@@ -803,7 +779,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             f"{', '.join(subnets)}). Please tell an organizer: set GPUHUB_NETWORK_SUBNET to a "
             'larger private range (docs/organizer.md, "Large courses"), or stop servers nobody '
             "uses.",
-            f"{self._log_name}: network {self.network_name} ({', '.join(subnets)}) is full",
+            f"{self.log_name}: network {self.network_name} ({', '.join(subnets)}) is full",
             reason="network",
             status_code=503,
         )
@@ -931,7 +907,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             if self._away_since is not None:
                 self._healed(
                     "back",
-                    f"{self._log_name} answers again after {now - self._away_since:.0f} s away",
+                    f"{self.log_name} answers again after {now - self._away_since:.0f} s away",
                 )
                 self._away_since = None
             self._follow_address(seen.address)
@@ -944,7 +920,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             self._away_since = now
             self._healed(
                 "kept",
-                f"{self._log_name} is away ({seen.reason}); kept as running for up to "
+                f"{self.log_name} is away ({seen.reason}); kept as running for up to "
                 f"{self.server_lost_after:.0f} s while Swarm brings it back",
             )
         away = now - self._away_since
@@ -952,7 +928,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             return None
         self._healed(
             "lost",
-            f"{self._log_name} was away for {away:.0f} s ({seen.reason}): "
+            f"{self.log_name} was away for {away:.0f} s ({seen.reason}): "
             "reported stopped, so its participant can start again",
         )
         return f"{seen.reason}, for {away:.0f} s"
@@ -969,10 +945,10 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         if server.ip in (address, self.service_name):
             return
         was, server.ip = server.ip, address
-        self._write_now()
+        self.write_row_now()
         self._healed(
             "moved",
-            f"Swarm replaced the container of {self._log_name}: now at {address} (was {was}); "
+            f"Swarm replaced the container of {self.log_name}: now at {address} (was {was}); "
             "its route follows",
         )
 
@@ -1010,7 +986,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.slices_held = int(labels.get(contract.SLICES_LABEL) or 0)
         self.log.info(
             "%s: its service holds %d slice(s) of %s; taken back into the hub's state",
-            self._log_name,
+            self.log_name,
             self.slices_held,
             uuid,
         )
@@ -1024,7 +1000,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     def docker_read(self, method: str, *args, **kwargs) -> Awaitable:
         """A Docker call that only reads, on the broker's reading thread (``docker`` queues
         behind the creations and removals of a burst)."""
-        return self.broker.read(self._docker, method, *args, **kwargs)
+        return self.broker.read(self.docker_call, method, *args, **kwargs)
 
     async def _read_swarm(self) -> tuple[list[dict], list[dict]]:
         nodes = await self.docker_read("nodes")
@@ -1081,7 +1057,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         detail = ", ".join(f"{g.node_name}:{g.uuid}={g.used}/{g.slices}" for g in refused.gpus)
         wanted = "a whole GPU" if request.slices is None else f"{request.slices} free slice(s)"
         log_message = (
-            f"No GPU with {wanted} for {self._log_name}: "
+            f"No GPU with {wanted} for {self.log_name}: "
             f"{used}/{total} slices in use on {len(refused.gpus)} GPU(s) ({detail or 'none'})"
         )
         offer = self._refusal_offer(refused.gpus, request, str(refused), options)
@@ -1108,16 +1084,14 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             self.log.warning(
                 "%s: their home machine %s is %s; starting on %s with another home (their "
                 "files are in %s there)",
-                self._log_name,
+                self.log_name,
                 home,
                 state,
                 here or "a machine Swarm chooses",
                 volume,
             )
         else:
-            self.log.info(
-                "%s: no room on %s (their home), starting elsewhere", self._log_name, home
-            )
+            self.log.info("%s: no room on %s (their home), starting elsewhere", self.log_name, home)
         self._report(18, away_message(home, state, here or "another machine", volume))
 
     # ---- the waiting line --------------------------------------------------------------------
@@ -1164,7 +1138,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         hub restart that empties the line can tell them (``failure_message``)."""
         self.line_joined = time.time()
         self._save_state()
-        self.log.info("%s joined the waiting line", self._log_name)
+        self.log.info("%s joined the waiting line", self.log_name)
         self._journal()  # the dashboard's copy of the line is written from now on
         placed = []
 
@@ -1183,17 +1157,17 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             raise NoGPUSliceAvailable(
                 f"All GPU slices are in use, and the waiting line is full ({e}). Please try "
                 "again later or ask an organizer.",
-                f"{self._log_name}: the line is full ({e})",
+                f"{self.log_name}: the line is full ({e})",
             ) from None
         except asyncio.TimeoutError:
             raise NoGPUSliceAvailable(
                 f"You waited {line.about(self.line_max_wait)} in line and no GPU slice freed "
                 "up, which is as long as this hub lets anyone wait. Please try again later "
                 "or ask an organizer.",
-                f"{self._log_name} left the line after {self.line_max_wait} s (line_max_wait)",
+                f"{self.log_name} left the line after {self.line_max_wait} s (line_max_wait)",
             ) from None
         except asyncio.CancelledError:
-            self.log.info("%s left the waiting line", self._log_name)
+            self.log.info("%s left the waiting line", self.log_name)
             self._record("left line", waited=round(time.time() - joined, 1))
             self._cancelled_in_line = True
             raise
@@ -1202,7 +1176,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self._waited = time.time() - joined
         self.log.info(
             "%s leaves the line after %.0f s for %s on %s",
-            self._log_name,
+            self.log_name,
             time.time() - joined,
             reservation.gpu.uuid,
             reservation.gpu.node_name,
@@ -1231,7 +1205,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         try:
             journal.record(event)
         except OSError as e:
-            self.log.warning("Could not record '%s' of %s: %s", kind, self._log_name, e)
+            self.log.warning("Could not record '%s' of %s: %s", kind, self.log_name, e)
 
     def _forget_one_off_choices(self) -> None:
         """JupyterHub keeps a start's options for the next start without options ("Start My
@@ -1240,30 +1214,19 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         saved = dict(getattr(self.orm_spawner, "user_options", None) or {})
         kept = profiles.without_one_off_choices(saved)
         if kept != saved:
-            self._write_now(user_options=kept)
+            self.write_row_now(user_options=kept)
 
     def _save_state(self) -> None:
         """Write this spawner's state to the hub's database now (JupyterHub itself writes it
         only once a start or stop has finished)."""
-        self._write_now(state=self.get_state())
-
-    def _write_now(self, **fields) -> None:
-        """Set ``fields`` on this spawner's row of the hub's database and commit; nothing
-        outside a hub (no row)."""
-        if self.orm_spawner is None:
-            return
-        for name, value in fields.items():
-            setattr(self.orm_spawner, name, value)
-        db = getattr(self.user, "db", None)
-        if db is not None:
-            db.commit()
+        self.write_row_now(state=self.get_state())
 
     # ---- the spawn page ------------------------------------------------------------------------
 
     def spawn_offer(self) -> profiles.Offer:
         """What this user may choose: the environments of ``allowed_images``, a full GPU, no
         GPU."""
-        images = self._get_allowed_images()
+        images = self.allowed_images_now()
         return profiles.offer(
             images if isinstance(images, dict) else {},
             self.image,
@@ -1314,7 +1277,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         if events and events[-1]["message"] == message:
             return
         events.append({"progress": progress, "message": message})
-        self.log.debug("Spawn progress of %s: %s%% %s", self._log_name, progress, message)
+        self.log.debug("Spawn progress of %s: %s%% %s", self.log_name, progress, message)
 
     async def progress(self):
         """The stages of this spawn, as they happen (JupyterHub stops reading at the end)."""
@@ -1337,7 +1300,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 "and the line was emptied. Nothing of yours was lost: start your server again "
                 "to take a new place in line."
             )
-        error = self._failed
+        error = self.last_start_error
         if not error:
             return ""
         message, _ = format_exception(error, only_jupyterhub=True)
@@ -1484,13 +1447,13 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             raise SpawnFailed(
                 "The hub could not make your home folder on the shared storage. Please tell "
                 "an organizer.",
-                f"{self._log_name}: making the home folder {path} failed ({e}); the hub's "
+                f"{self.log_name}: making the home folder {path} failed ({e}); the hub's "
                 "container must have GPUHUB_HOMES_DIR mounted at the same path, writable by "
                 "root (NFS: export it to the manager with no_root_squash)",
                 reason="home",
             ) from None
         if made:
-            self.log.info("Made the home folder %s for %s", path, self._log_name)
+            self.log.info("Made the home folder %s for %s", path, self.log_name)
 
     def _home_volume(self) -> str:
         """The name of the participant's home volume on a machine (``jy-home-<user>``)."""

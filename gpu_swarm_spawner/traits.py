@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 
-from dockerspawner import SwarmSpawner
 from traitlets import (
     Bool,
     Dict,
@@ -25,6 +24,7 @@ from traitlets import (
 )
 
 from . import contract, naming, placement, profiles
+from .internals import SpawnerInternals
 
 
 def _with_advice(number_trait):
@@ -63,7 +63,7 @@ class _OneOf(Enum):
         )
 
 
-class GPUSwarmSpawnerTraits(SwarmSpawner):
+class GPUSwarmSpawnerTraits(SpawnerInternals):
     """The configuration of ``GPUSwarmSpawner``."""
 
     # ---- configuration ----------------------------------------------------------------------
@@ -476,12 +476,12 @@ class GPUSwarmSpawnerTraits(SwarmSpawner):
         return contract.SERVICE_PREFIX
 
     @default("object_name")
-    def _object_name_default(self):
+    def _object_name_default(self):  # this name: dockerspawner calls it (internals.py)
         """dockerspawner's name (``jy-<escaped user>[--<server>]``) fitted into a Swarm service
         name: unchanged where it fits (so running servers are found again), else cut and ended
         with a hash of the whole name (``naming.fit``). dockerspawner calls this again when the
         image changes."""
-        return naming.service_name(super()._object_name_default())
+        return naming.service_name(self.dockerspawner_object_name())
 
     @default("use_internal_ip")
     def _default_use_internal_ip(self):

@@ -23,7 +23,7 @@ from jupyterhub.user import User
 from tornado import web
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
-from gpu_swarm_spawner import gate
+from gpu_swarm_spawner import gate, internals
 
 WRITES = ("UPDATE", "INSERT", "DELETE")
 HELD: dict[str, User] = {}
@@ -84,7 +84,7 @@ def hub_db(tmp_path):
 
 @pytest.fixture
 def unwritten(monkeypatch):
-    for name in (*gate.ACTIVITY_WRITERS, "_record_activity"):
+    for name in (*internals.ACTIVITY_WRITERS, "_record_activity"):
         monkeypatch.setattr(BaseHandler, name, getattr(BaseHandler, name))  # put back after
     monkeypatch.setattr(gate, "_refused_write_logged", [-gate.REFUSED_WRITE_LOG_S])
     gate.find_users_when_activity_cannot_be_written()

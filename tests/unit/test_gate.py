@@ -24,7 +24,7 @@ from jupyterhub.user import User
 from tornado.httpserver import HTTPServer
 from tornado.tcpserver import TCPServer
 
-from gpu_swarm_spawner import NoGPUSliceAvailable, gate
+from gpu_swarm_spawner import NoGPUSliceAvailable, gate, hubdb, internals
 
 from .clusters import node, task
 from .fake_docker import make_fake
@@ -326,7 +326,7 @@ def test_users_the_hub_holds_are_found_without_walking_through_all_of_them_each_
 
 def test_install_puts_the_gated_handlers_in_jupyterhub_s_tables(monkeypatch):
     monkeypatch.setattr(User, "get_spawner", User.get_spawner)  # put back afterwards
-    for name in (*gate.ACTIVITY_WRITERS, "_record_activity"):
+    for name in (*internals.ACTIVITY_WRITERS, "_record_activity"):
         monkeypatch.setattr(BaseHandler, name, getattr(BaseHandler, name))
     gate.install()
     gate.install()  # twice: as once
@@ -337,15 +337,16 @@ def test_install_puts_the_gated_handlers_in_jupyterhub_s_tables(monkeypatch):
     api = [p for p, h, *_ in tables if h is gate.GatedUserServerAPIHandler]
     assert "/spawn/([^/]+)" in spawn and r"/api/users/([^/]+)/server" in api
     assert issubclass(gate.GatedSpawnHandler, SpawnHandler)
-    assert User.get_spawner.gpuhub_keeps_refused  # and refused spawners are kept
-    # and users found on a full disk (test_full_hub_db.py)
-    assert BaseHandler.get_current_user_token.gpuhub_unwritten
+    wired = internals.wired(gate.SWAPS, hubdb.on_connect)
+    assert wired["get_spawner"]  # and refused spawners are kept
+    assert wired["activity writers"]  # and users found on a full disk (test_full_hub_db.py)
 
 
-def test_a_jupyterhub_without_those_handlers_stops_the_hub_with_advice():
+def test_a_jupyterhub_without_those_handlers_stops_the_hub_with_advice(monkeypatch):
     table = [("/spawn", SpawnHandler)]
+    monkeypatch.setattr(internals, "_handler_tables", lambda: [table])
     with pytest.raises(RuntimeError, match="no UserServerAPIHandler.*images/hub/requirements"):
-        gate.swap_handlers([table], gate.SWAPS)
+        internals.replace_handlers(gate.SWAPS)
 
 
 def test_a_jupyterhub_whose_user_has_no_get_spawner_stops_the_hub_with_advice(monkeypatch):

@@ -22,7 +22,7 @@ from traitlets.utils.importstring import import_item
 from deploy import stack
 from deploy.settings import GIB, Machine, SettingsError, key_of, read
 from deploy.steps import GENERATED
-from gpu_swarm_spawner import GPUSwarmSpawner, contract
+from gpu_swarm_spawner import GPUSwarmSpawner, contract, internals
 from gpu_swarm_spawner.auth import WorkshopGitHubOAuthenticator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,7 +113,7 @@ def test_the_hub_raises_its_containers_cpu_weight_with_either_spawner(
     config = hub_config(SPAWNER=spawner, STACK="course", HUB_CPU_SHARES="8192")
     assert config.CPUPriority.cpu_shares == 8192
     assert config.CPUPriority.stack == "course"
-    assert hasattr(JupyterHub.start, "gpuhub_priority")  # started with the hub
+    assert getattr(JupyterHub.start, internals.MARK) == "after start"  # started with the hub
     assert hub_config(HUB_CPU_SHARES="0").CPUPriority.cpu_shares == 0  # 0: off
 
 
@@ -430,9 +430,9 @@ def test_a_teams_display_name_never_reaches_the_authenticator(tmp_path):
 WIRED = """
 import json, sys
 from traitlets.config.loader import PyFileConfigLoader
-from gpu_swarm_spawner import gate, hubdb
+from gpu_swarm_spawner import gate, hubdb, internals
 def wired():
-    return {**gate.wired(), "WAL": hubdb.wired()}
+    return internals.wired(gate.SWAPS, hubdb.on_connect)
 before = wired()
 PyFileConfigLoader("jupyterhub_config.py", path=sys.argv[1]).load_config()
 print(json.dumps([before, wired()]))
@@ -440,9 +440,9 @@ print(json.dumps([before, wired()]))
 
 
 def test_the_hub_config_wires_the_gate_the_listen_backlog_and_wal(hub_config):
-    """jupyterhub_config.py makes the process-wide changes the hub relies on (gate.py,
-    hubdb.py): none is in place before it is loaded, each is after. In a process of its own:
-    this one may have them from other tests."""
+    """jupyterhub_config.py makes the process-wide changes the hub relies on (internals.py:
+    the gate's, hubdb's, priority's): none is in place before it is loaded, each is after. In a
+    process of its own: this one may have them from other tests."""
     out = subprocess.run(
         [sys.executable, "-c", WIRED, str(REPO)],
         env=dict(os.environ),
@@ -454,9 +454,33 @@ def test_the_hub_config_wires_the_gate_the_listen_backlog_and_wal(hub_config):
     assert not any(before.values()), before
     assert all(after.values()), after
     assert set(after) == {
-        "the gate's handlers",
-        "refused spawners kept",
-        "users found on a full disk",
-        "the listen backlog",
-        "WAL",
+        "handler tables",
+        "get_spawner",
+        "activity writers",
+        "listen backlog",
+        "hub start",
+        "sqlite connect",
     }
+
+
+ANOTHER_JUPYTERHUB = """
+import importlib.metadata, sys
+from traitlets.config.loader import PyFileConfigLoader
+real = importlib.metadata.version
+importlib.metadata.version = lambda p: "6.2.0" if p == "jupyterhub" else real(p)
+PyFileConfigLoader("jupyterhub_config.py", path=sys.argv[1]).load_config()
+"""
+
+
+def test_the_hub_config_stops_a_hub_of_another_jupyterhub_naming_the_pin(hub_config):
+    """jupyterhub_config.py checks the versions internals.py was written for before anything
+    else (the hub's reach-ins would otherwise fail quietly on another JupyterHub)."""
+    out = subprocess.run(
+        [sys.executable, "-c", ANOTHER_JUPYTERHUB, str(REPO)],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0
+    assert "jupyterhub 6.2.0 is installed" in out.stderr
+    assert "images/hub/requirements.txt" in out.stderr

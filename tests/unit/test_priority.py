@@ -141,7 +141,7 @@ def test_install_starts_the_keeper_once_the_hub_started(engine, monkeypatch, sha
             if engine.updates:
                 break
             await asyncio.sleep(0.01)
-        task = getattr(hub, "_gpuhub_priority", None)
+        task = getattr(hub, "gpuhub_priority", None)
         if task:
             task.cancel()
         return task

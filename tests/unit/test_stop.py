@@ -14,7 +14,7 @@ import pytest
 from jupyterhub.objects import Server
 from tornado import httpserver, netutil, web
 
-from gpu_swarm_spawner import spawner as spawner_module
+from gpu_swarm_spawner import internals
 
 from .clusters import node
 from .fake_docker import make_fake
@@ -152,7 +152,7 @@ async def test_after_a_hub_restart_a_short_lived_token_for_that_server_alone_is_
     spawner.user.db = SimpleNamespace(delete=deleted.append, commit=lambda: None)
     tokens = {"short-lived": "the orm row"}
     monkeypatch.setattr(
-        spawner_module.orm.APIToken, "find", classmethod(lambda cls, db, t: tokens.get(t))
+        internals.orm.APIToken, "find", classmethod(lambda cls, db, t: tokens.get(t))
     )
     await timed_stop(spawner)
     assert stand_in.requests == ["token short-lived"]

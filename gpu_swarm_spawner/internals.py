@@ -1,0 +1,362 @@
+"""The one door to JupyterHub's, dockerspawner's, tornado's and SQLAlchemy's internals.
+
+Everything the hub needs that those projects offer no setting, hook or public method for goes
+through this module, and nothing else in the project touches their private names or replaces
+their methods. Each function says what it relies on; ``RELIES_ON`` lists it all, the contract
+tests (tests/unit/test_internals.py) check each item against the installed classes, and
+docs/internals.md says what to re-check when JupyterHub or dockerspawner is upgraded.
+
+``check_versions`` runs first in ``jupyterhub_config.py``: a hub whose JupyterHub, dockerspawner,
+tornado or SQLAlchemy is not the series this module was written for stops at start-up with an
+error naming the pin, rather than losing one of these changes quietly. The policies that use the
+door stay where they belong: the gate (gate.py) decides which spawners to keep and which
+handlers to put in front, hubdb.py what to tell SQLite, priority.py what to do once the hub has
+started, the spawner what to write down.
+
+Two kinds of reach-in:
+
+- process-wide changes, made once in the hub's process by ``jupyterhub_config.py`` (each is
+  idempotent, marks what it put in place, and ``wired`` reports which are in place);
+- ``SpawnerInternals``, the spawner's base, naming the private attributes of JupyterHub's
+  ``Spawner`` and dockerspawner's ``DockerSpawner`` it reads or calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import threading
+from typing import Callable
+
+from dockerspawner import SwarmSpawner
+from jupyterhub import apihandlers, handlers, orm
+from jupyterhub.handlers.base import BaseHandler
+from jupyterhub.user import User
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from tornado.tcpserver import TCPServer
+
+#: The series of each package this module was written for and tested with (a version matches
+#: when it starts with the series and a dot, or equals it). Pinned in images/hub/requirements.txt
+#: and pyproject.toml.
+WRITTEN_FOR = {"jupyterhub": "6.1", "dockerspawner": "14", "tornado": "6", "sqlalchemy": "2"}
+PINS = "images/hub/requirements.txt and pyproject.toml"
+
+#: what each reach-in relies on, as docs/internals.md lists it (the contract tests check each)
+RELIES_ON = {
+    "handler tables": "jupyterhub.handlers.default_handlers and "
+    "jupyterhub.apihandlers.default_handlers: lists of (pattern, handler class, ...) that "
+    "JupyterHub reads when it starts, holding SpawnHandler and UserServerAPIHandler",
+    "get_spawner": "User.get_spawner(self, server_name='', replace_failed=False), which every "
+    "start goes through, and User.spawners, a dict whose get makes no spawner",
+    "activity writers": "BaseHandler.get_current_user_token(self) and "
+    "BaseHandler._user_for_cookie(self, cookie_name, cookie_value=None), which find a request's "
+    "user and write its last activity through BaseHandler._record_activity(self, obj, "
+    "timestamp=None); a refused write raises sqlalchemy.exc.OperationalError",
+    "listen backlog": "tornado.tcpserver.TCPServer.listen(self, port, address=None, *, "
+    "backlog=..., ...), which JupyterHub's HTTP server listens with",
+    "hub start": "jupyterhub.app.JupyterHub.start(self), a coroutine that returns once the hub "
+    "serves",
+    "sqlite connect": "SQLAlchemy's 'connect' event on Engine, given the DB-API connection",
+    "spawn future": "Spawner._spawn_future: the running or last start (JupyterHub's spawn-pending "
+    "page and progress stream read it; None when none)",
+    "failed start": "Spawner._failed: the exception of the last start, if it failed",
+    "log name": "Spawner._log_name: 'user:server' for the log",
+    "docker calls": "DockerSpawner._docker(self, method, *args, **kwargs): a coroutine calling "
+    "the Docker client's method in dockerspawner's thread pool",
+    "allowed images": "DockerSpawner._get_allowed_images(self): allowed_images, called if callable",
+    "object name": "DockerSpawner._object_name_default(self): dockerspawner's default name of "
+    "the service, which it calls again by this name when the image changes (so the spawner's "
+    "own default has this name)",
+    "docker client": "DockerSpawner._client: the class's one Docker client (None until made) "
+    "and DockerSpawner.client, the property that makes it",
+    "database rows": "orm.APIToken.find(db, token), Spawner.orm_spawner (its user_options and "
+    "state columns) and Spawner.user.db, the hub's database session",
+}
+
+#: the attribute a process-wide change carries: which change it is
+MARK = "gpuhub_door"
+
+
+# ---- versions -------------------------------------------------------------------------------
+
+
+def version_problems(installed: Callable[[str], str] | None = None) -> list[str]:
+    """One line per package of WRITTEN_FOR whose installed version (``installed(package)``,
+    by default importlib.metadata's) is not its series."""
+    installed = installed or importlib.metadata.version
+    problems = []
+    for package, series in WRITTEN_FOR.items():
+        try:
+            version = installed(package)
+        except importlib.metadata.PackageNotFoundError:
+            problems.append(
+                f"{package} is not installed, but gpu_swarm_spawner/internals.py was written "
+                f"for {package} {series}.x: install the pinned versions ({PINS})"
+            )
+            continue
+        if version != series and not version.startswith(series + "."):
+            problems.append(
+                f"{package} {version} is installed, but gpu_swarm_spawner/internals.py was "
+                f"written for {package} {series}.x: install the pinned versions "
+                f"({PINS}), or re-check each reach-in of docs/internals.md against {package} "
+                f"{version} and change WRITTEN_FOR"
+            )
+    return problems
+
+
+def check_versions(installed: Callable[[str], str] | None = None) -> None:
+    """Stop the hub with one error naming each package not of its pinned series."""
+    problems = version_problems(installed)
+    if problems:
+        raise RuntimeError("; ".join(problems))
+
+
+def unknown(what: str) -> RuntimeError:
+    return RuntimeError(
+        f"{what}: this is not the JupyterHub gpu_swarm_spawner/internals.py was written for. "
+        f"Install the pinned versions ({PINS}), or see docs/internals.md."
+    )
+
+
+# ---- process-wide changes -------------------------------------------------------------------
+
+
+def _replace(owner, name: str, tag: str, make: Callable[[Callable], Callable]) -> None:
+    """``owner.name`` replaced by ``make(owner.name)``, once: marked ``tag``, it is not
+    replaced again."""
+    current = getattr(owner, name, None)
+    if current is None:
+        raise unknown(f"{owner.__name__} has no {name}")
+    if getattr(current, MARK, None) == tag:
+        return
+    replacement = functools.wraps(current)(make(current))
+    setattr(replacement, MARK, tag)
+    setattr(owner, name, replacement)
+
+
+def _replaced(owner, name: str, tag: str) -> bool:
+    return getattr(getattr(owner, name, None), MARK, None) == tag
+
+
+def _handler_tables() -> list[list[tuple]]:
+    return [handlers.default_handlers, apihandlers.default_handlers]
+
+
+def replace_handlers(swaps: dict[type, type]) -> None:
+    """Each handler class of ``swaps``' keys replaced by its value in JupyterHub's handler
+    tables, which it reads when it starts (so: from the config file). Each must be found.
+    Idempotent."""
+    found = set()
+    for table in _handler_tables():
+        for i, (pattern, handler, *rest) in enumerate(table):
+            for original, replacement in swaps.items():
+                if handler in (original, replacement):
+                    table[i] = (pattern, replacement, *rest)
+                    found.add(original)
+    missing = [cls.__name__ for cls in swaps if cls not in found]
+    if missing:
+        raise unknown(f"JupyterHub's handler tables have no {', '.join(missing)}")
+
+
+def handlers_replaced(swaps: dict[type, type]) -> bool:
+    in_tables = {handler for table in _handler_tables() for _, handler, *_ in table}
+    return all(replacement in in_tables for replacement in swaps.values())
+
+
+def keep_spawners(keep: Callable[[object], bool]) -> None:
+    """``User.get_spawner`` returns the spawner it holds when ``keep(spawner)`` says so, even
+    where it would replace one whose last start failed (``replace_failed``). Idempotent."""
+
+    def make(get_spawner):
+        def get_spawner_keeping(self, server_name="", replace_failed=False):
+            spawner = dict.get(self.spawners, server_name)  # dict.get: makes none
+            if spawner is not None and keep(spawner):
+                return spawner
+            return get_spawner(self, server_name, replace_failed)
+
+        return get_spawner_keeping
+
+    _replace(User, "get_spawner", "keep spawners", make)
+
+
+#: JupyterHub's methods that find a request's user and write down their last activity
+ACTIVITY_WRITERS = ("get_current_user_token", "_user_for_cookie")
+
+
+def find_users_despite_refused_writes(
+    refused: type[Exception], on_refused: Callable[[BaseHandler, Exception], None]
+) -> None:
+    """When writing a request's last activity raises ``refused`` while JupyterHub finds the
+    request's user (ACTIVITY_WRITERS), ``on_refused(handler, error)`` is called and the user is
+    found again without writing it (``_record_activity`` then writes nothing for that request).
+    Idempotent."""
+    missing = [n for n in (*ACTIVITY_WRITERS, "_record_activity") if not hasattr(BaseHandler, n)]
+    if missing:
+        raise unknown(f"JupyterHub's BaseHandler has no {', '.join(missing)}")
+
+    def finding(method):
+        def find(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except refused as e:
+                on_refused(self, e)
+                self.gpuhub_activity_refused = True
+                return method(self, *args, **kwargs)
+
+        return find
+
+    def recording(record):
+        def record_unless_refused(self, obj, timestamp=None):
+            if getattr(self, "gpuhub_activity_refused", False):
+                return False
+            return record(self, obj, timestamp)
+
+        return record_unless_refused
+
+    for name in ACTIVITY_WRITERS:
+        _replace(BaseHandler, name, "users found", finding)
+    _replace(BaseHandler, "_record_activity", "users found", recording)
+
+
+def _users_found() -> bool:
+    return all(
+        _replaced(BaseHandler, n, "users found") for n in (*ACTIVITY_WRITERS, "_record_activity")
+    )
+
+
+def deepen_listen_backlog(backlog: int) -> None:
+    """Every tornado server of this process listens with room for ``backlog`` waiting
+    connections unless told otherwise (tornado's default: 128; JupyterHub has no setting).
+    Idempotent: the first backlog stays."""
+
+    def make(listen):
+        def deep_listen(self, port, address=None, **kwargs):
+            kwargs.setdefault("backlog", backlog)
+            return listen(self, port, address, **kwargs)
+
+        return deep_listen
+
+    _replace(TCPServer, "listen", "listen backlog", make)
+
+
+def after_hub_start(then: Callable[[object], None]) -> None:
+    """``then(hub)`` once JupyterHub has started (it has no hook for that). Idempotent: the
+    first ``then`` stays."""
+    from jupyterhub.app import JupyterHub
+
+    def make(start):
+        async def start_then(hub):
+            await start(hub)
+            then(hub)
+
+        return start_then
+
+    _replace(JupyterHub, "start", "after start", make)
+
+
+def _after_start() -> bool:
+    from jupyterhub.app import JupyterHub
+
+    return _replaced(JupyterHub, "start", "after start")
+
+
+def on_every_connection(hook: Callable[[object, object], None]) -> None:
+    """``hook(dbapi_connection, record)`` for every database connection SQLAlchemy opens in this
+    process from now on (the hub's engine is made after its config is read). Idempotent."""
+    if not event.contains(Engine, "connect", hook):
+        event.listen(Engine, "connect", hook)
+
+
+def on_every_connection_wired(hook) -> bool:
+    return event.contains(Engine, "connect", hook)
+
+
+def wired(swaps: dict[type, type], connection_hook) -> dict[str, bool]:
+    """Which process-wide changes are in place in this process (``swaps``: the gate's handlers;
+    ``connection_hook``: hubdb's)."""
+    return {
+        "handler tables": handlers_replaced(swaps),
+        "get_spawner": _replaced(User, "get_spawner", "keep spawners"),
+        "activity writers": _users_found(),
+        "listen backlog": _replaced(TCPServer, "listen", "listen backlog"),
+        "hub start": _after_start(),
+        "sqlite connect": on_every_connection_wired(connection_hook),
+    }
+
+
+# ---- the spawner's reach-ins ----------------------------------------------------------------
+
+
+def spawn_future(spawner):
+    """JupyterHub's record of the spawner's running or last start (None: none)."""
+    return spawner._spawn_future
+
+
+def set_spawn_future(spawner, future) -> None:
+    """Make ``future`` the spawner's last start, as JupyterHub's pages read it."""
+    spawner._spawn_future = future
+
+
+def log_name(spawner) -> str:
+    return spawner._log_name
+
+
+class SpawnerInternals(SwarmSpawner):
+    """dockerspawner's ``SwarmSpawner`` with its and JupyterHub's private attributes that the
+    spawner uses, under names of ours (RELIES_ON)."""
+
+    _client_made = threading.Lock()
+
+    @property
+    def client(self):
+        """dockerspawner's one Docker client, made once under a lock. dockerspawner makes it on
+        first use with no lock (its pool has one thread); the broker's threads reaching it at
+        once each made one and replaced the others while a thread read it, and CPython 3.11
+        crashed (a segmentation fault: the replaced client's connections were closed while the
+        class attribute was being set)."""
+        made = type(self)._client
+        if made is not None:
+            return made
+        with self._client_made:
+            return super().client
+
+    @property
+    def log_name(self) -> str:
+        return self._log_name
+
+    @property
+    def last_start_error(self) -> BaseException | None:
+        """The exception of the last start, if it failed."""
+        return self._failed
+
+    def docker_call(self, method: str, *args, **kwargs):
+        """dockerspawner's call of a Docker client method in its thread pool (a coroutine)."""
+        return self._docker(method, *args, **kwargs)
+
+    def allowed_images_now(self):
+        """``allowed_images``, called if it is callable (dockerspawner's reading)."""
+        return self._get_allowed_images()
+
+    def dockerspawner_object_name(self) -> str:
+        """dockerspawner's default service name (``jy-<escaped user>[--<server>]``)."""
+        return SwarmSpawner._object_name_default(self)
+
+    def write_row_now(self, **fields) -> None:
+        """Set ``fields`` on this spawner's row of the hub's database and commit (JupyterHub
+        writes it only once a start or stop has finished); nothing outside a hub (no row)."""
+        if self.orm_spawner is None:
+            return
+        for name, value in fields.items():
+            setattr(self.orm_spawner, name, value)
+        db = getattr(self.user, "db", None)
+        if db is not None:
+            db.commit()
+
+    def delete_api_token(self, token: str) -> None:
+        """Remove the API token ``token`` from the hub's database, if it is there."""
+        db = getattr(self.user, "db", None)
+        found = orm.APIToken.find(db, token) if db is not None else None
+        if found is not None:
+            db.delete(found)
+            db.commit()
