@@ -35,7 +35,7 @@ from pathlib import Path
 
 import docker
 
-from gpu_swarm_spawner import GPUSwarmSpawner
+from gpu_swarm_spawner import GPUSwarmSpawner, placement
 from gpu_swarm_spawner.contract import USER_LABEL
 from gpu_swarm_spawner.events import Event, read_events
 from gpu_swarm_spawner.tasks import is_live
@@ -333,7 +333,9 @@ def bare_server(hub_container, network: str, template: tuple[dict, str], name: s
     container: (the service's ID, seconds from the create to the answer)."""
     client = docker.from_env()
     spec, path = template
-    gpu = max(inventory().values(), key=lambda g: g.free)
+    # the GPU the hub's spread would give a new participant of this name: the bare servers
+    # land on the bed's machines as the hub's do (the manager's own engine is the quicker)
+    gpu = placement.choose(list(inventory().values()), slices_of(spec) or 1, seed=name)
     result = {}
 
     def probe():
