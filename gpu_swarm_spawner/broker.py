@@ -178,19 +178,26 @@ class GPUBroker:
     # ---- one reservation's life -----------------------------------------------------------
 
     async def reserve(
-        self, owner: Hashable, request: Request, read: ReadSwarm, exclude: frozenset = frozenset()
+        self,
+        owner: Hashable,
+        request: Request,
+        read: ReadSwarm,
+        exclude: frozenset = frozenset(),
+        keep: Claim | None = None,
     ) -> Reservation:
         """Choose a GPU for ``request`` and claim its slices for ``owner``; raises ``NoRoom``.
 
-        ``exclude``: GPUs this spawn already lost a race for; they count as full.
+        ``exclude``: GPUs this spawn already lost a race for; they count as full. ``keep``: the
+        claim ``owner`` made a moment ago (the gate's, before JupyterHub's spawn work), whose
+        GPU is taken again while it still fits: one choice per spawn, not two.
         """
         nodes, tasks = await self.read_swarm(read)
-        return self._choose_and_claim(owner, request, nodes, tasks, exclude)
+        return self._choose_and_claim(owner, request, nodes, tasks, exclude, keep)
 
-    def _choose_and_claim(self, owner, request, nodes, tasks, exclude) -> Reservation:
+    def _choose_and_claim(self, owner, request, nodes, tasks, exclude, keep=None) -> Reservation:
         # Not async, on purpose: no other spawn can choose between the inventory built here
         # (with every claim recorded so far) and the claim recorded below.
-        self._claims.pop(owner, None)  # a new attempt replaces this owner's earlier claim
+        earlier = self._claims.pop(owner, None)  # a new attempt replaces its earlier claim
         self._serve_line(nodes, tasks)  # those waiting first: a newcomer never jumps the line
         gpus = [
             replace(g, used=g.slices) if g.uuid in exclude else g
@@ -198,7 +205,13 @@ class GPUBroker:
         ]
         # what the line could not use is free to take, but not the GPU held for its earliest
         usable = [g for g in gpus if g.uuid != self._held_gpu()]
-        gpu = placement.choose(
+        gpu = None
+        if keep is not None and earlier is keep:
+            gpu = next(
+                (g for g in usable if g.uuid == keep.uuid and placement.fits(g, request.slices)),
+                None,
+            )
+        gpu = gpu or placement.choose(
             usable, request.slices, request.policy, request.seed, request.prefer_node
         )
         if gpu is None:

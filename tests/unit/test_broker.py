@@ -74,6 +74,40 @@ async def test_release_leaves_nothing_claimed_and_a_new_attempt_replaces_the_old
     assert broker.claimed() == {}
 
 
+async def test_the_gates_choice_is_the_starts_while_its_gpu_fits(broker):
+    """One choice per spawn: the claim the gate made is taken again by the start, though
+    spread would now pick the other GPU (a server was placed on the gate's meanwhile)."""
+    swarm = Swarm(ONE_FREE_EACH, [])
+    gate = await broker.reserve("a", Request(1), swarm)
+    claim = broker.claim_of("a")
+    swarm.tasks = [task("n1", {gate.gpu.uuid: 1})]
+    start = await broker.reserve("a", Request(1), swarm, keep=claim)
+    assert start.gpu.uuid == gate.gpu.uuid and len(broker.claimed()) == 1
+    # without the gate's claim to keep, the start would have chosen anew: the other GPU
+    broker.release("a")
+    anew = await broker.reserve("a", Request(1), swarm)
+    assert anew.gpu.uuid != gate.gpu.uuid
+
+
+async def test_the_gates_choice_is_dropped_when_it_no_longer_fits_or_was_lost(broker):
+    swarm = Swarm(ONE_FREE_EACH, [])
+    gate = await broker.reserve("a", Request(1), swarm)
+    claim = broker.claim_of("a")
+    lost = await broker.reserve("a", Request(1), swarm, frozenset({gate.gpu.uuid}), keep=claim)
+    assert lost.gpu.uuid != gate.gpu.uuid  # a race lost on it: another GPU
+    # the GPU filled up meanwhile (another hub's server): the start chooses again
+    claim = broker.claim_of("a")
+    swarm.tasks = [task("n1", {claim.uuid: 3})]
+    full = await broker.reserve("a", Request(1), swarm, keep=claim)
+    assert full.gpu.uuid != claim.uuid
+    # a claim the owner no longer holds (forgotten) is not taken again
+    stale = broker.claim_of("a")
+    broker.forget("a", stale)
+    swarm.tasks = [task("n1", {stale.uuid: 2})]
+    fresh = await broker.reserve("a", Request(1), swarm, keep=stale)
+    assert fresh.gpu.uuid != stale.uuid
+
+
 async def test_a_whole_gpu_claims_all_of_its_own_slices(broker):
     swarm = Swarm([node("n1", "big", {"GPU-big": 20}), node("n2", "small", {"GPU-s": 3})], [])
     whole = await broker.reserve("a", Request(None), swarm)

@@ -13,7 +13,7 @@ from traitlets import TraitError
 
 from deploy import settings, stack
 from gpu_swarm_spawner import SpawnFailed, homes
-from gpu_swarm_spawner import spawner as spawner_module
+from gpu_swarm_spawner import spawner_server as spawner_module
 
 from .clusters import node, task
 from .fake_docker import FakeDockerSpawner, make_fake

@@ -154,7 +154,8 @@ THEIR_PRIVATE_NAMES = re.compile(
     r"\b(User|BaseHandler|TCPServer|JupyterHub|Engine|Spawner|SwarmSpawner)\.\w+\s*=[^=]|"
     r"event\.listen\("
 )
-#: dockerspawner's, in the modules whose classes derive from it (others have their own _docker)
+#: dockerspawner's, in the modules whose classes derive from it or are parts of the spawner
+#: (spawner_*.py; others have their own _docker)
 DOCKERSPAWNERS_PRIVATE_NAMES = re.compile(r"\._(docker|client)\b")
 DERIVED = {"spawner.py", "traits.py"}
 
@@ -169,8 +170,9 @@ def test_no_module_but_the_door_touches_their_private_names():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if line.lstrip().startswith("#"):
                 continue
+            derived = path.name in DERIVED or path.name.startswith("spawner_")
             if THEIR_PRIVATE_NAMES.search(line) or (
-                path.name in DERIVED and DOCKERSPAWNERS_PRIVATE_NAMES.search(line)
+                derived and DOCKERSPAWNERS_PRIVATE_NAMES.search(line)
             ):
                 offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert offenders == []

@@ -1,0 +1,111 @@
+"""A server's Swarm service from its inputs alone (gpu_swarm_spawner/service_spec.py): no
+spawner, no hub, no Docker."""
+
+from gpu_swarm_spawner import contract
+from gpu_swarm_spawner.service_spec import (
+    Holding,
+    Limits,
+    Server,
+    create_kwargs,
+    gpu_env,
+    mounts,
+    with_gpu_slices,
+)
+
+UUID = "GPU-2f4c8a10-1111-2222-3333-444455556666"
+VOLUMES = {
+    "jy-home-{username}": {"bind": "/home/jovyan", "mode": "rw"},
+    "/srv/tutorials": {"bind": "/srv/tutorials", "mode": "ro"},
+}
+
+
+def server(**changes) -> Server:
+    values = dict(
+        name="jy-ada",
+        user="ada",
+        image="gpu-jupyterhub/singleuser:latest",
+        args=["start-singleuser"],
+        env={"JUPYTERHUB_USER": "ada"},
+        mounts=mounts(VOLUMES, labels={"stack": "gpuhub"}),
+        network="gpuhub_jhub",
+        holding=Holding(gpu=UUID, node="gpu-1", slices=1, total_slices=3, memory_mb=4096),
+        limits=Limits(mem_limit=16 * 2**30, cpu_limit=4.0, pids_limit=4096),
+        port=8888,
+        extra_endpoint_spec={"mode": "dnsrr"},
+    )
+    values.update(changes)
+    return Server(**values)
+
+
+def test_a_server_on_a_slice_reserves_it_and_carries_what_the_guard_reads():
+    spec = create_kwargs(server())
+    task = spec["task_template"]
+    assert spec["name"] == "jy-ada"
+    assert task["Resources"]["Reservations"]["GenericResources"] == [
+        {"DiscreteResourceSpec": {"Kind": UUID, "Value": 1}}
+    ]
+    assert task["Resources"]["Limits"] == {
+        "MemoryBytes": 16 * 2**30,
+        "NanoCPUs": 4_000_000_000,
+        "Pids": 4096,
+    }
+    assert task["RestartPolicy"] == {"Condition": "on-failure"}
+    assert task["Networks"] == [{"Target": "gpuhub_jhub"}]
+    assert task["ContainerSpec"]["Labels"] == {
+        contract.USER_LABEL: "ada",
+        contract.GPU_LABEL: UUID,
+        contract.SLICES_LABEL: "1",
+        contract.BUDGET_LABEL: "4096",
+    }
+    assert spec["labels"][contract.GPU_LABEL] == UUID
+    assert contract.CPU_ONLY_LABEL not in spec["labels"]
+    assert spec["endpoint_spec"]["Mode"] == "dnsrr"
+    assert "Ports" not in spec["endpoint_spec"]
+
+
+def test_a_server_without_a_gpu_stays_on_its_machine_and_sees_no_device():
+    holding = Holding(cpu_only=True, cpu_node="gpu-2")
+    spec = create_kwargs(server(holding=holding, env=gpu_env(holding)))
+    task = spec["task_template"]
+    assert task["Placement"]["Constraints"] == ["node.hostname==gpu-2"]
+    assert "GenericResources" not in task["Resources"].get("Reservations", {})
+    assert task["ContainerSpec"]["Labels"] == {}
+    assert task["ContainerSpec"]["Env"] == [
+        "NVIDIA_VISIBLE_DEVICES=void",
+        "CUDA_VISIBLE_DEVICES=",
+        "GPU_MODE=none",
+    ]
+    assert spec["labels"][contract.CPU_ONLY_LABEL] == "1"
+
+
+def test_the_gpu_environment_names_the_device_its_budget_and_its_share():
+    env = gpu_env(Holding(gpu=UUID, node="gpu-1", slices=2, total_slices=3, memory_mb=8192))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == UUID
+    assert env["GPU_MEMORY_LIMIT_MB"] == "8192" and env["GPU_MEMORY_FRACTION"] == "0.667"
+    assert env["GPU_ISOLATION"] == "shared" and env["GPU_NODE"] == "gpu-1"
+    assert gpu_env(Holding()) == {}  # nothing said where nothing is held
+
+
+def test_a_hub_without_internal_ips_publishes_the_servers_port():
+    spec = create_kwargs(server(use_internal_ip=False, extra_endpoint_spec={}))
+    assert spec["endpoint_spec"]["Ports"] == [
+        {"Protocol": "tcp", "PublishedPort": None, "TargetPort": 8888}  # Swarm picks one
+    ]
+
+
+def test_another_reservation_of_the_gpus_kind_is_replaced_others_kept():
+    generic = {UUID: 3, "fpga": 1}
+    assert with_gpu_slices(generic, UUID, 1) == [
+        {"DiscreteResourceSpec": {"Kind": "fpga", "Value": 1}},
+        {"DiscreteResourceSpec": {"Kind": UUID, "Value": 1}},
+    ]
+
+
+def test_named_volumes_are_volumes_paths_are_binds_and_a_shared_home_replaces_the_volume():
+    made = {m["Target"]: m for m in mounts(VOLUMES, labels={"stack": "gpuhub"})}
+    assert made["/home/jovyan"]["Type"] == "volume"
+    assert made["/home/jovyan"]["VolumeOptions"]["Labels"] == {"stack": "gpuhub"}
+    assert made["/srv/tutorials"]["Type"] == "bind" and made["/srv/tutorials"]["ReadOnly"]
+    shared = {m["Target"]: m for m in mounts(VOLUMES, home_folder="/srv/homes/ada")}
+    assert shared["/home/jovyan"]["Type"] == "bind"
+    assert shared["/home/jovyan"]["Source"] == "/srv/homes/ada"
