@@ -10,6 +10,9 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
 from ..contract import SERVICE_PREFIX, USER_LABEL, is_mig, is_simulated
 from ..events import Event, Waiting
 from ..guards import GuardFigures
@@ -199,40 +202,52 @@ def build(
 # ---- the dashboard's own metrics (Prometheus scrapes them) and the plots ----------------------
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def metric_families(state: dict) -> list[GaugeMetricFamily]:
+    """The state's figures as Prometheus metric families: what the plots draw over the
+    workshop besides the guards' and JupyterHub's own metrics."""
+    used = GaugeMetricFamily(
+        "gpuhub_slices_used", "GPU slices held by participants' servers", labels=["machine"]
+    )
+    total = GaugeMetricFamily(
+        "gpuhub_slices_total", "GPU slices a machine advertises", labels=["machine"]
+    )
+    taking = GaugeMetricFamily(
+        "gpuhub_machine_taking_servers",
+        "1 when a GPU machine takes new servers",
+        labels=["machine"],
+    )
+    for m in state["machines"]:
+        if m["gpus"]:
+            used.add_metric([m["name"]], m["slices_used"])
+            total.add_metric([m["name"]], m["slices"])
+            taking.add_metric([m["name"]], int(m["accepting"]))
+    totals = state["totals"]
+    servers = GaugeMetricFamily(
+        "gpuhub_servers", "Participants' servers, with a GPU or without", labels=["kind"]
+    )
+    servers.add_metric(["gpu"], totals["servers"] - totals["cpu_only"])
+    servers.add_metric(["cpu_only"], totals["cpu_only"])
+    line = GaugeMetricFamily(
+        "gpuhub_line_length", "Participants waiting in line", value=totals["waiting"]
+    )
+    return [used, total, taking, servers, line]
+
+
+class _Families:
+    """A collector of families made already (prometheus_client's registry asks collect())."""
+
+    def __init__(self, families: list[GaugeMetricFamily]):
+        self.families = families
+
+    def collect(self):
+        return self.families
 
 
 def metrics_text(state: dict) -> str:
-    """The state's figures as Prometheus text: what the plots draw over the workshop besides
-    the guards' and JupyterHub's own metrics."""
-    families = {
-        "gpuhub_slices_used": ("GPU slices held by participants' servers", "gauge", []),
-        "gpuhub_slices_total": ("GPU slices a machine advertises", "gauge", []),
-        "gpuhub_machine_taking_servers": ("1 when a GPU machine takes new servers", "gauge", []),
-        "gpuhub_servers": ("Participants' servers, with a GPU or without", "gauge", []),
-        "gpuhub_line_length": ("Participants waiting in line", "gauge", []),
-    }
-    for m in state["machines"]:
-        if not m["gpus"]:
-            continue
-        machine = f'machine="{_label(m["name"])}"'
-        families["gpuhub_slices_used"][2].append(f"{{{machine}}} {m['slices_used']}")
-        families["gpuhub_slices_total"][2].append(f"{{{machine}}} {m['slices']}")
-        families["gpuhub_machine_taking_servers"][2].append(f"{{{machine}}} {int(m['accepting'])}")
-    totals = state["totals"]
-    families["gpuhub_servers"][2].extend(
-        [
-            f'{{kind="gpu"}} {totals["servers"] - totals["cpu_only"]}',
-            f'{{kind="cpu_only"}} {totals["cpu_only"]}',
-        ]
-    )
-    families["gpuhub_line_length"][2].append(f" {totals['waiting']}")
-    lines = []
-    for name, (doc, kind, samples) in families.items():
-        lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
-        lines += [f"{name}{sample}" for sample in samples]
-    return "\n".join(lines) + "\n"
+    """``metric_families`` in Prometheus' text format (prometheus_client writes and escapes it)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(metric_families(state)))
+    return generate_latest(registry).decode()
 
 
 SPAWN_QUANTILE = (
