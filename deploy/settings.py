@@ -36,7 +36,6 @@ from gpu_swarm_spawner import roster
 from gpu_swarm_spawner.contract import MAX_SLICES_PER_GPU
 from tutorial_sync import credentials
 from tutorial_sync.repos import Repo, ReposError, parse_repos, redact
-from worker_setup.guard_policy import GuardSettings
 
 #: The GPU guard's settings: checked here, passed on to the GPU machines by the join line.
 GUARD_KEYS = (
@@ -808,7 +807,10 @@ _DURATION = re.compile(r"^(?:[0-9]+(?:ms|s|m|h|d|w|y))+$")
 
 def _guard(settings) -> list[str]:
     """The GPU guard's settings, checked by the guard's own reader (the GPU machines get them
-    from the join line)."""
+    from the join line). Imported here: the hub reads its settings with this module and needs
+    nothing of the GPU machines' code."""
+    from worker_setup.guard_policy import GuardSettings
+
     try:
         GuardSettings.parse({k: v for k, v in settings.items() if k in GUARD_KEYS})
     except ValueError as e:

@@ -468,6 +468,8 @@ def join_command(
             f"# made by 'make image-tar' here, when the machine cannot pull {image}):"
         )
         extra = ""
+    if image != contract.SINGLEUSER_IMAGE:
+        extra += f" --image {image}"
     line = (
         f"sudo ./worker_setup/setup.sh --manager {addr}:2377 --token {token} "
         f"--slices-per-gpu {slices_per_gpu}{extra}{shared}{guard}"

@@ -75,6 +75,10 @@ SHARE_MARKER = ".gpuhub-share"
 
 #: Participants' services are ``jy-<escaped user>[--<server>]``; homes ``jy-home-<user>``.
 SERVICE_PREFIX = "jy"
+
+#: The single-user image's default name (GPUHUB_SINGLEUSER_IMAGE's in deploy/settings.env): what
+#: a GPU machine joins for when the join line names no other (``--image``)
+SINGLEUSER_IMAGE = "gpu-jupyterhub/singleuser:latest"
 HOME_VOLUME = SERVICE_PREFIX + "-home-{username}"
 
 

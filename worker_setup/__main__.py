@@ -12,6 +12,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpu_swarm_spawner import contract
+
 from . import advertise, guard_service, join, shared_folders
 from .docker_cli import DockerCLI
 from .guard_policy import GuardSettings
@@ -33,6 +35,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     joining.add_argument("--token", metavar="SWMTKN-...", help="the swarm's worker join token")
     joining.add_argument(
         "--advertise-addr", default="", metavar="ADDR", help="this machine's swarm address"
+    )
+    joining.add_argument(
+        "--image",
+        default=contract.SINGLEUSER_IMAGE,
+        metavar="NAME",
+        help="the single-user image by the hub's name (GPUHUB_SINGLEUSER_IMAGE; default: "
+        "%(default)s)",
     )
     joining.add_argument(
         "--image-tar",

@@ -100,17 +100,6 @@ class Machine:
     image: str = ""
 
 
-def singleuser_image() -> str:
-    """GPUHUB_SINGLEUSER_IMAGE as the hub's settings have it (environment, config file,
-    defaults). Imported here: only joining needs it, and the reader is standard library too."""
-    from deploy import settings
-
-    try:
-        return settings.read().singleuser_image
-    except settings.SettingsError as e:
-        raise Stop(str(e)) from None
-
-
 def with_port(address: str) -> str:
     """``ADDR`` as ``ADDR:2377``; an address with a port stays as it is."""
     host, colon, port = address.rpartition(":")
@@ -405,7 +394,7 @@ def apply_daemon_json(m: Machine, what: str) -> None:
 
 
 def join(m: Machine) -> None:
-    singleuser = singleuser_image()
+    singleuser = m.args.image  # the hub's GPUHUB_SINGLEUSER_IMAGE (the join line's --image)
     # the manager's registry serves the image under its own address; an --image-tar holds it
     # under the name it was saved with
     use_registry = m.args.registry and not m.args.image_tar

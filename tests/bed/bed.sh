@@ -280,6 +280,7 @@ join_worker() {
     bash "$REPO/worker_setup/setup.sh" --manager "$MGR:2377" --token "$token" \
       --advertise-addr "$(worker_addr "$w")" --simulate-gpus "$GPUS" \
       --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" --machine-id "bed-$w" \
+      --image "$GPUHUB_SINGLEUSER_IMAGE" \
       ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} "$@" )
 }
 

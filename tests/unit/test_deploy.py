@@ -23,6 +23,7 @@ import pytest
 from deploy import __main__ as cli
 from deploy import commands, console, registry, settings, stack, steps, tls
 from deploy.console import DeployError, Log
+from gpu_swarm_spawner import contract
 from worker_setup import advertise, engine
 
 from .config_lines import CORPUS, SECRET, Refused, expected, key_of
@@ -889,9 +890,19 @@ def test_the_join_line_names_the_registry_when_the_stack_runs_one():
         "gpu-jupyterhub/singleuser:latest):\n"
         "sudo ./worker_setup/setup.sh --manager 10.0.0.5:2377 --token SWMTKN-1-x --slices-per-gpu 3"
     )
-    with_registry = steps.join_command("10.0.0.5", "T", 4, "i", registry="10.0.0.5:5000")
+    with_registry = steps.join_command(
+        "10.0.0.5", "T", 4, contract.SINGLEUSER_IMAGE, registry="10.0.0.5:5000"
+    )
     assert with_registry.endswith("--slices-per-gpu 4 --registry 10.0.0.5:5000")
     assert "pulls the\n# single-user image from this machine's registry" in with_registry
+
+
+def test_the_join_line_names_the_single_user_image_when_it_is_not_the_default():
+    """The GPU machine reads no settings of its own: the image it joins for is the line's."""
+    line = steps.join_command("10.0.0.5", "T", 3, "uni.example:5000/course/su:7", "10.0.0.5:5000")
+    assert line.endswith("--registry 10.0.0.5:5000 --image uni.example:5000/course/su:7")
+    defaults = settings.read_defaults(str(REPO / "deploy" / "settings.env"))
+    assert defaults["GPUHUB_SINGLEUSER_IMAGE"][0] == contract.SINGLEUSER_IMAGE  # one default
 
 
 def test_join_command_on_a_machine_that_is_no_manager(tmp_path, fake):

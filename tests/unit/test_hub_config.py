@@ -484,3 +484,24 @@ def test_the_hub_config_stops_a_hub_of_another_jupyterhub_naming_the_pin(hub_con
     assert out.returncode != 0
     assert "jupyterhub 6.2.0 is installed" in out.stderr
     assert "images/hub/requirements.txt" in out.stderr
+
+
+HUB_IMPORTS = """
+import json, sys
+from traitlets.config.loader import PyFileConfigLoader
+PyFileConfigLoader("jupyterhub_config.py", path=sys.argv[1]).load_config()
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("worker_setup",))))
+"""
+
+
+def test_the_hub_loads_its_config_without_the_gpu_machines_code(hub_config):
+    """The arrows run one way: the hub reads its settings (deploy.settings) and needs nothing
+    of worker_setup (the GPU machines' code, its NVML test double)."""
+    out = subprocess.run(
+        [sys.executable, "-c", HUB_IMPORTS, str(REPO)],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout.splitlines()[-1]) == []

@@ -121,12 +121,6 @@ def nobody():
 
 
 @pytest.fixture(autouse=True)
-def settings(monkeypatch):
-    """The single-user image's name from the settings reader, without this machine's own."""
-    monkeypatch.setattr(join, "singleuser_image", lambda: IMAGE)
-
-
-@pytest.fixture(autouse=True)
 def guard_files(tmp_path, monkeypatch):
     """The GPU guard's pid file and log in tmp_path (never this machine's /var/run)."""
     files = {
@@ -149,6 +143,7 @@ def daemon_json(tmp_path):
 def setup(engine, daemon_json, manager, *args, simulate=True):
     """``python -m worker_setup --manager ... --token ... ARGS``; its exit status."""
     line = ["--manager", manager, "--token", TOKEN, "--nvidia-runtime", "off", "--machine-id", "t"]
+    line += ["--image", IMAGE]
     if simulate:
         line += ["--simulate-gpus", "2"]
     environ = {"GPUHUB_DAEMON_JSON": str(daemon_json)}
@@ -449,28 +444,12 @@ def test_a_corrupt_daemon_json_is_refused_and_left_alone(daemon_json, manager, c
     assert daemon_json.read_text() == '{"log-driver": "json-file",' and engine.changes == []
 
 
-def test_settings_that_cannot_be_read_stop_before_any_change(
-    daemon_json, manager, capsys, monkeypatch
-):
-    def refused():
-        raise join.Stop("config.env line 3: GPUHUB_SINGLEUSER_IMAGE is 'Bad Name'; write ...")
-
-    monkeypatch.setattr(join, "singleuser_image", refused)
-    engine = FakeEngine(up=False)
-    assert setup(engine, daemon_json, manager) == 1
-    assert "GPUHUB_SINGLEUSER_IMAGE" in one_error_line(capsys)
-    assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
-
-
-def test_the_image_name_comes_from_the_settings_reader(monkeypatch, tmp_path):
-    """The real reader (deploy.settings): the environment over the checkout's defaults."""
-    monkeypatch.undo()  # this test's reader is the real one
-    monkeypatch.setenv("GPUHUB_CONFIG", "none")
-    monkeypatch.setenv("GPUHUB_SINGLEUSER_IMAGE", "example.org/course/singleuser:7")
-    assert join.singleuser_image() == "example.org/course/singleuser:7"
-    monkeypatch.setenv("GPUHUB_SLICES_PER_GPU", "three")
-    with pytest.raises(join.Stop, match="GPUHUB_SLICES_PER_GPU"):
-        join.singleuser_image()
+def test_the_image_is_the_join_lines_or_the_default_one():
+    """The join line names the hub's single-user image when it is not the default
+    (`make join-command`, deploy/steps.py); the GPU machine reads no settings of its own."""
+    assert parse_args(["--manager", "m", "--token", TOKEN]).image == contract.SINGLEUSER_IMAGE
+    named = parse_args(["--manager", "m", "--token", TOKEN, "--image", "example.org/su:7"])
+    assert named.image == "example.org/su:7"
 
 
 def test_servers_running_here_keep_the_engine_from_restarting(daemon_json, manager, capsys):

@@ -38,7 +38,6 @@ ALLOWED = {
     "prometheus_client",
     "gpu_swarm_spawner.contract",
     "worker_setup",
-    "deploy.settings",
 }
 #: Packages of the hub's environment that a GPU machine does not have.
 HUB_ONLY = ("jinja2", "traitlets", "jupyterhub", "dockerspawner", "docker")
@@ -118,18 +117,6 @@ def test_advertise_runs_with_nvidia_ml_py_alone(venvs, tmp_path):
     assert result.stderr.startswith("GPU 1 (PCI 00000000:2A:00.0) failed: GPU is lost;")
 
 
-def test_the_settings_read_with_nvidia_ml_py_alone(venvs, tmp_path):
-    """The worker setup reads the settings (the single-user image's name, ...) with
-    deploy.settings.read(), on a machine with nothing but the standard library and pynvml."""
-    for python in venvs:
-        result = run_in(
-            python, "-c", "from deploy.settings import read; print(read().singleuser_image)",
-            cwd=tmp_path, GPUHUB_CONFIG="none", GPUHUB_SINGLEUSER_IMAGE="10.0.0.5:5000/x:1",
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        assert result.stdout == "10.0.0.5:5000/x:1\n"
-
-
 def imports(source: str) -> list[tuple[int, str]]:
     """(line, module) of each absolute import in ``source``; ``from a import b`` gives a.b."""
     found = []
@@ -158,7 +145,7 @@ def test_worker_code_imports_only_the_standard_library_nvml_and_the_contract():
         for line, module in imports(path.read_text())
         if not allowed(module)
     ]
-    assert not wrong, "the worker may import the standard library, pynvml, contract and settings"
+    assert not wrong, "the worker may import the standard library, pynvml and the contract"
 
 
 def test_the_settings_import_only_the_standard_library_and_six_pure_modules():
