@@ -311,8 +311,8 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         Replaces SwarmSpawner's wait, which polls every 1-11 s and waits on an unplaceable
         task until the hub's start_timeout. Each task read is acted on by ``_follow``. As soon
         as Swarm has given the task its address on the network, the server's port is probed
-        every 0.1 s alongside the task polls, so the spawn ends when the server listens rather
-        than at the next (backed-off) task poll.
+        (every ``spawner_server.PORT_PROBE_S``) alongside the task polls, so the spawn ends when
+        the server listens rather than at the next (backed-off) task poll.
         """
         self.broker.created(self, self.object_id)
         loop = asyncio.get_running_loop()

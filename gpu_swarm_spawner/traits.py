@@ -402,7 +402,7 @@ class GPUSwarmSpawnerTraits(SpawnerInternals):
         After the container runs, wait until the server accepts connections where the hub will
         connect to it (``get_ip_and_port``: the task's address on the overlay network; the
         service name with ``use_internal_hostname``; ``host_ip`` and the published port with
-        ``use_internal_ip = False``) before handing it to the hub (probes every 0.1 s, at most
+        ``use_internal_ip = False``) before handing it to the hub (probes every 0.05 s, at most
         ``http_timeout``). Spawns then finish as soon as the server listens, instead of after
         the hub's backed-off checks. Turn off only where the hub cannot reach that address.
         """,
