@@ -217,6 +217,23 @@ def started_record(hub: Hub, user: str) -> Event | None:
     return next((e for e in reversed(found) if e.kind == "started"), None)
 
 
+def until_ready(hub: Hub, user: str, t0: float, timeout: float = 120) -> None:
+    """Until the hub says ``user``'s server is ready, as the spawn-pending page hears it: the
+    hub's progress stream (one request, the hub pushes the "ready" event; polling the REST API
+    every 0.05 s cost the hub's thread and the starting server's CPU a share the bare spawn
+    did not pay)."""
+    with hub.api("GET", f"/users/{user}/server/progress", stream=True) as stream:
+        for raw in stream.iter_lines():
+            if raw.startswith(b"data:") and json.loads(raw[5:]).get("ready"):
+                return
+            if time.monotonic() - t0 > timeout:
+                break
+    while not (hub.server(user) or {}).get("ready"):  # the stream ended first (a failure?)
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"{user} not ready after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 def spawn_once(hub: Hub, user: str, split: list | None = None) -> float:
     """Seconds from POST to ready for one spawn of ``user``'s server; ``split``: where its time
     went is appended (SPLIT), when the hub records it."""
@@ -225,10 +242,7 @@ def spawn_once(hub: Hub, user: str, split: list | None = None) -> float:
     r = hub.api("POST", f"/users/{user}/server")
     if r.status_code not in (201, 202):
         raise RuntimeError(f"spawn of {user} failed: {r.status_code} {r.text}")
-    while not (hub.server(user) or {}).get("ready"):
-        if time.monotonic() - t0 > 120:
-            raise TimeoutError(f"{user} not ready after 120 s")
-        time.sleep(0.05)
+    until_ready(hub, user, t0)
     elapsed, ready = time.monotonic() - t0, time.time()
     if split is not None:
         running, started = running_since(user), started_record(hub, user)
