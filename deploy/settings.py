@@ -997,12 +997,35 @@ def secret_file_problems(settings: dict[str, str]) -> list[str]:
         except ValueError as e:
             out.append(f"{key}: {path} {e}")
             continue
-        if open_to_others(path, mode):
+        bits = open_to_others(path, mode)
+        if tls_key and _group_name(os.stat(path).st_gid) in KEY_GROUPS:
+            bits &= ~stat.S_IRWXG  # a group made for reading private keys
+        if bits:
+            who = (
+                "others"
+                if bits & stat.S_IRWXO
+                else f"its group {_group_name(os.stat(path).st_gid)}"
+            )
             out.append(
-                f"{key}: {path} may be read by others (mode {stat.S_IMODE(mode):04o}); "
+                f"{key}: {path} may be read by {who} (mode {stat.S_IMODE(mode):04o}); "
                 f"run: chmod 600 {path}"
             )
     return out
+
+
+#: Groups made for reading private keys: Debian's and Ubuntu's ssl-cert (/etc/ssl/private is
+#: 0710 root:ssl-cert, its keys 0640, as ssl-cert-snakeoil.key): a TLS key its members may read
+#: is accepted (others still may not)
+KEY_GROUPS = ("ssl-cert",)
+
+
+def _group_name(gid: int) -> str:
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def _folder_mode(folder: Path) -> int | None:

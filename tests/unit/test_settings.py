@@ -1044,7 +1044,7 @@ def test_relative_files_are_found_beside_the_config_file_or_in_the_current_folde
     "content, mode, says",
     [
         (b"3c9f1e0d8b7a\n", 0o644, "may be read by others (mode 0644); run: chmod 600 "),
-        (b"3c9f1e0d8b7a\n", 0o640, "may be read by others (mode 0640); run: chmod 600 "),
+        (b"3c9f1e0d8b7a\n", 0o640, "may be read by its group staff (mode 0640); run: chmod 600 "),
         ("3c9f1e0d8b7a\r\n".encode("utf-16"), 0o600, "is saved as UTF-16"),
         (b"\n", 0o600, "is empty; write the OAuth app's client secret into it"),
         (b"3c9f1e0d8b7a\nold-secret\n", 0o600, "more than one line"),
@@ -1068,6 +1068,12 @@ def test_a_secret_file_others_may_read_or_holding_no_single_secret_is_refused(
     assert problem.startswith(f"{config} line 6: GPUHUB_GITHUB_CLIENT_SECRET_FILE: {secret} ")
     assert says in problem
     assert "3c9f1e0d8b7a" not in problem
+
+
+@pytest.fixture(autouse=True)
+def files_of_group_staff(monkeypatch):
+    """The group a file's mode lets read it is named "staff" (not this machine's groups)."""
+    monkeypatch.setattr(settings_module, "_group_name", lambda gid: "staff")
 
 
 @pytest.fixture(autouse=True)
@@ -1111,7 +1117,7 @@ def tls_files_config(tmp_path, cert_mode: int, key_mode: int | None) -> Path:
     "key_mode, says",
     [
         (0o644, "may be read by others (mode 0644); run: chmod 600 {key}"),
-        (0o640, "may be read by others (mode 0640); run: chmod 600 {key}"),
+        (0o640, "may be read by its group staff (mode 0640); run: chmod 600 {key}"),
         (0o604, "may be read by others (mode 0604); run: chmod 600 {key}"),
         (None, "is not a file; name the file holding the private key"),
     ],
@@ -1122,6 +1128,31 @@ def test_a_tls_key_others_may_read_is_refused_with_the_fix(tmp_path, key_mode, s
     key = tmp_path / "privkey.pem"
     assert refused_lines(str(config)) == [
         f"{config} line 3: GPUHUB_TLS_KEY: {key} {says.format(key=key)}"
+    ]
+
+
+def test_a_tls_key_the_ssl_cert_group_may_read_is_accepted_others_still_not(tmp_path, monkeypatch):
+    """Debian's and Ubuntu's way (ssl-cert-snakeoil.key: 0640 root:ssl-cert in /etc/ssl/private,
+    0710 root:ssl-cert): the group made for reading private keys may; others may not."""
+    config = tls_files_config(tmp_path, 0o644, 0o640)
+    key = tmp_path / "privkey.pem"
+    monkeypatch.setattr(settings_module, "_group_name", lambda gid: "ssl-cert")
+    assert read("up", environ={}, config=str(config), machine=MACHINE).tls == "files"
+    key.chmod(0o644)
+    assert refused_lines(str(config)) == [
+        f"{config} line 3: GPUHUB_TLS_KEY: {key} may be read by others (mode 0644); "
+        f"run: chmod 600 {key}"
+    ]
+    # a secret file is no TLS key: its group may not read it, whichever group
+    secret = tmp_path / "client-secret.txt"
+    secret.write_text("3c9f1e0d8b7a\n")
+    secret.chmod(0o640)
+    problems = settings_module.secret_file_problems(
+        {"GPUHUB_GITHUB_CLIENT_SECRET_FILE": str(secret)}
+    )
+    assert problems == [
+        f"GPUHUB_GITHUB_CLIENT_SECRET_FILE: {secret} may be read by its group ssl-cert "
+        f"(mode 0640); run: chmod 600 {secret}"
     ]
 
 
