@@ -409,16 +409,21 @@ def bench_single(hubs: dict[str, Hub], repeats: int) -> dict[str, list[float]]:
     stock_template, _ = server_template(hubs["stock"])
     print(f"  servers of GPUSwarmSpawner and bare: {describe_limits(template[0])}")
     print(f"  servers of stock SwarmSpawner:       {describe_limits(stock_template)}")
-    for name in ("bare", "stock", "gpu"):  # one warm-up each, not counted
-        for i in range(repeats + 1):
+    # in rounds, each variant once per round in a turning order: what the bed's machines go
+    # through over the run (volumes and exited containers piling up, other work) reaches every
+    # variant alike; the first round is a warm-up, not counted
+    names = ["bare", "stock", "gpu"]
+    for i in range(repeats + 1):
+        for name in names[i % 3 :] + names[: i % 3]:
             wait_quiet()
             if name == "bare":
                 t = bare_once(container, VARIANTS["gpu"]["NETWORK"], template, i)
             else:
-                user = f"bench-one-{RUN}-{i}"
+                user = f"bench-one-{RUN}-{name}-{i}"  # a new participant's, new home volume
                 t = spawn_once(hubs[name], user, split if i and name == "gpu" else None)
             if i:
                 times[name].append(t)
+    for name in names:
         print(f"  single spawn  {name:12s} {fmt(times[name])}", flush=True)
     print_split(split)
     bare = [b for b in BARE_SPLIT[-repeats:] if b]
