@@ -309,10 +309,10 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         """dockerspawner's hop after create_object: wait until the server listens.
 
         Replaces SwarmSpawner's wait, which polls every 1-11 s and waits on an unplaceable
-        task until the hub's start_timeout. Each task read is acted on by ``_follow``. As soon
-        as Swarm has given the task its address on the network, the server's port is probed
-        (every ``spawner_server.PORT_PROBE_S``) alongside the task polls, so the spawn ends when
-        the server listens rather than at the next (backed-off) task poll.
+        task until the hub's start_timeout. Each task read is acted on by ``_follow``. Once the
+        task runs, the server's port is probed (every ``spawner_server.PORT_PROBE_S``)
+        alongside the task polls, so the spawn ends when the server listens rather than at the
+        next (backed-off) task poll.
         """
         self.broker.created(self, self.object_id)
         loop = asyncio.get_running_loop()
@@ -330,7 +330,10 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
                     unallocated_check = None
                     await self._check_network_room()
                 new_task = bool(reading.task_id) and reading.task_id != probed_task
-                reachable = reading.address or reading.phase is Phase.RUNNING
+                # probed once the container runs: dialled earlier, before the container had
+                # joined the overlay, the address answered about 0.25 s late on the bed's
+                # machines (its first answer after the server listened; docs/benchmarks.md)
+                reachable = reading.phase is Phase.RUNNING
                 if self.probe_server and new_task and reachable:
                     if probe is not None:
                         probe.cancel()
@@ -355,7 +358,10 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
                     probe.result()  # a probe that failed (no published port) fails the start
                     self._report(95, "JupyterLab is answering")
                     return
-                delay = min(delay * 1.5, 2.0)
+                # backed off while Swarm places the task or its machine pulls the image; read
+                # often once the container is about to run, when the probe begins
+                about_to_run = reading.state in ("ready", "starting")
+                delay = self.task_poll_interval if about_to_run else min(delay * 1.5, 2.0)
         finally:
             if probe is not None:
                 probe.cancel()

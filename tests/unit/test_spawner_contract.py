@@ -145,3 +145,25 @@ async def test_no_pids_limit_by_default():
 def test_a_negative_pids_limit_is_refused_with_advice():
     with pytest.raises(TraitError, match=r"pids_limit must be 0 \(no limit\) or more, got -1"):
         make_fake(pids_limit=-1)
+
+
+# ---- the port probe ---------------------------------------------------------------------------
+
+
+async def test_the_server_is_probed_only_once_its_task_runs(listener):
+    """Dialled while the task had an address but no running container, the server's address
+    answered about 0.25 s late on the bed's machines: the probe waits for the task to run."""
+    spawner = make_fake(probe_server=True, port=listener.port, task_poll_interval=0.01)
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
+    spawner.task_address = "127.0.0.1"  # where the stand-in server listens
+    spawner.task_states = [{"State": "starting", "Message": "starting"}]
+    start = asyncio.ensure_future(spawner.start())
+    for _ in range(500):  # until the task was read many times, "starting"
+        if len(spawner.called("tasks")) >= 20 or start.done():
+            break
+        await asyncio.sleep(0.01)
+    assert listener.accepted == [] and not start.done()
+    (service,) = spawner.services.values()
+    service["task"]["Status"] = {"State": "running", "Message": "started"}
+    await asyncio.wait_for(start, timeout=5)
+    assert listener.accepted  # probed once it ran, and the start ended when it answered
