@@ -57,8 +57,9 @@ def read_secret(config: Config, name: str) -> str:
 
 def limit(config: Config, kind: str) -> str:
     """A limit per server as the organizer writes it (16G, not bytes); for none, what holds."""
-    if config.values[f"GPUHUB_{kind}_LIMIT"]:
-        return config.values[f"GPUHUB_{kind}_LIMIT"]
+    written = config.values[f"GPUHUB_{kind}_LIMIT"]
+    if written:
+        return written
     return "shared equally (no quota)" if kind == "CPU" else "none"
 
 

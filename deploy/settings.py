@@ -985,7 +985,8 @@ def secret_file_problems(settings: dict[str, str]) -> list[str]:
         if not (path and (secret or tls_key)):
             continue
         try:
-            mode = os.stat(path).st_mode
+            found = os.stat(path)
+            mode = found.st_mode
             if not stat.S_ISREG(mode):
                 held = "the secret" if secret else "the private key"
                 out.append(f"{key}: {path} is not a file; name the file holding {held}")
@@ -998,14 +999,11 @@ def secret_file_problems(settings: dict[str, str]) -> list[str]:
             out.append(f"{key}: {path} {e}")
             continue
         bits = open_to_others(path, mode)
-        if tls_key and _group_name(os.stat(path).st_gid) in KEY_GROUPS:
+        group = _group_name(found.st_gid)
+        if tls_key and group in KEY_GROUPS:
             bits &= ~stat.S_IRWXG  # a group made for reading private keys
         if bits:
-            who = (
-                "others"
-                if bits & stat.S_IRWXO
-                else f"its group {_group_name(os.stat(path).st_gid)}"
-            )
+            who = "others" if bits & stat.S_IRWXO else f"its group {group}"
             out.append(
                 f"{key}: {path} may be read by {who} (mode {stat.S_IMODE(mode):04o}); "
                 f"run: chmod 600 {path}"

@@ -299,6 +299,7 @@ def set_spawn_future(spawner, future) -> None:
 
 
 def log_name(spawner) -> str:
+    """JupyterHub's name of any spawner for the log (``user:server``)."""
     return spawner._log_name
 
 
@@ -323,7 +324,7 @@ class SpawnerInternals(SwarmSpawner):
 
     @property
     def log_name(self) -> str:
-        return self._log_name
+        return log_name(self)
 
     @property
     def last_start_error(self) -> BaseException | None:

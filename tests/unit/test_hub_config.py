@@ -439,17 +439,23 @@ print(json.dumps([before, wired()]))
 """
 
 
+def in_a_fresh_process(script: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``script`` run by a Python of its own, given the repository as its argument (this
+    process may hold changes other tests made)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(REPO)],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        check=check,
+    )
+
+
 def test_the_hub_config_wires_the_gate_the_listen_backlog_and_wal(hub_config):
     """jupyterhub_config.py makes the process-wide changes the hub relies on (internals.py:
     the gate's, hubdb's, priority's): none is in place before it is loaded, each is after. In a
     process of its own: this one may have them from other tests."""
-    out = subprocess.run(
-        [sys.executable, "-c", WIRED, str(REPO)],
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    out = in_a_fresh_process(WIRED)
     before, after = json.loads(out.stdout.splitlines()[-1])
     assert not any(before.values()), before
     assert all(after.values()), after
@@ -475,12 +481,7 @@ PyFileConfigLoader("jupyterhub_config.py", path=sys.argv[1]).load_config()
 def test_the_hub_config_stops_a_hub_of_another_jupyterhub_naming_the_pin(hub_config):
     """jupyterhub_config.py checks the versions internals.py was written for before anything
     else (the hub's reach-ins would otherwise fail quietly on another JupyterHub)."""
-    out = subprocess.run(
-        [sys.executable, "-c", ANOTHER_JUPYTERHUB, str(REPO)],
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-    )
+    out = in_a_fresh_process(ANOTHER_JUPYTERHUB, check=False)
     assert out.returncode != 0
     assert "jupyterhub 6.2.0 is installed" in out.stderr
     assert "images/hub/requirements.txt" in out.stderr
@@ -497,11 +498,5 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("worker_se
 def test_the_hub_loads_its_config_without_the_gpu_machines_code(hub_config):
     """The arrows run one way: the hub reads its settings (deploy.settings) and needs nothing
     of worker_setup (the GPU machines' code, its NVML test double)."""
-    out = subprocess.run(
-        [sys.executable, "-c", HUB_IMPORTS, str(REPO)],
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    out = in_a_fresh_process(HUB_IMPORTS)
     assert json.loads(out.stdout.splitlines()[-1]) == []

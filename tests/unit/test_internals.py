@@ -26,7 +26,7 @@ from jupyterhub.user import User
 from sqlalchemy import create_engine, text
 from tornado.tcpserver import TCPServer
 
-from gpu_swarm_spawner import GPUSwarmSpawner, gate, hubdb, internals
+from gpu_swarm_spawner import GPUSwarmSpawner, gate, internals
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "internals.md"
@@ -248,15 +248,3 @@ def test_the_docs_page_lists_every_reach_in_and_what_it_relies_on():
         assert f"| {name} |" in page, f"docs/internals.md has no row for {name!r}"
     for package, series in internals.WRITTEN_FOR.items():
         assert f"{package} {series}" in page
-
-
-def test_the_wiring_names_are_the_door_s():
-    wired = internals.wired(gate.SWAPS, hubdb.on_connect)
-    assert set(wired) == {
-        "handler tables",
-        "get_spawner",
-        "activity writers",
-        "listen backlog",
-        "hub start",
-        "sqlite connect",
-    }
