@@ -61,10 +61,10 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
         )
 
     _roster: frozenset[str] = frozenset()
-    # the mtime of the file the names were read from, and of the last one refused as no roster
-    # (RosterError: its text is wrong, so it is read again only once it changes)
-    _roster_mtime: float | None = None
-    _roster_refused_mtime: float | None = None
+    # the version (roster.version) of the file the names were read from, and of the last one
+    # refused as no roster (RosterError: its text is wrong, so it is read again once it changes)
+    _roster_version: tuple | None = None
+    _roster_refused_version: tuple | None = None
     _roster_lock: asyncio.Lock | None = None
 
     async def roster_usernames(self) -> frozenset[str]:
@@ -77,17 +77,17 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
         if not self.roster_file:
             return frozenset()
         try:
-            mtime = os.stat(self.roster_file).st_mtime
+            version = roster.version(os.stat(self.roster_file))
         except FileNotFoundError:
             self.log.error("Roster %s does not exist; nobody is let in by it", self.roster_file)
             return frozenset()
         self._roster_lock = self._roster_lock or asyncio.Lock()
         async with self._roster_lock:  # a login before this one may be reading this version
-            if mtime not in (self._roster_mtime, self._roster_refused_mtime):
-                await self._reload_roster(mtime)
+            if version not in (self._roster_version, self._roster_refused_version):
+                await self._reload_roster(version)
         return self._roster
 
-    async def _reload_roster(self, mtime: float) -> None:
+    async def _reload_roster(self, version: tuple) -> None:
         """Read the roster off the event loop; a file that cannot be read keeps the names."""
         try:
             found = await asyncio.to_thread(roster.read, self.roster_file)
@@ -99,10 +99,10 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
                 len(self._roster),
                 "; ".join(e.problems),
             )
-            self._roster_refused_mtime = mtime
+            self._roster_refused_version = version
         else:
             self.log.info("Roster %s: %s", self.roster_file, found.describe())
-            self._roster, self._roster_mtime = found.names, mtime
+            self._roster, self._roster_version = found.names, version
 
     async def check_allowed(self, username, auth_model):
         if username in await self.roster_usernames():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 import csv
 import io
+import os
 import re
 import zipfile
 from dataclasses import dataclass
@@ -159,6 +160,15 @@ def _login(value: str, in_table: bool = False) -> str:
 
 
 # ---- the file -------------------------------------------------------------------------------
+
+
+def version(stat: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What tells one content of a roster file from another without reading it: its file (device,
+    inode: a new file moved into place), size, and modification and change times in nanoseconds.
+    The modification time alone misses a copy that keeps the old one (``cp -p``, ``rsync -t``, an
+    unpacked archive) and two saves within one tick of a coarse clock (FAT, some network shares);
+    the change time moves with any write or rename and cannot be set back."""
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def read(path: str | Path) -> Roster:

@@ -122,6 +122,40 @@ async def test_an_unchanged_roster_is_not_read_again_and_a_changed_one_is(tmp_pa
     assert len(reads.threads) == 2
 
 
+async def test_a_roster_copied_over_with_its_old_time_kept_is_read_again(tmp_path, reads):
+    """`cp -p`, `rsync -t` or an unpacked archive keep a file's modification time: an edit that
+    keeps the size and the time is still a new roster."""
+    path = tmp_path / "roster.txt"
+    path.write_text("rosa\n")
+    before = path.stat()
+    auth = WorkshopGitHubOAuthenticator(roster_file=str(path))
+    assert not await auth.check_allowed("rick", model("rick"))
+
+    path.write_text("rick\n")  # as long as the old list
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns
+    assert await auth.check_allowed("rick", model("rick"))
+    assert not await auth.check_allowed("rosa", model("rosa"))
+    assert len(reads.threads) == 2
+
+
+async def test_a_roster_moved_into_place_with_the_same_time_is_read_again(tmp_path, reads):
+    """A list made elsewhere and moved over the roster (`mv`, an unpacked archive) is another file,
+    even with the old one's size and modification time."""
+    path = tmp_path / "roster.txt"
+    path.write_text("rosa\n")
+    before = path.stat()
+    auth = WorkshopGitHubOAuthenticator(roster_file=str(path))
+    assert not await auth.check_allowed("rick", model("rick"))
+
+    download = tmp_path / "download.txt"
+    download.write_text("rick\n")
+    os.utime(download, ns=(before.st_atime_ns, before.st_mtime_ns))
+    download.replace(path)
+    assert await auth.check_allowed("rick", model("rick"))
+    assert len(reads.threads) == 2
+
+
 async def test_logins_during_a_reload_share_that_one_reading(tmp_path, reads):
     path = tmp_path / "roster.txt"
     path.write_text("rosa\nrick\nrita\n")
