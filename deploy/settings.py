@@ -552,28 +552,34 @@ def _typed(settings, key) -> tuple[object, list[str]]:
         return None, [f"{key} is {value!r}; {e}"]
 
 
+#: Every whole-number setting and the range the checks hold it to (``None``: no upper bound).
+#: Config reads each as an ``int`` (CONVERTERS); a new one is declared here, once.
+WHOLE_NUMBERS: dict[str, tuple[int, int | None]] = {
+    "GPUHUB_HTTP_PORT": (1, 65535),
+    "GPUHUB_HTTPS_PORT": (1, 65535),
+    "GPUHUB_REGISTRY_PORT": (1, 65535),
+    "GPUHUB_SLICES_PER_GPU": (1, MAX_SLICES_PER_GPU),
+    "GPUHUB_SLICES_PER_SERVER": (1, MAX_SLICES_PER_GPU),
+    "GPUHUB_SIMULATE_IF_NO_GPU": (0, 16),
+    "GPUHUB_START_TIMEOUT": (10, None),
+    "GPUHUB_POLL_INTERVAL": (1, None),
+    "GPUHUB_DOCKER_API_THREADS": (1, 64),
+    "GPUHUB_HUB_CPU_SHARES": (0, 262144),
+    "GPUHUB_IDLE_TIMEOUT": (0, None),
+    "GPUHUB_CULL_EVERY": (1, None),
+    "GPUHUB_MAX_AGE": (0, None),
+    "GPUHUB_TUTORIAL_POLL": (1, None),
+    "GPUHUB_TUTORIAL_SYNC_REPLICAS": (0, 1),  # filled by the deploy
+    "GPUHUB_GUARD_METRICS_PORT": (0, 65535),
+    "GPUHUB_LINE_MAX_LENGTH": (0, None),
+    "GPUHUB_LINE_MAX_WAIT": (0, None),
+    "GPUHUB_CPU_ONLY_MAX": (0, None),
+}
+
+
 def _numbers(settings) -> list[str]:
     errors = []
-    for key, low, high in [
-        ("GPUHUB_HTTP_PORT", 1, 65535),
-        ("GPUHUB_HTTPS_PORT", 1, 65535),
-        ("GPUHUB_REGISTRY_PORT", 1, 65535),
-        ("GPUHUB_SLICES_PER_GPU", 1, MAX_SLICES_PER_GPU),
-        ("GPUHUB_SLICES_PER_SERVER", 1, MAX_SLICES_PER_GPU),
-        ("GPUHUB_SIMULATE_IF_NO_GPU", 0, 16),
-        ("GPUHUB_START_TIMEOUT", 10, None),
-        ("GPUHUB_POLL_INTERVAL", 1, None),
-        ("GPUHUB_DOCKER_API_THREADS", 1, 64),
-        ("GPUHUB_HUB_CPU_SHARES", 0, 262144),
-        ("GPUHUB_IDLE_TIMEOUT", 0, None),
-        ("GPUHUB_CULL_EVERY", 1, None),
-        ("GPUHUB_MAX_AGE", 0, None),
-        ("GPUHUB_TUTORIAL_POLL", 1, None),
-        ("GPUHUB_GUARD_METRICS_PORT", 0, 65535),
-        ("GPUHUB_LINE_MAX_LENGTH", 0, None),
-        ("GPUHUB_LINE_MAX_WAIT", 0, None),
-        ("GPUHUB_CPU_ONLY_MAX", 0, None),
-    ]:
+    for key, (low, high) in WHOLE_NUMBERS.items():
         errors += _int(settings, key, low, high)
     if errors:
         return errors
@@ -1205,30 +1211,7 @@ def environments(value: str) -> dict[str, str]:
 #: ``str``). A value that does not convert is a SettingsError naming the key, where it was set
 #: and what to write; ``problems`` checks these keys with the same functions.
 CONVERTERS: dict[str, Callable[[str], object]] = {
-    **dict.fromkeys(
-        (
-            "GPUHUB_HTTP_PORT",
-            "GPUHUB_HTTPS_PORT",
-            "GPUHUB_REGISTRY_PORT",
-            "GPUHUB_SLICES_PER_GPU",
-            "GPUHUB_SIMULATE_IF_NO_GPU",
-            "GPUHUB_START_TIMEOUT",
-            "GPUHUB_DOCKER_API_THREADS",
-            "GPUHUB_HUB_CPU_SHARES",
-            "GPUHUB_SLICES_PER_SERVER",
-            "GPUHUB_POLL_INTERVAL",
-            "GPUHUB_TUTORIAL_POLL",
-            "GPUHUB_IDLE_TIMEOUT",
-            "GPUHUB_CULL_EVERY",
-            "GPUHUB_MAX_AGE",
-            "GPUHUB_TUTORIAL_SYNC_REPLICAS",
-            "GPUHUB_GUARD_METRICS_PORT",
-            "GPUHUB_LINE_MAX_LENGTH",
-            "GPUHUB_LINE_MAX_WAIT",
-            "GPUHUB_CPU_ONLY_MAX",
-        ),
-        _whole_number,
-    ),
+    **dict.fromkeys(WHOLE_NUMBERS, _whole_number),
     **dict.fromkeys(
         ("GPUHUB_GUARD_WARN_PERCENT", "GPUHUB_GUARD_STOP_PERCENT", "GPUHUB_GUARD_GRACE_SECONDS"),
         _number,
