@@ -203,6 +203,64 @@ def test_check_fails_with_one_line_when_the_page_is_stale(tmp_path, capsys):
     assert reference.main(["--check"], root=tmp_path) == 0
 
 
+# ---- the options reference (docs/options.md, from the traits) ---------------------------------
+
+
+def test_options_reference_is_what_the_traits_say():
+    from gpu_swarm_spawner import reference as options
+
+    page = REPO / options.PAGE
+    assert page.exists(), "docs/options.md is missing: run make docs"
+    assert page.read_text(encoding="utf-8") == options.page(REPO), options.STALE
+
+
+def test_every_option_the_hub_sets_from_a_setting_says_so():
+    from gpu_swarm_spawner import reference as options
+
+    text = (REPO / options.PAGE).read_text(encoding="utf-8")
+    sections = dict(re.findall(r"^### (\S+)\n\n(.*)$", text, re.M))
+    from_settings = options.set_from((REPO / "jupyterhub_config.py").read_text())
+    listed = {(cls.__name__, name) for cls in options.classes() for name in options.own_traits(cls)}
+    ours = {key: setting for key, setting in from_settings.items() if key in listed}
+    assert len(ours) > 12, ours
+    for (cls, name), setting in ours.items():
+        assert f"set from [`{setting}`](configuration.md#" in sections[f"{cls}.{name}"], name
+
+
+def test_render_gives_each_option_its_kind_default_setting_and_help():
+    from traitlets import Enum, Float, Integer
+    from traitlets.config import Configurable
+
+    from gpu_swarm_spawner import reference as options
+
+    class Knobs(Configurable):
+        """Knobs of a sample.
+
+        More that the page leaves out."""
+
+        turns = Integer(
+            3, min=1, config=True, help="How many turns.\n\n        Each one takes a second."
+        )
+        mode = Enum(["fast", "slow"], default_value="slow", config=True, help="How it turns.")
+        ratio = Float(0.5, config=True, help="")
+
+    page = options.render(
+        [Knobs],
+        "c.Knobs.turns = cfg.turn_count\n",
+        {"GPUHUB_TURN_COUNT": "gpuhub_turn_count"},
+        package=__name__.split(".")[0],
+    )
+    assert "\n## Knobs\n\nKnobs of a sample.\n" in page and "More that" not in page
+    assert (
+        "### Knobs.turns\n\na whole number, at least 1; default `3`; set from "
+        "[`GPUHUB_TURN_COUNT`](configuration.md#gpuhub_turn_count).\n\nHow many turns.\n\n"
+        "Each one takes a second.\n"
+    ) in page
+    assert "### Knobs.mode\n\none of `fast`, `slow`; default `'slow'`.\n\nHow it turns.\n" in page
+    assert "### Knobs.ratio\n\na number; default `0.5`.\n" in page
+    assert page.index("Knobs.mode") < page.index("Knobs.ratio") < page.index("Knobs.turns")
+
+
 # ---- links and anchors -------------------------------------------------------------------------
 
 
