@@ -357,7 +357,11 @@ def parse_repos(text: str) -> list[Repo]:
         first = seen.setdefault(repo.name.lower(), repo)
         if first is repo:
             continue
-        same = "twice" if first.name == repo.name else f"as {first.name!r} and {repo.name!r}"
+        same = "twice" + (
+            ""
+            if first.name == repo.name
+            else f", as {first.name!r} and {repo.name!r} (case does not make two names)"
+        )
         problems.append(
             f"the NAME {repo.name!r} is given {same} ({redact(first.url)} and "
             f"{redact(repo.url)}); each repository is its own folder on the share: give each a "

@@ -165,7 +165,7 @@ REFUSED = {
     ),
     "two names differing in case": (
         f"gpu101={G} GPU101=https://github.com/gpu-school/gpu101-extra.git",
-        ["as 'gpu101' and 'GPU101'"],
+        ["'GPU101' is given twice, as 'gpu101' and 'GPU101' (case does not make two names)"],
     ),
     "no name": (G, ["has no NAME", f"gpu101={G}"]),
     "an empty name": (f"={G}", ["has no NAME", f"gpu101={G}"]),
