@@ -129,9 +129,19 @@ _ORG = _LOGIN
 # A team's slug: GitHub makes it from the team's name, lower case, other characters as '-'.
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _PROFILE = re.compile(r"^(?:https?://)?(?:www\.)?github\.com/([^/?#\s]+)/?$", re.IGNORECASE)
+# pages of github.com an organizer may copy from the browser: a team's page or one of its tabs
+# (members, child teams, repositories), and the organization's own page under /orgs/ or its
+# people tab
 _TEAM_PAGE = re.compile(
-    r"^(?:https?://)?(?:www\.)?github\.com/orgs/([^/\s]+)/teams/([^/?#\s]+)/?$", re.IGNORECASE
+    r"^(?:https?://)?(?:www\.)?github\.com/orgs/([^/\s]+)/teams/([^/?#\s]+)"
+    r"(?:/(?:members|teams|repositories))?/?(?:[?#]\S*)?$",
+    re.IGNORECASE,
 )
+_ORG_PAGE = re.compile(
+    r"^(?:https?://)?(?:www\.)?github\.com/orgs/([^/?#\s]+)(?:/people)?/?(?:[?#]\S*)?$",
+    re.IGNORECASE,
+)
+_ADDRESS = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|(?:www\.)?github\.com/)", re.IGNORECASE)
 
 
 def _split(value: str) -> list[str]:
@@ -172,32 +182,65 @@ def _org_entries(value: str) -> list[str]:
         return [entry.strip() for entry in value.split(",") if entry.strip()]
     entries: list[str] = []
     for word in value.split():
-        if entries and ":" in entries[-1] and "/" not in word and ":" not in word:
+        if entries and _names_a_team(entries[-1]) and "/" not in word and ":" not in word:
             entries[-1] += " " + word
         else:
             entries.append(word)
     return entries
 
 
+def _names_a_team(entry: str) -> bool:
+    """Whether ``entry`` is written ORG:TEAM (a web address's ``https:`` is no team's colon)."""
+    return not _ADDRESS.match(entry) and ":" in entry
+
+
+def _page_of(entry: str) -> tuple[str, str | None]:
+    """The organization and team (None for none) a github.com address names; ValueError with
+    what to write for any other address."""
+    team_page, org_page, profile = (
+        pattern.match(entry) for pattern in (_TEAM_PAGE, _ORG_PAGE, _PROFILE)
+    )
+    if team_page:
+        return team_page.group(1), team_page.group(2)
+    if org_page or profile:
+        return (org_page or profile).group(1), None
+    path = re.sub(r"^[a-z][a-z0-9+.-]*://", "", entry, flags=re.IGNORECASE)
+    host, _, path = path.partition("/")
+    if host.lower().removeprefix("www.") != "github.com":
+        raise ValueError(
+            "not on GitHub; write the GitHub organization, ORG as in https://github.com/ORG"
+        )
+    parts = [part.lower() for part in re.split(r"[/?#]", path) if part]
+    (org,) = (parts[1:2] if parts[:1] == ["orgs"] else parts[:1]) or ["ORG"]
+    raise ValueError(
+        f"not the page of an organization or a team; write the organization, {org}, or one of "
+        f"its teams as {org}:TEAM (TEAM: the end of the team's page address, "
+        f"https://github.com/orgs/{org}/teams/TEAM)"
+    )
+
+
 def organizations(value: str) -> list[str]:
     """GPUHUB_ALLOWED_ORGS: GitHub organizations (``ORG``) and teams (``ORG:TEAM``, the team's
     slug), separated by commas, or by blanks when no team is followed by a bare organization.
     GitHub's other ways of naming them are taken too: ``@ORG/TEAM``, ``ORG/TEAM``, the team's
-    page https://github.com/orgs/ORG/teams/TEAM and https://github.com/ORG. In lower case (as
-    GitHub matches them), each once, in the order written."""
+    page https://github.com/orgs/ORG/teams/TEAM (or its members, teams or repositories tab),
+    https://github.com/ORG and https://github.com/orgs/ORG (or its people tab); any other
+    address is refused with the form to write. In lower case (as GitHub matches them), each
+    once, in the order written."""
     found: list[str] = []
     wrong = []
     for entry in _org_entries(value):
-        team_page, profile = _TEAM_PAGE.match(entry), _PROFILE.match(entry)
-        if team_page:
-            org, team = team_page.groups()
-        elif profile:
-            org, team = profile.group(1), None
+        if _ADDRESS.match(entry) and not any(ch.isspace() for ch in entry):
+            try:
+                org, team = _page_of(entry)
+            except ValueError as error:
+                wrong.append(f"{entry!r} is {error}")
+                continue
         else:
             text = entry.removeprefix("@")
             org, sep, team = text.replace("/", ":", 1).partition(":")
             team = team if sep else None
-        if entry.count(":") > 1:
+        if entry.count(":") > 1 and not _ADDRESS.match(entry):
             wrong.append(f"{entry!r}: write ORG or ORG:TEAM, with one ':'")
         elif any(ch.isspace() for ch in entry) and team is None:
             wrong.append(

@@ -388,6 +388,15 @@ class _Problems:
         return out
 
 
+def _unquoted(line: str) -> str:
+    """A list's line written as a quoted CSV cell (R's write.csv, LibreOffice's "quote all text
+    cells" write a one-column file so): the text inside the quotes; any other line as it is."""
+    bare = line.strip(_AROUND)
+    if len(bare) > 1 and bare[0] == bare[-1] == '"':
+        return bare[1:-1].replace('""', '"')
+    return line
+
+
 def _take(cell: str, line: int, names: set[str], problems: _Problems, in_table: bool) -> None:
     for value in _SEPARATORS.split(cell):
         if not value.strip(_AROUND):
@@ -429,7 +438,7 @@ def parse(text: str, source: str = "roster") -> Roster:
     if column is None:  # a list: every line, every value between commas, is a username
         for number, line in enumerate(lines, start=1):
             if number != skip and not (excel and number == 1):
-                _take(line.split("#", 1)[0], number, names, problems, in_table=False)
+                _take(_unquoted(line.split("#", 1)[0]), number, names, problems, in_table=False)
     else:
         unclosed = _unclosed_quote(text, delimiter)
         if unclosed:

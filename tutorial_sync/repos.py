@@ -124,7 +124,7 @@ class Repo:
         except ValueError as e:  # no message shows a credential, whatever its form
             raise ValueError(redact(str(e))) from None
         branch = branch.removeprefix("refs/heads/") or found_branch or DEFAULT_BRANCH
-        _check_branch(name, branch)
+        _check_branch(name, url, branch)
         return cls(name, url, branch, poll=not colon)
 
 
@@ -232,6 +232,12 @@ def _checked_url(name: str, url: str) -> tuple[str, str]:
         raise ValueError(
             f"{name}: {shown!r} names no repository; write {scheme}://HOST/OWNER/REPO.git"
         )
+    pinned = re.fullmatch(r"(?P<repo>.+\.git)@(?P<ref>[^/@]+)", path)
+    if pinned:  # pip's form, git+https://HOST/OWNER/REPO.git@REF
+        raise ValueError(
+            f"{name}: {shown!r} names a version after '@', as pip does; write "
+            f"{name}={scheme}://{netloc}{pinned['repo']}#{pinned['ref']} (the branch after '#')"
+        )
     branch = ""
     if host in _GITHUB_HOSTS:
         parts_of_path = [p for p in path.split("/") if p]
@@ -261,8 +267,14 @@ def _without_credentials(url: str) -> str:
 _BAD_REF = re.compile(r"(^[-/.]|\.\.|@\{|[~^:?*\[\\\s]|//|/\.|\.lock$|\.lock/|[/.]$)")
 
 
-def _check_branch(name: str, branch: str) -> None:
-    """A branch name git accepts (git check-ref-format's rules)."""
+def _check_branch(name: str, url: str, branch: str) -> None:
+    """A branch name git accepts (git check-ref-format's rules), and no commit id."""
+    if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", branch):
+        raise ValueError(
+            f"{name}: {branch[:12]}... is a commit id, but the sync service publishes a branch "
+            f"and follows it; write the branch, e.g. {name}={url}#{DEFAULT_BRANCH} (to keep one "
+            "version: git branch NAME COMMIT, git push origin NAME, and write #NAME)"
+        )
     if branch == "@" or _BAD_REF.search(branch) or _odd_character(branch):
         raise ValueError(
             f"{name}: {branch!r} is not a branch name git accepts; write the branch as "
@@ -357,7 +369,11 @@ def parse_repos(text: str) -> list[Repo]:
         first = seen.setdefault(repo.name.lower(), repo)
         if first is repo:
             continue
-        same = "twice" if first.name == repo.name else f"as {first.name!r} and {repo.name!r}"
+        same = "twice" + (
+            ""
+            if first.name == repo.name
+            else f", as {first.name!r} and {repo.name!r} (case does not make two names)"
+        )
         problems.append(
             f"the NAME {repo.name!r} is given {same} ({redact(first.url)} and "
             f"{redact(repo.url)}); each repository is its own folder on the share: give each a "

@@ -165,7 +165,7 @@ REFUSED = {
     ),
     "two names differing in case": (
         f"gpu101={G} GPU101=https://github.com/gpu-school/gpu101-extra.git",
-        ["as 'gpu101' and 'GPU101'"],
+        ["'GPU101' is given twice, as 'gpu101' and 'GPU101' (case does not make two names)"],
     ),
     "no name": (G, ["has no NAME", f"gpu101={G}"]),
     "an empty name": (f"={G}", ["has no NAME", f"gpu101={G}"]),
@@ -197,5 +197,10 @@ REFUSED = {
         ["U+200B (zero width space)"],
     ),
     "a branch git refuses": (f"gpu101={G}#day..2", ["not a branch name git accepts"]),
+    "a commit id for a branch": (
+        f"gpu101={G}#0123456789abcdef0123456789abcdef01234567",
+        ["0123456789ab... is a commit id", "publishes a branch", f"gpu101={G}#main", "#NAME"],
+    ),
+    "pip's @version": (f"gpu101={G}@v1.0", ["after '@', as pip does", f"gpu101={G}#v1.0"]),
     "a port that is no number": ("lab=https://git.uni.example:x/ws/lab.git", ["no number"]),
 }

@@ -258,6 +258,31 @@ async def test_a_push_whose_sync_failed_is_answered_502_and_its_redelivery_syncs
     assert json.loads(third.body) == {"ok": True, "duplicate": "d-f"}
 
 
+async def test_a_push_git_could_not_fetch_is_not_handled_until_a_redelivery_publishes_it(
+    service, author
+):
+    """git itself fails, not a stand-in: the repository is away from its remote when GitHub's
+    push arrives (renamed on the server), then back; Redeliver of that delivery publishes."""
+    author.write("intro.ipynb", '{"cells": ["second"]}')
+    author.commit_and_push("second")
+    away = author.remote.with_name("moved.git")
+    author.remote.rename(away)
+    body = push_payload(author)
+    first = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-away")
+    assert first.code == 502, first.body
+    assert "remote.git" in json.loads(first.body)["error"]  # git's words: what could not be read
+    assert "Redeliver" in json.loads(first.body)["error"]
+    assert not service.deliveries.seen("d-away") and service.status["intro"].commit == ""
+    [shown] = await webhook_status(service)
+    assert shown["delivery"] == "d-away" and shown["code"] == 502
+
+    away.rename(author.remote)
+    again = await post_webhook(service, body, webhook.signature(SECRET, body), delivery="d-away")
+    assert again.code == 200 and json.loads(again.body)["synced"] == ["intro"], again.body
+    assert service.status["intro"].commit == author.git("rev-parse", "HEAD")
+    assert (service.publisher.root / "intro" / "intro.ipynb").read_text() == '{"cells": ["second"]}'
+
+
 async def test_a_sync_slower_than_githubs_patience_is_answered_202_and_a_failure_stays_open(
     service, author, monkeypatch
 ):

@@ -418,6 +418,17 @@ def test_shell_exports_with_quotes_reach_the_hub_and_the_spawner_as_meant(hub_co
     assert cfg.pids_limit is None and spawner.pids_limit == 0
 
 
+def test_addresses_copied_from_githubs_pages_reach_the_authenticator_as_teams_and_orgs(
+    hub_config, tmp_path
+):
+    cfg, config = through_the_hub(hub_config, tmp_path, "browser-addresses.env")
+    authenticator = WorkshopGitHubOAuthenticator(config=config)
+    # a team's members tab and an organization's people tab, as the address bar shows them
+    assert authenticator.allowed_organizations == {"gpu-school:teaching-assistants", "gpu-lab"}
+    assert authenticator.admin_users == {"ada"}  # https://github.com/ada
+    assert spawner_of(config).service_resources()["Limits"]["MemoryBytes"] == 16 * GIB  # 16g
+
+
 def test_a_teams_display_name_never_reaches_the_authenticator(tmp_path):
     path = organizers_file(tmp_path, "team-display-name.env")
     with pytest.raises(SettingsError) as refused:

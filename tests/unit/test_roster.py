@@ -49,6 +49,8 @@ READ = {
     "notepad-list.txt": ({"ada-l", "grace-h", "linus-t", "aturing"}, "", set()),
     "one-line-list.txt": ({"ada-l", "grace-h", "linus-t", "aturing"}, "", set()),
     "one-column-github.csv": ({"ada-l", "grace-h"}, "", {"github"}),
+    # R's write.csv (and LibreOffice's "quote all text cells"): every cell in quotes
+    "r-write-csv-one-column.csv": ({"ada-l", "grace-h", "linus-t", "aturing"}, "", {"github"}),
     "comment-above-header.csv": ({"ada-l", "linus-t"}, "C 'GitHub'", {"grace-h", "name"}),
     "legacy-logins.txt": ({"name-", "a--b", "x", "9"}, "", set()),
     # the university's logins in Username, the GitHub accounts in GitHub (issue 30, class 1)

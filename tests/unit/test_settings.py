@@ -886,6 +886,13 @@ def test_an_admin_that_is_no_login_is_refused_with_the_form_to_write(base, value
         ("@gpu-school/tutors", ["gpu-school:tutors"]),  # as GitHub mentions a team
         ("https://github.com/orgs/gpu-school/teams/tutors", ["gpu-school:tutors"]),
         ("https://github.com/gpu-school", ["gpu-school"]),
+        # the address bar on the team's members tab, the organization's people tab
+        ("https://github.com/orgs/gpu-school/teams/tutors/members", ["gpu-school:tutors"]),
+        ("https://github.com/orgs/GPU-School/people", ["gpu-school"]),
+        (
+            "https://github.com/orgs/gpu-school/teams/tutors other-org",
+            ["gpu-school:tutors", "other-org"],
+        ),
     ],
 )
 def test_allowed_orgs_are_organizations_and_team_slugs(base, value, orgs):
@@ -908,6 +915,26 @@ def test_a_teams_display_name_is_refused_with_its_slug_and_where_to_find_it(base
     assert problem.startswith("GPUHUB_ALLOWED_ORGS: 'gpu-school:")
     assert "write the team's slug, gpu-school:teaching-assistants" in problem.lower()
     assert "https://github.com/orgs/gpu-school/teams/teaching-assistants" in problem
+    with pytest.raises(SettingsError):
+        Config({**base, "GPUHUB_ALLOWED_ORGS": value})
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        (
+            "https://github.com/gpu-school/gpu101",
+            "is not the page of an organization or a team; write the organization, gpu-school, "
+            "or one of its teams as gpu-school:TEAM (TEAM: the end of the team's page address, "
+            "https://github.com/orgs/gpu-school/teams/TEAM)",
+        ),
+        ("https://github.com/orgs/gpu-school/teams", "write the organization, gpu-school, or"),
+        ("https://gitlab.com/gpu-school", "is not on GitHub; write the GitHub organization"),
+    ],
+)
+def test_an_address_of_no_organization_or_team_is_refused_with_what_to_write(base, value, says):
+    (problem,) = problems(github(base, GPUHUB_ALLOWED_ORGS=value))
+    assert problem.startswith(f"GPUHUB_ALLOWED_ORGS: {value!r} is ") and says in problem
     with pytest.raises(SettingsError):
         Config({**base, "GPUHUB_ALLOWED_ORGS": value})
 
