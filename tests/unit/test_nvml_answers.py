@@ -240,6 +240,9 @@ def test_names_and_uuids_that_are_not_utf8_are_read_with_the_bad_bytes_replaced(
 # ---- slices the hub would not use ----------------------------------------------------------
 
 
+SLICE_KEYS = ("GPUHUB_SLICES_PER_GPU", "GPUHUB_SLICES_PER_SERVER")
+
+
 def test_the_hub_and_the_join_share_one_limit_of_slices_a_gpu(monkeypatch, capsys):
     """The hub's check of GPUHUB_SLICES_PER_GPU and the join take the limit from one place:
     changed there, both move."""
@@ -248,8 +251,13 @@ def test_the_hub_and_the_join_share_one_limit_of_slices_a_gpu(monkeypatch, capsy
     machine = settings.Machine(cpus=16, memory=64 * 1024**3, gpus=0)
     hub = settings.resolve_auto(settings.Settings(values, {}), machine).values
     assert settings.problems(hub, mode="demo") == []
+    # the check's range is the contract's limit, as the join's is
+    ranges = {key: settings.WHOLE_NUMBERS[key] for key in SLICE_KEYS}
+    assert ranges == dict.fromkeys(SLICE_KEYS, (1, MAX_SLICES_PER_GPU))
+    assert advertise.MAX_SLICES_PER_GPU == MAX_SLICES_PER_GPU
     for limit in (MAX_SLICES_PER_GPU, 8):
-        monkeypatch.setattr(settings, "MAX_SLICES_PER_GPU", limit)
+        for key in SLICE_KEYS:
+            monkeypatch.setitem(settings.WHOLE_NUMBERS, key, (1, limit))
         monkeypatch.setattr(advertise, "MAX_SLICES_PER_GPU", limit)
         over = {**hub, "GPUHUB_SLICES_PER_GPU": str(limit + 1)}
         assert f"GPUHUB_SLICES_PER_GPU is {limit + 1}; write at least 1 and at most {limit}" in (
