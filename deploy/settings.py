@@ -33,7 +33,7 @@ from typing import Callable, NoReturn, TypeVar
 
 from deploy import values as typed
 from gpu_swarm_spawner import roster
-from gpu_swarm_spawner.contract import MAX_SLICES_PER_GPU
+from gpu_swarm_spawner.contract import MAX_SLICES_PER_GPU, GuardSettings
 from tutorial_sync import credentials
 from tutorial_sync.repos import Repo, ReposError, parse_repos, redact
 
@@ -812,11 +812,8 @@ _DURATION = re.compile(r"^(?:[0-9]+(?:ms|s|m|h|d|w|y))+$")
 
 
 def _guard(settings) -> list[str]:
-    """The GPU guard's settings, checked by the guard's own reader (the GPU machines get them
-    from the join line). Imported here: the hub reads its settings with this module and needs
-    nothing of the GPU machines' code."""
-    from worker_setup.guard_policy import GuardSettings
-
+    """The GPU guard's settings, checked by the guard's own reader (the contract's; the GPU
+    machines get them from the join line)."""
     try:
         GuardSettings.parse({k: v for k, v in settings.items() if k in GUARD_KEYS})
     except ValueError as e:

@@ -25,7 +25,6 @@ from docker.errors import APIError, BuildError, DockerException, ImageNotFound, 
 
 from gpu_swarm_spawner import contract, roster
 from worker_setup import advertise, engine
-from worker_setup.guard_policy import GuardSettings
 from worker_setup.guard_service import METRICS_PORT
 
 from .console import DeployError, Log, run
@@ -422,7 +421,7 @@ def ensure_ports_free(client, config: Config, keys: list[str], log: Log) -> None
 def guard_options(config: Config) -> str:
     """The join line's --guard-* options: the GPUHUB_GUARD_* settings that differ from the
     guard's own defaults (" --guard-mode enforce ..."; "" when none do)."""
-    defaults = GuardSettings()
+    defaults = contract.GuardSettings()
     wanted = [
         ("mode", config.guard_mode, defaults.mode),
         ("warn-percent", config.guard_warn_percent, defaults.warn_percent),

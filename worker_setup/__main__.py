@@ -16,7 +16,6 @@ from gpu_swarm_spawner import contract
 
 from . import advertise, guard_service, join, shared_folders
 from .docker_cli import DockerCLI
-from .guard_policy import GuardSettings
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 
@@ -87,7 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     advertise.check_gpu_arguments(parser, args)
     try:
-        GuardSettings(
+        contract.GuardSettings(
             args.guard_mode,
             args.guard_warn_percent,
             args.guard_stop_percent,

@@ -25,22 +25,11 @@ The rules, each round:
 - A participant whose GPU is missing from the reading (NVML could not read it) is left as they
   were: no action, their grace neither reset nor advanced to a stop until it is read again.
 
-Settings (``GuardSettings``; ``GuardSettings.parse`` reads them as the organizer writes them):
+The settings (``GuardSettings``: the warn and stop lines, the grace, the mode) live in
+gpu_swarm_spawner/contract.py: the organizer's settings (deploy.settings) check them with the
+same rules before the join line passes them on.
 
-``GPUHUB_GUARD_MODE`` (``mode``), default ``warn``
-    ``off`` (nothing is read or done), ``warn`` (participants over budget are warned, nothing is
-    stopped) or ``enforce`` (warned, then stopped after the grace).
-``GPUHUB_GUARD_WARN_PERCENT`` (``warn_percent``), default 100
-    The warn line, in percent of the participant's budget, e.g. 100: warned as soon as they
-    use more than their budget. Above 0.
-``GPUHUB_GUARD_STOP_PERCENT`` (``stop_percent``), default 110
-    The stop line, in percent of the budget; at least the warn percentage, e.g. 110: a
-    participant at 105% is warned but never stopped.
-``GPUHUB_GUARD_GRACE_SECONDS`` (``grace_seconds``), default 60
-    Seconds between the first warning and the first stop, for the participant to free memory
-    (``torch.cuda.empty_cache()``, restarting a kernel). 0 stops at once in ``enforce`` mode.
-
-Standard library only: it runs on the GPU machines.
+Standard library (and the contract) only: it runs on the GPU machines.
 """
 
 from __future__ import annotations
@@ -49,94 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Union
 
-MODES = ("off", "warn", "enforce")
-
-
-@dataclass(frozen=True)
-class GuardSettings:
-    """The guard's settings (the module docstring documents each); invalid values raise
-    ``ValueError`` naming the setting and what to write."""
-
-    mode: str = "warn"
-    warn_percent: float = 100.0
-    stop_percent: float = 110.0
-    grace_seconds: float = 60.0
-
-    def __post_init__(self) -> None:
-        problems = self.problems()
-        if problems:
-            raise ValueError("; ".join(problems))
-
-    def problems(self) -> list[str]:
-        found = []
-        if self.mode not in MODES:
-            found.append(f"GPUHUB_GUARD_MODE is {self.mode!r}; write one of: {', '.join(MODES)}")
-        numbers = (("WARN_PERCENT", self.warn_percent), ("STOP_PERCENT", self.stop_percent),
-                   ("GRACE_SECONDS", self.grace_seconds))  # fmt: skip
-        bad = [name for name, value in numbers if not _is_number(value)]
-        for name, value in numbers:
-            if name in bad:
-                found.append(f"GPUHUB_GUARD_{name} is {value!r}; write a number, e.g. 100")
-        if "WARN_PERCENT" not in bad and self.warn_percent <= 0:
-            found.append(
-                f"GPUHUB_GUARD_WARN_PERCENT is {self.warn_percent:g}; write a percentage of the "
-                "budget above 0, e.g. 100"
-            )
-        if not {"WARN_PERCENT", "STOP_PERCENT"} & set(bad) and (
-            self.stop_percent < self.warn_percent
-        ):
-            found.append(
-                f"GPUHUB_GUARD_STOP_PERCENT is {self.stop_percent:g}, below "
-                f"GPUHUB_GUARD_WARN_PERCENT ({self.warn_percent:g}); write at least "
-                f"{self.warn_percent:g}, e.g. {self.warn_percent * 1.1:g}"
-            )
-        if "GRACE_SECONDS" not in bad and self.grace_seconds < 0:
-            found.append(
-                f"GPUHUB_GUARD_GRACE_SECONDS is {self.grace_seconds:g}; write 0 or more "
-                "seconds, e.g. 60"
-            )
-        return found
-
-    @classmethod
-    def parse(cls, values: Mapping[str, str]) -> GuardSettings:
-        """From ``{"GPUHUB_GUARD_MODE": "enforce", ...}`` (missing ones: the defaults); every
-        problem in one ``ValueError``."""
-        kwargs: dict[str, str | float] = {}
-        problems = []
-        mode = values.get("GPUHUB_GUARD_MODE")
-        if mode is not None:
-            kwargs["mode"] = mode.strip().lower()
-        for name in ("warn_percent", "stop_percent", "grace_seconds"):
-            key = f"GPUHUB_GUARD_{name.upper()}"
-            text = values.get(key)
-            if text is None:
-                continue
-            try:
-                number = float(text.strip().rstrip("%" if "percent" in name else ""))
-            except ValueError:
-                number = float("nan")
-            if number != number or number in (float("inf"), float("-inf")):
-                example = "60" if name == "grace_seconds" else "100"
-                problems.append(f"{key} is {text!r}; write a number, e.g. {example}")
-            else:
-                kwargs[name] = number
-        try:
-            settings = cls(**kwargs)  # type: ignore[arg-type]
-        except ValueError as error:
-            problems.append(str(error))
-            settings = None
-        if problems:
-            raise ValueError("; ".join(problems))
-        return settings
-
-
-def _is_number(value) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and value == value
-        and value not in (float("inf"), float("-inf"))
-    )
+from gpu_swarm_spawner.contract import GuardSettings
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .guard_policy import MODES, GuardSettings
+from gpu_swarm_spawner.contract import GUARD_MODES, GuardSettings
 
 #: Where the guard serves its Prometheus metrics unless told otherwise.
 METRICS_PORT = 9445
@@ -47,7 +47,7 @@ def add_options(group: argparse._ActionsContainer, prefix: str = "") -> None:
     group.add_argument(
         f"--{prefix}mode",
         default=d.mode,
-        choices=MODES,
+        choices=GUARD_MODES,
         help="off, warn (participants over budget) or enforce (then stop)",
     )
     for name, default, metavar, text in (

@@ -1,5 +1,6 @@
 """The deployed stack on a real swarm: a user's server holds exactly one GPU slice."""
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -50,6 +51,29 @@ def test_hub_serves_its_api_and_login_page(hub):
         ["python3", "-c", WAL_MODE, "/srv/jupyterhub/data/jupyterhub.sqlite"]
     )
     assert mode.output.decode().strip() == "wal", mode.output
+
+
+#: Run in the hub's image: what the stack runs from it imports, and what it must not hold.
+HUB_IMAGE_IMPORTS = """
+import importlib.util, json, sys
+import deploy.settings, gpu_swarm_spawner.dashboard.app, gpu_swarm_spawner.spawner
+import tutorial_sync.service
+deploy.settings.from_environment()
+print(json.dumps({m: bool(importlib.util.find_spec(m)) for m in sys.argv[1:]}))
+"""
+
+
+def test_the_hub_image_runs_the_hubs_code_and_holds_no_worker_code(hub):
+    """images/hub/Dockerfile copies in the hub's code only (test_import_arrows.py reads its
+    lines): in the image built from it, the hub's, the dashboard's, the settings' and the
+    tutorial sync's modules import, and the GPU machines' code (worker_setup, nvidia-ml-py) and
+    the organizer's CLI (deploy.steps) are not there."""
+    absent = ("worker_setup", "pynvml", "deploy.steps")
+    hub_container = container_of(f"{hub.stack}_hub")
+    result = hub_container.exec_run(["python3", "-c", HUB_IMAGE_IMPORTS, *absent], workdir="/")
+    assert result.exit_code == 0, result.output.decode()
+    found = json.loads(result.output.decode().splitlines()[-1])
+    assert found == dict.fromkeys(absent, False)
 
 
 def test_stack_services_run_with_dnsrr_and_the_network_anchor(hub, hub_settings, client):

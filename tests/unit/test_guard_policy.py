@@ -1,14 +1,15 @@
 """The GPU guard's decision (worker_setup/guard_policy.py): pure, so each rule is a round or a
-few rounds of ``decide`` on hand-made readings."""
+few rounds of ``decide`` on hand-made readings. Its settings (GuardSettings) are the contract's
+(gpu_swarm_spawner/contract.py), which the organizer's settings check with the same rules."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpu_swarm_spawner.contract import GuardSettings
 from worker_setup.guard_policy import (
     Budget,
     GPUProcess,
-    GuardSettings,
     GuardState,
     Reading,
     Report,

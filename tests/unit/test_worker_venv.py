@@ -10,7 +10,6 @@ environment has.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
 import os
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from .imports import imports
 from .nvml_failures import FIXTURES, K80_UUIDS, K80X2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,17 +117,6 @@ def test_advertise_runs_with_nvidia_ml_py_alone(venvs, tmp_path):
     assert result.stderr.startswith("GPU 1 (PCI 00000000:2A:00.0) failed: GPU is lost;")
 
 
-def imports(source: str) -> list[tuple[int, str]]:
-    """(line, module) of each absolute import in ``source``; ``from a import b`` gives a.b."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
-    return found
-
-
 def allowed(module: str, extra: set[str] = ALLOWED) -> bool:
     top = module.split(".")[0]
     return (
@@ -148,11 +137,11 @@ def test_worker_code_imports_only_the_standard_library_nvml_and_the_contract():
     assert not wrong, "the worker may import the standard library, pynvml and the contract"
 
 
-def test_the_settings_import_only_the_standard_library_and_six_pure_modules():
+def test_the_settings_import_only_the_standard_library_and_five_pure_modules():
     """deploy/settings.py runs with a bare python3 (before anything is installed) and on the
     GPU machines: beyond the standard library only the typed values' readers, the roster and
-    tutorial-repository readers, the tutorial token file's reader, the GPU guard's settings and
-    the contract with the GPU machines (the hub's limit of slices a GPU), themselves standard
+    tutorial-repository readers, the tutorial token file's reader and the contract with the GPU
+    machines (the hub's limit of slices a GPU, the GPU guard's settings), themselves standard
     library only; and the deploy package's __init__ imports nothing."""
     pure = {
         "deploy.values",
@@ -160,7 +149,6 @@ def test_the_settings_import_only_the_standard_library_and_six_pure_modules():
         "gpu_swarm_spawner.contract",
         "tutorial_sync.repos",
         "tutorial_sync.credentials",
-        "worker_setup.guard_policy",
     }
     deploy = REPO / "deploy"
     spawner = REPO / "gpu_swarm_spawner"
@@ -168,7 +156,7 @@ def test_the_settings_import_only_the_standard_library_and_six_pure_modules():
         f"{path.relative_to(REPO)}:{line}: {module}"
         for path in (deploy / "settings.py", deploy / "values.py", spawner / "roster.py",
                      spawner / "contract.py", REPO / "tutorial_sync" / "repos.py",
-                     REPO / "tutorial_sync" / "credentials.py", WORKER / "guard_policy.py")
+                     REPO / "tutorial_sync" / "credentials.py")
         for line, module in imports(path.read_text())
         if not allowed(module, pure)
     ]  # fmt: skip
