@@ -33,6 +33,7 @@ class GPU:
     slices: int
     used: int
     memory_mb: int = 0  # total memory of the GPU; 0 when the node does not say
+    cores: float = 0.0  # CPU cores of its machine; 0 when the node does not say
 
     @property
     def free(self) -> int:
@@ -74,6 +75,13 @@ def gpu_memory(node: dict, uuid: str) -> int:
         return max(int(labels.get(MEMORY_LABEL + uuid, 0)), 0)
     except ValueError:
         return 0
+
+
+def node_cores(node: dict) -> float:
+    """The CPU cores a node's engine reports (``NanoCPUs``); 0 (unknown) when it does not."""
+    resources = node.get("Description", {}).get("Resources", {}) or {}
+    nano = resources.get("NanoCPUs")
+    return nano / 1e9 if isinstance(nano, int) and nano > 0 else 0.0
 
 
 def node_is_schedulable(node: dict) -> bool:
@@ -201,7 +209,8 @@ def build_inventory(
             if uuid in shared:
                 continue  # Swarm could place its servers on another machine
             memory = gpu_memory(node, uuid)
-            gpus.append(GPU(uuid, node["ID"], name, slices, used.get(uuid, 0), memory))
+            cores = node_cores(node)
+            gpus.append(GPU(uuid, node["ID"], name, slices, used.get(uuid, 0), memory, cores))
     gpus.sort(key=lambda g: (g.node_name, g.uuid))
     return gpus
 

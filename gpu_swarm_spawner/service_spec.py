@@ -33,6 +33,7 @@ class Holding:
     memory_mb: int = 0
     cpu_only: bool = False
     cpu_node: str = ""
+    node_cores: float = 0.0  # CPU cores of the machine it runs on; 0: unknown
 
 
 @dataclass(frozen=True)
@@ -126,15 +127,28 @@ def placement(extra: dict, holding: Holding) -> Placement:
     return Placement(**spec)
 
 
+def within_machine(cores: float | None, node_cores: float) -> float | None:
+    """A server's CPU limit (or reservation) in cores, at most the cores of the machine it runs
+    on (``node_cores``; 0: unknown, nothing changed). Docker refuses to start a container whose
+    limit is above its machine's cores ("Range of CPUs is from 0.01 to N"), and a limit of every
+    core is no limit on that machine; a reservation above them could never be placed there."""
+    if cores and node_cores and cores > node_cores:
+        return node_cores
+    return cores
+
+
 def resources(limits: Limits, extra: dict, holding: Holding) -> Resources:
-    """CPU/memory/pids limits and reservations, plus the slices held of the server's GPU."""
+    """CPU/memory/pids limits and reservations (CPU at most the machine's cores), plus the
+    slices held of the server's GPU."""
     generic = extra.get("generic_resources")
+    cpu_limit = within_machine(limits.cpu_limit, holding.node_cores)
+    cpu_reservation = within_machine(limits.cpu_guarantee, holding.node_cores)
     made = Resources(
         **{
             "mem_limit": limits.mem_limit,
             "mem_reservation": limits.mem_guarantee,
-            "cpu_limit": int(limits.cpu_limit * 1e9) if limits.cpu_limit else None,
-            "cpu_reservation": int(limits.cpu_guarantee * 1e9) if limits.cpu_guarantee else None,
+            "cpu_limit": int(cpu_limit * 1e9) if cpu_limit else None,
+            "cpu_reservation": int(cpu_reservation * 1e9) if cpu_reservation else None,
             **extra,
             "generic_resources": with_gpu_slices(generic, holding.gpu, holding.slices)
             if holding.gpu

@@ -68,6 +68,7 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
     full_gpu_requested = Bool(False)  # this spawn's choice on the spawn page
     cpu_only_requested = Bool(False)  # ... or no GPU at all
     cpu_node = Unicode("")  # the machine a server without a GPU runs on (this spawn's)
+    node_cores = Float(0)  # the CPU cores of the machine chosen (this spawn's; 0: unknown)
     home_node = Unicode("")  # the machine of the user's last server (its home volume); kept
     gpu_memory_mb = Integer(0)  # the memory budget of the slices held (0: unknown)
     gpu_total_slices = Integer(0)  # the slices of the GPU held (this spawn's; not persisted)
@@ -451,6 +452,7 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
     def clear_gpu(self):
         self.gpu_uuid = ""
         self.gpu_node = ""
+        self.node_cores = 0
         self.slices_held = 0
         self.gpu_memory_mb = 0
         self.task_ip = ""

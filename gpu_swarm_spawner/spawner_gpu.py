@@ -199,7 +199,7 @@ class GPUChoice(HasTraits):
     def _hold(self, reservation: broker.Reservation, attempt: int) -> None:
         """Take the reserved slices as this server's (create_object reads them)."""
         gpu = reservation.gpu
-        self.gpu_uuid, self.gpu_node = gpu.uuid, gpu.node_name
+        self.gpu_uuid, self.gpu_node, self.node_cores = gpu.uuid, gpu.node_name, gpu.cores
         self.slices_held = reservation.slices
         self.gpu_memory_mb = gpu.memory_budget_mb(reservation.slices)
         self.gpu_total_slices = gpu.slices
@@ -243,6 +243,7 @@ class GPUChoice(HasTraits):
         gpus = await self.gpu_inventory()
         home = self._home_to_prefer()
         chosen = placement.cpu_node(gpus, home)
+        self.node_cores = next((g.cores for g in gpus if g.node_name == chosen), 0.0)
         if home and chosen != home:
             await self._tell_away_from_home(home, chosen)
         return chosen

@@ -41,6 +41,7 @@ class ServerSpec(HasTraits):
             memory_mb=self.gpu_memory_mb or 0,
             cpu_only=self.cpu_only_requested,
             cpu_node=self.cpu_node,
+            node_cores=self.node_cores,
         )
 
     def limits(self) -> service_spec.Limits:
@@ -54,6 +55,15 @@ class ServerSpec(HasTraits):
 
     async def server_spec(self) -> service_spec.Server:
         """Everything this server's service is made from (service_spec.create_kwargs)."""
+        cores = self.limits().cpu_limit
+        if service_spec.within_machine(cores, self.node_cores) != cores:
+            self.log.info(
+                "%s: cpu_limit of %g cores is more than the %g of %s; limited to those",
+                self.log_name,
+                cores,
+                self.node_cores,
+                self.gpu_node or self.cpu_node,
+            )
         return service_spec.Server(
             name=self.service_name,
             user=self.user.name,

@@ -177,6 +177,20 @@ async def test_per_user_cpu_and_memory_limits_reach_the_service(stack):
     assert limits["Limits"] == {"MemoryBytes": 768 * 1024**2, "NanoCPUs": 1_500_000_000}
 
 
+async def test_a_cpu_limit_above_the_machines_cores_is_held_to_them(stack):
+    """Docker refuses a container whose CPU limit is above its machine's cores ("Range of CPUs
+    is from 0.01 to N"): the server gets every core of its machine instead, and runs."""
+    client = docker.from_env()
+    spawner = make_spawner("ci-many-cores", stack, cpu_limit=64.0)
+    await spawner.start()
+    service = client.services.get(spawner.object_name)
+    (running,) = service.tasks(filters={"desired-state": "running"})
+    assert running["Status"]["State"] == "running"
+    cores = client.nodes.get(running["NodeID"]).attrs["Description"]["Resources"]["NanoCPUs"]
+    assert 0 < cores < 64 * 10**9
+    assert service.attrs["Spec"]["TaskTemplate"]["Resources"]["Limits"]["NanoCPUs"] == cores
+
+
 async def test_named_servers_get_their_own_service(stack):
     default = make_spawner("ci-named", stack)
     named = make_spawner(

@@ -1,15 +1,19 @@
 """Builders for the plain dicts the Docker API returns for nodes and tasks."""
 
 
-def node(node_id, hostname, gpus, state="ready", availability="active", role="worker"):
-    """A node advertising ``gpus`` ({uuid: slices}) plus a non-GPU resource."""
+def node(node_id, hostname, gpus, state="ready", availability="active", role="worker", cores=None):
+    """A node advertising ``gpus`` ({uuid: slices}) plus a non-GPU resource (and ``cores`` CPU
+    cores, as its engine reports them, when given)."""
     generic = [{"DiscreteResourceSpec": {"Kind": k, "Value": v}} for k, v in gpus.items()]
     generic.append({"DiscreteResourceSpec": {"Kind": "fpga", "Value": 1}})
+    resources = {"GenericResources": generic}
+    if cores is not None:
+        resources["NanoCPUs"] = int(cores * 1e9)
     return {
         "ID": node_id,
         "Spec": {"Availability": availability, "Role": role},
         "Status": {"State": state},
-        "Description": {"Hostname": hostname, "Resources": {"GenericResources": generic}},
+        "Description": {"Hostname": hostname, "Resources": resources},
     }
 
 

@@ -63,6 +63,25 @@ def test_a_server_on_a_slice_reserves_it_and_carries_what_the_guard_reads():
     assert "Ports" not in spec["endpoint_spec"]
 
 
+def test_cpu_above_the_machines_cores_is_held_to_them_and_the_rest_is_left_alone():
+    """Docker refuses a container whose CPU limit is above its machine's cores: a 32-core limit
+    on a 16-core GPU machine failed every spawn there."""
+    many = Limits(cpu_limit=32.0, cpu_guarantee=20.0)
+    on_16 = Holding(gpu=UUID, node="gpu-1", slices=1, node_cores=16.0)
+    resources = create_kwargs(server(limits=many, holding=on_16))["task_template"]["Resources"]
+    assert resources["Limits"]["NanoCPUs"] == 16_000_000_000
+    assert resources["Reservations"]["NanoCPUs"] == 16_000_000_000
+    for limits, holding, nano in [
+        (Limits(cpu_limit=4.0), on_16, 4_000_000_000),  # within the machine
+        (many, Holding(gpu=UUID, node="gpu-1", slices=1), 32_000_000_000),  # cores unknown
+    ]:
+        made = create_kwargs(server(limits=limits, holding=holding))["task_template"]
+        assert made["Resources"]["Limits"]["NanoCPUs"] == nano
+    assert "NanoCPUs" not in create_kwargs(server(limits=Limits(), holding=on_16))["task_template"][
+        "Resources"
+    ].get("Limits", {})
+
+
 def test_a_server_without_a_gpu_stays_on_its_machine_and_sees_no_device():
     holding = Holding(cpu_only=True, cpu_node="gpu-2")
     spec = create_kwargs(server(holding=holding, env=gpu_env(holding)))

@@ -1,6 +1,7 @@
 """GPUSwarmSpawner logic that needs no Docker daemon: traits, env, state, the service spec."""
 
 import asyncio
+import logging
 import re
 import threading
 import time
@@ -317,6 +318,19 @@ async def test_a_server_waiting_for_an_address_on_a_network_with_room_waits_on(m
     await asyncio.wait_for(spawner.start(), timeout=5)
     await later
     assert spawner.called("inspect_network")  # it looked, found room, and waited
+
+
+@pytest.mark.parametrize("cpu_only", [False, True])
+async def test_a_cpu_limit_above_the_machines_cores_is_held_to_them(caplog, cpu_only):
+    """GPUHUB_CPU_LIMIT=32 on 16-core GPU machines: Docker would refuse every server there."""
+    caplog.set_level(logging.INFO)
+    spawner = make_fake("erin", inventory_max_age=0, cpu_limit=32.0)
+    spawner.cpu_only_requested = cpu_only
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3}, cores=16)]
+    await asyncio.wait_for(spawner.start(), timeout=5)
+    (created,) = spawner.created
+    assert created["task_template"]["Resources"]["Limits"]["NanoCPUs"] == 16_000_000_000
+    assert "cpu_limit of 32 cores is more than the 16 of alpha; limited to those" in caplog.text
 
 
 def attached(address: str) -> list[dict]:
