@@ -13,7 +13,8 @@ GPUHUB_GUARD_PIDFILE (/var/run/gpu-jupyterhub-guard.pid), its log in GPUHUB_GUAR
 engine started that way): run the join line again.
 
 Either way the guard's command line is its configuration: a join with other settings
-restarts it, one with the same changes nothing.
+restarts it, one with the same changes nothing. It imports what the join imports: PYTHONPATH
+is this checkout, then the join's own entries (``wanted``).
 """
 
 from __future__ import annotations
