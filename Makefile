@@ -43,7 +43,7 @@ image-tar:  ## save the single-user image to a file, for GPU machines that canno
 gpu-check:  ## on a GPU machine: what NVML finds, the slices it would advertise, the guard's reading
 	@py=python3; for p in "$${GPUHUB_VENV:-$(CURDIR)/.venv}/bin/python" /opt/gpu-jupyterhub/worker-venv/bin/python; do \
 	  if [ -x "$$p" ] && "$$p" -c 'import pynvml' 2>/dev/null; then py=$$p; break; fi; \
-	done; PYTHONPATH="$(CURDIR)" "$$py" -m worker_setup.gpu_check $(ARGS)
+	done; PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" "$$py" -m worker_setup.gpu_check $(ARGS)
 
 gpu-prove:  ## on a GPU machine: prove the GPU parts with real CUDA processes (OUT=folder for report.json; docs/gpu-proof.md)
 	bash tests/gpu/prove.sh "$(or $(OUT),test-artifacts/gpu-proof)" $(ARGS)

@@ -1,7 +1,7 @@
 """Advertise this machine's GPUs (or simulated ones) as Swarm slices in daemon.json.
 
     python -m worker_setup.advertise [--slices-per-gpu 3 | --slice-memory 4GiB] [--mig-slices 1]
-        [--simulate-gpus N | --simulate-if-no-gpu N | --nvml-fixture FILE]
+        [--simulate-gpus N | --simulate-if-no-gpu N]
         [--nvidia-runtime auto|off|PATH] [--daemon-json /etc/docker/daemon.json]
         [--dry-run] [--remove]
 
@@ -36,7 +36,6 @@ from pathlib import Path
 from gpu_swarm_spawner.contract import KIND_PREFIXES, MAX_SLICES_PER_GPU, MIG_PROFILE_LABEL
 
 from . import daemon_config, gpus, slicing, usable
-from .fake_nvml import FakeNVML
 
 CHANGED = 3
 #: The named generic resource of the original workshop's stock SwarmSpawner setup.
@@ -121,12 +120,7 @@ def find_gpus(args, say: Callable[[str], None] = print) -> tuple[list[gpus.GPUIn
     if args.simulate_gpus:
         return gpus.simulated(args.simulate_gpus, machine, memory), []
     try:
-        if args.nvml_fixture:
-            say(f"FAKE NVML: GPUs from the fixture {args.nvml_fixture}, not from a driver")
-            nvml = FakeNVML.from_file(args.nvml_fixture)
-        else:
-            nvml = gpus.load_nvml()
-        found, reason, failed = gpus.discover(nvml), "", None
+        found, reason, failed = gpus.discover(gpus.load_nvml()), "", None
     except gpus.NVMLUnavailable as e:
         found, reason, failed = [], str(e), e
     if found:
@@ -248,12 +242,8 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="slices per MIG instance of a GPU in MIG mode (1: the instance is the slice)",
     )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument(
+    parser.add_argument(
         "--simulate-gpus", type=int, default=0, metavar="N", help="advertise N simulated GPUs"
-    )
-    source.add_argument(
-        "--nvml-fixture", metavar="FILE", help="read GPUs from a fake NVML fixture (tests)"
     )
     parser.add_argument(
         "--simulated-memory", default="16GiB", metavar="SIZE", help="of each simulated GPU"

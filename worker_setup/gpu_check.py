@@ -2,7 +2,7 @@
 the GPU guard's reading. Changes nothing; needs neither Docker nor root.
 
     python -m worker_setup.gpu_check [--slices-per-gpu N | --slice-memory SIZE] [--mig-slices N]
-        [--no-allocation] [--nvml-fixture FILE]
+        [--no-allocation]
 
 It prints
 
@@ -20,9 +20,6 @@ It prints
 Exit status: 0 NVML works and the join would advertise these GPUs; 1 NVML cannot start (one
 line saying how to fix it), or a GPU failed or none can be advertised (the join stops there
 too; everything that could be read is printed first, the last line says why).
-
-``--nvml-fixture FILE`` reads a fake NVML fixture (tests/fixtures/nvml/) instead of the GPUs,
-and says FAKE NVML first and last.
 """
 
 from __future__ import annotations
@@ -47,18 +44,12 @@ class CheckFailed(Exception):
     """NVML cannot be used here, or the join would stop: one line saying why and the fix."""
 
 
-def start_nvml(fixture: str, say: Callable[[str], None] = print):
-    """NVML (pynvml, or the fake over ``fixture``), started; CheckFailed when it cannot be."""
-    if fixture:
-        from .fake_nvml import FakeNVML
-
-        say(f"FAKE NVML: reading the fixture {fixture}, NOT this machine's GPUs (tests only)")
-        nvml = FakeNVML.from_file(fixture)
-    else:
-        try:
-            nvml = gpus.load_nvml()
-        except gpus.NVMLUnavailable as e:
-            raise CheckFailed(str(e)) from None
+def start_nvml():
+    """NVML (worker_setup.gpus.load_nvml), started; CheckFailed when it cannot be."""
+    try:
+        nvml = gpus.load_nvml()
+    except gpus.NVMLUnavailable as e:
+        raise CheckFailed(str(e)) from None
     try:
         nvml.nvmlInit()
     except Exception as e:  # pynvml's NVMLError, whatever the library's state
@@ -274,9 +265,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"do not allocate {ALLOCATION_MIB} MiB on cuda:0 (a machine in use)",
     )
-    parser.add_argument(
-        "--nvml-fixture", default="", metavar="FILE", help="FAKE NVML: this fixture (tests only)"
-    )
     args = parser.parse_args(argv)
     try:
         args.slice_memory_mb = (
@@ -338,21 +326,20 @@ def check(nvml, args) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    fake = " (FAKE NVML)" if args.nvml_fixture else ""
     try:
-        nvml = start_nvml(args.nvml_fixture)
+        nvml = start_nvml()
     except CheckFailed as e:
-        print(f"{e}{fake}", file=sys.stderr)
+        print(e, file=sys.stderr)
         return 1
     try:
         done = check(nvml, args)
     except CheckFailed as e:
-        print(f"GPU check failed: {e}{fake}", file=sys.stderr)
+        print(f"GPU check failed: {e}", file=sys.stderr)
         return 1
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-    print(f"\n{done}{fake}")
+    print(f"\n{done}")
     return 0
 
 

@@ -1,7 +1,10 @@
 """GPU discovery: NVML at the edge, simulated GPUs for machines without one.
 
-``discover`` takes the NVML module as an argument so tests hand it a fake explicitly; the real
-``pynvml`` (package nvidia-ml-py) is only imported by ``load_nvml``. Every NVML failure, at
+``discover`` takes the NVML module as an argument so tests hand it a double explicitly. NVML
+comes from one place, ``load_nvml``: ``import pynvml`` (package nvidia-ml-py); every command
+(advertise, the join, the GPU guard, gpu_check) gets it there and has no option for anything
+else. The tests' fake NVML is found there only where a test puts it first on PYTHONPATH and
+names its fixture (docs/development.md), and it says FAKE NVML when it is. Every NVML failure, at
 start-up or on one GPU, comes out as ``NVMLUnavailable`` with one line naming what failed and
 the fix.
 
@@ -70,7 +73,7 @@ class GPUInfo:
 
 
 def load_nvml():
-    """The real NVML bindings."""
+    """The NVML bindings: ``pynvml`` as this python imports it."""
     try:
         import pynvml
     except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency

@@ -780,9 +780,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR")
     parser.add_argument("--machine", default="", help="the machine's name in metrics (hostname)")
     parser.add_argument(
-        "--nvml-fixture", default="", metavar="FILE", help="FAKE NVML: this fixture (tests only)"
-    )
-    parser.add_argument(
         "--once", action="store_true", help="print one round's reading and decision; change nothing"
     )
     args = parser.parse_args(argv)
@@ -831,15 +828,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
     )
-    if args.nvml_fixture:
-        from .fake_nvml import FakeNVML
+    from .gpus import load_nvml
 
-        nvml = FakeNVML.from_file(args.nvml_fixture)
-        log.warning("FAKE NVML: reading the fixture %s, not the GPUs", args.nvml_fixture)
-    else:
-        from .gpus import load_nvml
-
-        nvml = load_nvml()
+    nvml = load_nvml()
     try:
         engine = EngineAPI(environ)
     except EngineUnavailable as e:

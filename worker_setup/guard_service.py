@@ -13,7 +13,8 @@ GPUHUB_GUARD_PIDFILE (/var/run/gpu-jupyterhub-guard.pid), its log in GPUHUB_GUAR
 engine started that way): run the join line again.
 
 Either way the guard's command line is its configuration: a join with other settings
-restarts it, one with the same changes nothing.
+restarts it, one with the same changes nothing. It imports what the join imports: PYTHONPATH
+is this checkout, then the join's own entries (``wanted``).
 """
 
 from __future__ import annotations
@@ -85,9 +86,12 @@ class Wanted:
 
 def wanted(options: list[str], environ: Mapping[str, str]) -> Wanted:
     """The guard's command with ``options`` (``--mode enforce ...``), run by this python from
-    this checkout; the engine's socket (DOCKER_HOST) passed on."""
+    this checkout, importing what the join imports: PYTHONPATH this checkout, then the join's
+    own entries (as setup.sh makes it); the engine's socket (DOCKER_HOST) passed on. Without
+    systemd the guard inherits the rest of the join's environment too; a unit has only these."""
     command = (sys.executable, "-m", "worker_setup.guard", *options)
-    env = {"PYTHONPATH": str(REPO)}
+    joins = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), *joins])}
     if environ.get("DOCKER_HOST"):
         env["DOCKER_HOST"] = environ["DOCKER_HOST"]
     return Wanted(command, tuple(sorted(env.items())))

@@ -441,8 +441,6 @@ def guard_options(m: Machine) -> list[str]:
     node = (m.docker.info() or {}).get("Name")
     if node:
         options += ["--machine", node]
-    if a.nvml_fixture:
-        options += ["--nvml-fixture", str(Path(a.nvml_fixture).resolve())]
     return options
 
 

@@ -1,7 +1,7 @@
 """One reading of this machine's GPUs for the GPU guard: each GPU and MIG instance with its
 memory, utilization, temperature and power, and the processes using each.
 
-``read(nvml)`` takes the NVML module (pynvml, or worker_setup.fake_nvml.FakeNVML in tests),
+``read(nvml)`` takes the NVML module (worker_setup.gpus.load_nvml's, or a test's double),
 already initialised: the guard keeps NVML open across rounds. It runs every few seconds, so it
 makes only the calls it needs, about ten a GPU.
 

@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 
 from gpu_swarm_spawner import contract
+from tests.fakes.nvml import FakeNVML
 from worker_setup import telemetry
 from worker_setup.engine_api import EngineAPI
-from worker_setup.fake_nvml import FakeNVML
 from worker_setup.guard import NOTICES_FILE, Guard, Options, Proc, servers_from
 from worker_setup.guard_policy import GuardSettings
 

@@ -12,6 +12,10 @@ failed. A section that would start with too little time left is skipped and says
 Writes OUTDIR/report.json, OUTDIR/report.txt (printed too) and OUTDIR/logs.txt (the end of
 each section's log and of each CUDA process's stderr). Exit status 0 when nothing
 failed (also: no GPU), 1 when a section failed.
+
+``--nvml-fixture FILE`` (this script's own tests, without a GPU): the sections run with the
+tests' fake NVML over FILE where the join gets NVML (tests.fakes.nvml.shim_env), and the report
+says FAKE NVML.
 """
 
 from __future__ import annotations
@@ -217,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     skip_all = no_gpu if not args.nvml_fixture else ""
     print(f"GPU proof: {'skipped: no GPU (' + no_gpu + ')' if skip_all else 'running'}", flush=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if args.nvml_fixture:  # the sections' `import pynvml` gives the tests' fake NVML
+        from tests.fakes.nvml import shim_env
+
+        env = shim_env(args.nvml_fixture, env)
     sections = []
     for name in [n for n in SECTIONS if not args.only or n in args.only]:
         title, budget, _ = SECTIONS[name]

@@ -6,6 +6,9 @@ or a stray CUDA process of one is stopped with it and the next section starts cl
     python3 -m tests.gpu.sections NAME --work DIR --result FILE [--nvidia-smi PATH]
         [--nvml-fixture FILE]
 
+(``--nvml-fixture``: run.py put the tests' fake NVML over FILE on this process's PYTHONPATH;
+the CUDA processes it starts then say what GPU memory they stand for.)
+
 A section fills a ``prove.Section`` (checks and findings) and writes it as JSON to ``--result``.
 It raises ``Skip`` when it cannot run here (no framework, no MPS), which is recorded with the
 reason; anything else it raises is recorded as a failure, and the next section runs all the
@@ -80,13 +83,9 @@ class Context:
         return max(1.0, min(most, self.deadline - time.monotonic() - 2))
 
     def nvml(self):
-        """NVML started: pynvml, or the fake NVML over ``--nvml-fixture`` (tests only)."""
-        if self.fixture:
-            from worker_setup.fake_nvml import FakeNVML
-
-            nvml = FakeNVML.from_file(self.fixture)
-        else:
-            nvml = gpus.load_nvml()
+        """NVML started, where the join gets it (worker_setup.gpus.load_nvml): the tests' fake
+        NVML only where run.py's ``--nvml-fixture`` put it there."""
+        nvml = gpus.load_nvml()
         nvml.nvmlInit()
         return nvml
 
@@ -280,14 +279,8 @@ def discovery(ctx: Context, s: prove.Section) -> None:
         s.findings["versions"] = gpu_check.versions(nvml)
     finally:
         nvml.nvmlShutdown()
-    if ctx.fixture:
-        from worker_setup.fake_nvml import FakeNVML
-
-        nvml = FakeNVML.from_file(ctx.fixture)
-    else:
-        nvml = gpus.load_nvml()
     try:
-        found = gpus.discover(nvml)  # as the join does: init, read, shut down
+        found = gpus.discover(gpus.load_nvml())  # as the join does: init, read, shut down
     except gpus.NVMLUnavailable as e:
         s.checks.append(Check("NVML discovery", FAIL, str(e)))
         return

@@ -1,8 +1,9 @@
 """The GPU guard on the bed: a fresh machine (own root filesystem, clean copy of the repository)
-joins with the line `make join-command` prints, the fake NVML selected explicitly (two A10s of
-24 GiB, 3 slices each: a budget of 8 GiB). Real participants' servers run there; each starts a
-real process that the fake NVML reports as holding GPU memory (FAKE_NVML_GPU_MB in its
-environment), as a kernel would on a real GPU:
+joins with the line `make join-command` prints, the fake NVML selected explicitly in its
+environment (tests/fakes/nvml.py's shim_words: two A10s of 24 GiB, 3 slices each: a budget of
+8 GiB). Real participants' servers run there; each starts a real process that the fake NVML
+reports as holding GPU memory (FAKE_NVML_GPU_MB in its environment), as a kernel would on a
+real GPU:
 
 - alice's process holds 10000 MiB (over her 8192 and over the stop line, 110%);
 - bob's holds 2000 MiB on the same GPU;
@@ -32,6 +33,7 @@ import docker
 import pytest
 
 from gpu_swarm_spawner import contract
+from tests.fakes.nvml import shim_words
 
 from .hub import ARTIFACTS, BED_RUN, REPO, engine_of, open_dashboard
 from .hub import BED as BED_ENV
@@ -85,8 +87,8 @@ def machine(hub):
     bed("fresh", MACHINE)
     try:
         tar = bed("image-tar", MACHINE).stdout.strip().splitlines()[-1]
-        line = join_line().removeprefix("sudo ")
-        extra = ["--image-tar", tar, "--nvml-fixture", FIXTURE, "--guard-mode", "warn"]
+        line = f"{shim_words(FIXTURE)} {join_line().removeprefix('sudo ')}"
+        extra = ["--image-tar", tar, "--guard-mode", "warn"]
         result = on_machine(f"{line} {shlex.join(extra)}", check=False)
         assert result.returncode == 0, result.stdout + result.stderr
         yield line, extra, result.stdout
@@ -158,7 +160,9 @@ def servers(machine, hub_settings):
 def test_the_join_started_the_guard(machine):
     _, _, out = machine
     assert re.search(r"\n  guard +started \(warn mode, metrics on :9445; pid file ", out), out
-    assert "FAKE NVML" in GUARD_LOG.read_text()
+    # the join's environment took the fake NVML on to the guard, whose log says so
+    fixture = f"/root/gpu-jupyterhub/{FIXTURE}"
+    assert f"FAKE NVML: GPUs from the fixture {fixture}, not a driver" in GUARD_LOG.read_text()
 
 
 def test_warn_mode_warns_the_participant_over_budget_and_stops_nothing(servers):
@@ -204,7 +208,7 @@ def test_enforce_stops_only_the_process_over_budget_after_the_grace(machine, ser
     monkeypatch.setenv("GPUHUB_GUARD_GRACE_SECONDS", str(GRACE))
     line = join_line().removeprefix("sudo ")
     assert line.endswith(f" --guard-mode enforce --guard-grace-seconds {GRACE}"), line
-    result = on_machine(f"{line} {shlex.join(extra[:-2])}", check=False)
+    result = on_machine(f"{shim_words(FIXTURE)} {line} {shlex.join(extra[:-2])}", check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"\n  guard +restarted \(enforce mode", result.stdout), result.stdout
     t0 = time.monotonic()

@@ -16,6 +16,7 @@ import pytest
 
 from gpu_swarm_spawner.contract import MIG_PREFIX
 from gpu_swarm_spawner.inventory import build_inventory
+from tests.fakes.nvml import shim_words
 
 from .hub import BED_MANAGER, container_of
 from .spawners import make_spawner, remove_services
@@ -43,8 +44,8 @@ def joined(hub):
         tar = bed("image-tar", MACHINE).stdout.strip().splitlines()[-1]
         token = docker.from_env().swarm.attrs["JoinTokens"]["Worker"]
         line = ["./worker_setup/setup.sh", "--manager", f"{BED_MANAGER}:2377", "--token", token]
-        line += ["--image-tar", tar, "--nvml-fixture", FIXTURE]
-        yield bed("on", MACHINE, shlex.join(line), check=False)
+        line += ["--image-tar", tar]
+        yield bed("on", MACHINE, f"{shim_words(FIXTURE)} {shlex.join(line)}", check=False)
     finally:
         remove_services(hub.stack)
         bed("remove", MACHINE, check=False)

@@ -1,10 +1,15 @@
 """One failure of each pynvml call the worker makes, as fake-NVML fixtures, and the one line each
-must give (shared by test_gpus.py, test_advertise.py and test_worker_venv.py)."""
+must give (shared by test_gpus.py, test_advertise.py and test_worker_venv.py); ``run``, the
+advertise command in this process over a fixture."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+
+from tests.fakes.nvml import imported
+from worker_setup import advertise
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
 #: Two Tesla K80 halves; the failures below hit GPU 1 where the call is about one GPU.
@@ -76,6 +81,15 @@ MIG_FAILURES = {
         f"GPU 1 ({MIXED_GPU_UUIDS[1]}) failed: GPU is lost; {RESET}",
     ),
 }
+
+
+def run(tmp_path: Path, *args: str, nvml: Path | None = None) -> tuple[int, dict | None]:
+    """``python -m worker_setup.advertise ARGS`` in this process, NVML the fake over the fixture
+    ``nvml`` when given: its status and the daemon.json it left."""
+    path = tmp_path / "daemon.json"
+    with imported(nvml) if nvml else contextlib.nullcontext():
+        rc = advertise.main(["--daemon-json", str(path), "--nvidia-runtime", "off", *args])
+    return rc, (json.loads(path.read_text()) if path.exists() else None)
 
 
 def fixture_failing(tmp_path: Path, fail: dict, base: Path = K80X2) -> Path:

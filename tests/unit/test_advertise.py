@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from worker_setup import advertise, fake_nvml, slicing
+from tests.fakes import nvml as fake_nvml
+from tests.fakes.nvml import imported, shim_env
+from worker_setup import advertise, slicing
 from worker_setup.gpus import GPUInfo
 
-from .nvml_failures import FAILURES, FIXTURES, K80_UUIDS, K80X2, fixture_failing
+from .nvml_failures import FAILURES, FIXTURES, K80_UUIDS, K80X2, fixture_failing, run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,14 +48,8 @@ def test_slices_fixed_or_from_a_memory_budget():
         slicing.slices_per_gpu([k80], fixed=0)
 
 
-def run(tmp_path, *args):
-    path = tmp_path / "daemon.json"
-    rc = advertise.main(["--daemon-json", str(path), "--nvidia-runtime", "off", *args])
-    return rc, (json.loads(path.read_text()) if path.exists() else None)
-
-
 def test_k80_fixture_gives_three_slices_each_and_labels(tmp_path, capsys):
-    rc, config = run(tmp_path, "--nvml-fixture", str(FIXTURES / "k80x2.json"))
+    rc, config = run(tmp_path, nvml=FIXTURES / "k80x2.json")
     assert rc == advertise.CHANGED
     resources = config["node-generic-resources"]
     # 3 slices and Swarm's spare unit (contract.SWARM_SPARE), which the label records
@@ -64,14 +60,11 @@ def test_k80_fixture_gives_three_slices_each_and_labels(tmp_path, capsys):
     assert "gpu-jupyterhub.swarm-spare=1" in config["labels"]
     assert "gpu-jupyterhub.gpu-model=Tesla K80" in config["labels"]
     assert "gpu-jupyterhub.slice-memory-mb=3813" in config["labels"]
-    out = capsys.readouterr().out
-    assert "FAKE NVML" in out and "Tesla K80 11441 MiB -> 3 slices" in out
+    assert "Tesla K80 11441 MiB -> 3 slices" in capsys.readouterr().out
 
 
 def test_h100_fixture_sliced_by_memory(tmp_path):
-    rc, config = run(
-        tmp_path, "--nvml-fixture", str(FIXTURES / "h100x8.json"), "--slice-memory", "10GiB"
-    )
+    rc, config = run(tmp_path, "--slice-memory", "10GiB", nvml=FIXTURES / "h100x8.json")
     assert rc == advertise.CHANGED
     resources = config["node-generic-resources"]
     assert len(resources) == 8 and all(r.endswith("=8") for r in resources)  # 7 + spare
@@ -83,7 +76,7 @@ def test_h100_fixture_sliced_by_memory(tmp_path):
     "fixture, advice", [("no-driver.json", "install the driver"), ("mismatch.json", "reboot")]
 )
 def test_nvml_failures_stop_with_advice_and_write_nothing(tmp_path, capsys, fixture, advice):
-    rc, config = run(tmp_path, "--nvml-fixture", str(FIXTURES / fixture))
+    rc, config = run(tmp_path, nvml=FIXTURES / fixture)
     assert rc == 1 and config is None
     (line,) = capsys.readouterr().err.splitlines()
     assert advice in line and "--simulate-gpus" in line
@@ -91,8 +84,8 @@ def test_nvml_failures_stop_with_advice_and_write_nothing(tmp_path, capsys, fixt
 
 def test_plan_says_why_there_is_no_gpu(tmp_path):
     """The worker setup's way in: an exception with the one line, nothing written."""
-    args = advertise.parse_args(["--nvml-fixture", str(FIXTURES / "no-driver.json")])
-    with pytest.raises(advertise.PlanError, match="install the driver"):
+    args = advertise.parse_args([])
+    with imported(FIXTURES / "no-driver.json"), pytest.raises(advertise.PlanError, match="install"):
         advertise.plan(args, tmp_path / "daemon.json")
     assert not (tmp_path / "daemon.json").exists()
 
@@ -100,28 +93,27 @@ def test_plan_says_why_there_is_no_gpu(tmp_path):
 def test_plan_gives_the_gpus_the_change_and_its_diff_without_writing(tmp_path):
     path = tmp_path / "daemon.json"
     path.write_text('{"debug": true}')
-    args = advertise.parse_args(["--nvml-fixture", str(K80X2), "--nvidia-runtime", "off"])
+    args = advertise.parse_args(["--nvidia-runtime", "off"])
     notes = []
-    planned = advertise.plan(args, path, say=notes.append)
-    assert [g.uuid for g in planned.gpus] == K80_UUIDS
-    assert planned.slices == dict.fromkeys(K80_UUIDS, 3)
-    assert planned.changes and planned.current == {"debug": True}
-    assert f'+    "{K80_UUIDS[0]}=4",' in planned.diff()  # 3 slices and the spare
-    assert planned.gpu_lines()[0] == f"GPU 0: {K80_UUIDS[0]} Tesla K80 11441 MiB -> 3 slices"
-    assert planned.runtime_lines()[0].startswith("warning: nvidia-container-runtime not found")
-    assert notes == [f"FAKE NVML: GPUs from the fixture {K80X2}, not from a driver"]
-    assert path.read_text() == '{"debug": true}'
-    advertise.write(path, planned.wanted)
-    again = advertise.plan(args, path, say=notes.append)
-    assert not again.changes and again.diff() == ""
-    removed = advertise.plan(args, path, remove=True)
-    assert removed.changes and removed.wanted == {"debug": True} and removed.gpus == []
+    with imported(K80X2):
+        planned = advertise.plan(args, path, say=notes.append)
+        assert [g.uuid for g in planned.gpus] == K80_UUIDS
+        assert planned.slices == dict.fromkeys(K80_UUIDS, 3)
+        assert planned.changes and planned.current == {"debug": True}
+        assert f'+    "{K80_UUIDS[0]}=4",' in planned.diff()  # 3 slices and the spare
+        assert planned.gpu_lines()[0] == f"GPU 0: {K80_UUIDS[0]} Tesla K80 11441 MiB -> 3 slices"
+        assert planned.runtime_lines()[0].startswith("warning: nvidia-container-runtime not found")
+        assert notes == []
+        assert path.read_text() == '{"debug": true}'
+        advertise.write(path, planned.wanted)
+        again = advertise.plan(args, path, say=notes.append)
+        assert not again.changes and again.diff() == ""
+        removed = advertise.plan(args, path, remove=True)
+        assert removed.changes and removed.wanted == {"debug": True} and removed.gpus == []
 
 
 def test_nvml_failure_falls_back_to_simulated_only_when_asked(tmp_path, capsys):
-    rc, config = run(
-        tmp_path, "--nvml-fixture", str(FIXTURES / "mismatch.json"), "--simulate-if-no-gpu", "2"
-    )
+    rc, config = run(tmp_path, "--simulate-if-no-gpu", "2", nvml=FIXTURES / "mismatch.json")
     assert rc == advertise.CHANGED
     assert "gpu-jupyterhub.simulated=true" in config["labels"]
     assert "advertising SIMULATED GPUs" in capsys.readouterr().out
@@ -132,10 +124,10 @@ def test_a_manager_without_gpu_advertises_nothing_when_gpus_are_optional(tmp_pat
     path = tmp_path / "daemon.json"
     path.write_text(json.dumps({"debug": True}))
     assert run(tmp_path, "--simulate-gpus", "2")[0] == advertise.CHANGED
-    rc, config = run(tmp_path, "--nvml-fixture", str(FIXTURES / fixture), "--none-if-no-gpu")
+    rc, config = run(tmp_path, "--none-if-no-gpu", nvml=FIXTURES / fixture)
     assert rc == advertise.CHANGED  # the simulated slices of an earlier demo are taken out
     assert config == {"debug": True}
-    assert run(tmp_path, "--nvml-fixture", str(FIXTURES / fixture), "--none-if-no-gpu")[0] == 0
+    assert run(tmp_path, "--none-if-no-gpu", nvml=FIXTURES / fixture)[0] == 0
 
 
 def test_nvidia_runtime_becomes_the_default_and_other_runtimes_stay(tmp_path):
@@ -143,14 +135,14 @@ def test_nvidia_runtime_becomes_the_default_and_other_runtimes_stay(tmp_path):
     runtime.write_text("#!/bin/sh\n")
     path = tmp_path / "daemon.json"
     path.write_text(json.dumps({"runtimes": {"runc-debug": {"path": "/usr/bin/runc"}}}))
-    fixture = str(FIXTURES / "k80x2.json")
-    args = ["--daemon-json", str(path), "--nvml-fixture", fixture, "--nvidia-runtime", str(runtime)]
-    assert advertise.main(args) == advertise.CHANGED
-    config = json.loads(path.read_text())
-    assert config["default-runtime"] == "nvidia"
-    assert config["runtimes"]["nvidia"]["path"] == str(runtime)
-    assert config["runtimes"]["runc-debug"] == {"path": "/usr/bin/runc"}
-    assert advertise.main(args) == 0
+    args = ["--daemon-json", str(path), "--nvidia-runtime", str(runtime)]
+    with imported(K80X2):
+        assert advertise.main(args) == advertise.CHANGED
+        config = json.loads(path.read_text())
+        assert config["default-runtime"] == "nvidia"
+        assert config["runtimes"]["nvidia"]["path"] == str(runtime)
+        assert config["runtimes"]["runc-debug"] == {"path": "/usr/bin/runc"}
+        assert advertise.main(args) == 0
 
 
 def test_the_managers_registry_is_trusted_once(tmp_path):
@@ -184,11 +176,13 @@ def test_a_failing_nvml_call_stops_with_one_line_and_changes_nothing(tmp_path, c
     path.write_text('{"debug": true}')
     result = subprocess.run(
         [sys.executable, "-m", "worker_setup.advertise", "--daemon-json", str(path),
-         "--nvml-fixture", str(fixture_failing(tmp_path, fail)), "--nvidia-runtime", "off"],
+         "--nvidia-runtime", "off"],
         cwd=REPO, capture_output=True, text=True, timeout=60,
+        env=shim_env(fixture_failing(tmp_path, fail)),
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
-    lines = result.stderr.splitlines()
+    fake, *lines = result.stderr.splitlines()
+    assert fake.startswith("FAKE NVML: GPUs from the fixture ")
     assert len(lines) == 1, result.stderr  # no traceback
     assert lines[0].startswith(line)
     assert lines[0].endswith("pass --simulate-gpus N instead.")
@@ -202,7 +196,7 @@ def test_a_failing_nvml_call_stops_with_one_line_and_changes_nothing(tmp_path, c
 def test_a_failing_nvml_call_falls_back_to_simulated_gpus_when_asked(tmp_path, capsys, call):
     fail, line = FAILURES[call]
     fixture = str(fixture_failing(tmp_path, fail))
-    rc, config = run(tmp_path, "--nvml-fixture", fixture, "--simulate-if-no-gpu", "2")
+    rc, config = run(tmp_path, "--simulate-if-no-gpu", "2", nvml=fixture)
     assert rc == advertise.CHANGED
     resources = config["node-generic-resources"]
     assert len(resources) == 2 and all(r.startswith("GPU-simulated-") for r in resources)
@@ -215,9 +209,9 @@ def test_a_failing_nvml_call_falls_back_to_simulated_gpus_when_asked(tmp_path, c
 @pytest.mark.parametrize("call", list(FAILURES))
 def test_a_failing_nvml_call_advertises_nothing_when_gpus_are_optional(tmp_path, capsys, call):
     fail, line = FAILURES[call]
-    assert run(tmp_path, "--nvml-fixture", str(K80X2))[0] == advertise.CHANGED
+    assert run(tmp_path, nvml=K80X2)[0] == advertise.CHANGED
     fixture = str(fixture_failing(tmp_path, fail))
-    rc, config = run(tmp_path, "--nvml-fixture", fixture, "--none-if-no-gpu")
+    rc, config = run(tmp_path, "--none-if-no-gpu", nvml=fixture)
     assert rc == advertise.CHANGED  # the two GPUs advertised before are taken out, GPU 0 too
     assert config == {}
     out = capsys.readouterr().out
@@ -226,7 +220,7 @@ def test_a_failing_nvml_call_advertises_nothing_when_gpus_are_optional(tmp_path,
 
 
 def test_one_lost_gpu_of_four_stops_the_machine_naming_that_gpu(tmp_path, capsys):
-    rc, _ = run(tmp_path, "--nvml-fixture", str(FIXTURES / "h100x4-gpu1-lost.json"))
+    rc, _ = run(tmp_path, nvml=FIXTURES / "h100x4-gpu1-lost.json")
     assert rc == 1
     (message,) = capsys.readouterr().err.splitlines()
     assert message.startswith(

@@ -11,8 +11,8 @@ import subprocess
 import pynvml
 import pytest
 
+from tests.fakes.nvml import MIB, FakeNVML, ProcScan
 from worker_setup import telemetry
-from worker_setup.fake_nvml import MIB, FakeNVML, ProcScan
 
 from .nvml_failures import FIXTURES, MIXED_GPU_UUIDS, MIXED_MIG, MIXED_MIG_UUIDS
 

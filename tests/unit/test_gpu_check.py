@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from worker_setup import fake_nvml, gpu_check
-from worker_setup.fake_nvml import FakeNVML
+from tests.fakes import nvml as fake_nvml
+from tests.fakes.nvml import FakeNVML, imported, shim_env
+from worker_setup import gpu_check
 
 from .nvml_failures import FIXTURES, K80_UUIDS, K80X2, MIXED_GPU_UUIDS, MIXED_MIG, MIXED_MIG_UUIDS
 from .test_worker_venv import run_in
@@ -31,10 +32,11 @@ MiB = 1024 * 1024
 RESET = "reboot the machine or reset the GPU with nvidia-smi -r, then run this again"
 
 
-def check(capsys, *argv: str) -> tuple[int, list[str], list[str]]:
-    """``python -m worker_setup.gpu_check ARGV`` in this process: status, stdout and stderr
-    lines."""
-    status = gpu_check.main(list(argv))
+def check(capsys, *argv: str, nvml: Path) -> tuple[int, list[str], list[str]]:
+    """``python -m worker_setup.gpu_check ARGV`` in this process, NVML the fake over the
+    fixture ``nvml``: status, stdout and stderr lines."""
+    with imported(nvml):
+        status = gpu_check.main(list(argv))
     out, err = capsys.readouterr()
     return status, out.splitlines(), err.splitlines()
 
@@ -50,10 +52,9 @@ def section(lines: list[str], title: str) -> list[str]:
 
 
 def test_two_k80s_their_slices_and_the_guards_reading(capsys):
-    status, out, err = check(capsys, "--nvml-fixture", str(K80X2), "--no-allocation")
+    status, out, err = check(capsys, "--no-allocation", nvml=K80X2)
     assert status == 0 and err == []
-    assert out[0] == f"FAKE NVML: reading the fixture {K80X2}, NOT this machine's GPUs (tests only)"
-    assert out[1] == "NVIDIA driver 550.54.15, NVML 12.550.54.15"
+    assert out[0] == "NVIDIA driver 550.54.15-FAKE, NVML 12.550.54.15-FAKE"
     assert section(out, "GPUs (NVML)") == [
         "GPUs (NVML): 2",
         f"  GPU 0: {K80_UUIDS[0]}  Tesla K80  11441 MiB  MIG off",
@@ -75,7 +76,7 @@ def test_two_k80s_their_slices_and_the_guards_reading(capsys):
         "Allocation (256 MiB on cuda:0, read back from NVML):",
         "  skipped (--no-allocation)",
     ]
-    assert out[-1] == "GPU check: NVML works; the join would advertise 6 slices (FAKE NVML)"
+    assert out[-1] == "GPU check: NVML works; the join would advertise 6 slices"
 
 
 def test_the_guards_reading_shows_each_process_and_what_nvml_cannot_say(tmp_path, capsys):
@@ -85,7 +86,7 @@ def test_the_guards_reading_shows_each_process_and_what_nvml_cannot_say(tmp_path
                             {"pid": 77, "gpu": 1, "used_mb": None}]  # fmt: skip
     path = tmp_path / "k80.json"
     path.write_text(json.dumps({**fixture, "scan_processes": False}))
-    _, out, _ = check(capsys, "--nvml-fixture", str(path), "--no-allocation")
+    _, out, _ = check(capsys, "--no-allocation", nvml=path)
     assert section(out, "The GPU guard's reading")[1:] == [
         f"  GPU 0: {K80_UUIDS[0]}  Tesla K80  3000 of 11441 MiB used  87% busy  71 C  148 W",
         "    pid 4242: 3000 MiB",
@@ -100,7 +101,7 @@ def test_the_guards_reading_shows_each_process_and_what_nvml_cannot_say(tmp_path
      (["--slice-memory", "20GiB"], 4, 1)],
 )  # fmt: skip
 def test_a_mixed_mig_machine_with_its_instances_and_the_gpu_without(capsys, options, whole, mig):
-    status, out, err = check(capsys, "--nvml-fixture", str(MIXED_MIG), "--no-allocation", *options)
+    status, out, err = check(capsys, "--no-allocation", *options, nvml=MIXED_MIG)
     assert status == 0 and err == []
     a100 = "NVIDIA A100-SXM4-80GB"
     assert section(out, "GPUs (NVML)") == [
@@ -125,7 +126,7 @@ def test_a_mixed_mig_machine_with_its_instances_and_the_gpu_without(capsys, opti
     # the instances in the guard's reading, without what NVML has not for them
     reading = section(out, "The GPU guard's reading")
     assert f"  GPU 1 MIG: {MIXED_MIG_UUIDS[0]}  {a100} MIG 3g.40gb  0 of 40192 MiB used" in reading
-    assert out[-1].endswith(f"would advertise {whole + 2 * mig} slices (FAKE NVML)")
+    assert out[-1].endswith(f"would advertise {whole + 2 * mig} slices")
 
 
 # ---- exit status --------------------------------------------------------------------------
@@ -134,34 +135,35 @@ def test_a_mixed_mig_machine_with_its_instances_and_the_gpu_without(capsys, opti
 @pytest.mark.parametrize(
     "name, line",
     [("no-driver", "NVML cannot start: Driver Not Loaded; the NVIDIA kernel driver is not "
-      "loaded: install the driver (e.g. apt-get install nvidia-driver) and reboot (FAKE NVML)"),
+      "loaded: install the driver (e.g. apt-get install nvidia-driver) and reboot"),
      ("mismatch", "NVML cannot start: RM has detected an NVML/RM version mismatch; the NVIDIA "
       "kernel driver and its library differ, usually after a driver upgrade: reboot the "
-      "machine (FAKE NVML)")],
+      "machine")],
 )  # fmt: skip
 def test_nvml_that_cannot_start_is_one_line_and_status_1(capsys, name, line):
     path = FIXTURES / f"{name}.json"
-    status, out, err = check(capsys, "--nvml-fixture", str(path))
+    status, out, err = check(capsys, nvml=path)
     assert status == 1
     assert err == [line]
-    assert out == [f"FAKE NVML: reading the fixture {path}, NOT this machine's GPUs (tests only)"]
+    assert out == []
 
 
 def test_no_traceback_from_the_command_line():
+    fixture = FIXTURES / "no-driver.json"
     result = subprocess.run(
-        [sys.executable, "-m", "worker_setup.gpu_check", "--nvml-fixture",
-         str(FIXTURES / "no-driver.json")],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "worker_setup.gpu_check"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env=shim_env(fixture),
     )  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
+        f"FAKE NVML: GPUs from the fixture {fixture}, not a driver (tests/fakes/nvml.py)",
         "NVML cannot start: Driver Not Loaded; the NVIDIA kernel driver is not loaded: install "
-        "the driver (e.g. apt-get install nvidia-driver) and reboot (FAKE NVML)"
+        "the driver (e.g. apt-get install nvidia-driver) and reboot",
     ]
 
 
 def test_a_lost_gpu_prints_the_others_and_fails_as_the_join_would(capsys):
-    status, out, err = check(capsys, "--nvml-fixture", str(LOST), "--no-allocation")
+    status, out, err = check(capsys, "--no-allocation", nvml=LOST)
     assert status == 1
     h100 = "NVIDIA H100 80GB HBM3"
     assert section(out, "GPUs (NVML)") == [
@@ -179,17 +181,16 @@ def test_a_lost_gpu_prints_the_others_and_fails_as_the_join_would(capsys):
     assert reading[4:] == ["  error: GPU 1 (PCI 00000000:2A:00.0): GPU is lost (reading its UUID)"]
     assert err == [
         f"GPU check failed: GPU 1 (PCI 00000000:2A:00.0) failed: GPU is lost; {RESET}. The join "
-        "would stop there too: this machine advertises none of its GPUs until it is fixed "
-        "(FAKE NVML)"
+        "would stop there too: this machine advertises none of its GPUs until it is fixed"
     ]
 
 
 def test_a_machine_with_nothing_to_advertise_fails_as_the_join_would(capsys):
-    status, out, err = check(capsys, "--nvml-fixture", str(FIXTURES / "h100-mig-none.json"))
+    status, out, err = check(capsys, nvml=FIXTURES / "h100-mig-none.json")
     assert status == 1
     assert section(out, "Slices")[-1] == "  none"
     assert err == ["GPU check failed: no GPU of this machine can be advertised; the join would "
-                   "stop there (see above) (FAKE NVML)"]  # fmt: skip
+                   "stop there (see above)"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -203,7 +204,7 @@ def test_a_machine_with_nothing_to_advertise_fails_as_the_join_would(capsys):
 def test_what_the_join_would_skip_or_refuse_is_said_as_it_would(
     capsys, fixture, argv, says, status
 ):
-    rc, out, err = check(capsys, "--nvml-fixture", str(FIXTURES / fixture), *argv)
+    rc, out, err = check(capsys, *argv, nvml=FIXTURES / fixture)
     assert rc == status
     slices = section(out, "Slices")
     assert any(line.startswith(says) for line in slices), slices
@@ -236,11 +237,11 @@ def test_a_version_nvml_cannot_give_is_a_question_mark(tmp_path, capsys, call):
     path = tmp_path / "k80.json"
     path.write_text(json.dumps({**json.loads(K80X2.read_text()),
                                 "fail": {call: {"error": "Unknown"}}}))  # fmt: skip
-    status, out, _ = check(capsys, "--nvml-fixture", str(path), "--no-allocation")
+    status, out, _ = check(capsys, "--no-allocation", nvml=path)
     assert status == 0
-    driver = "? (Unknown Error)" if call == "nvmlSystemGetDriverVersion" else "550.54.15"
-    nvml = "? (Unknown Error)" if call == "nvmlSystemGetNVMLVersion" else "12.550.54.15"
-    assert out[1] == f"NVIDIA driver {driver}, NVML {nvml}"
+    driver = "? (Unknown Error)" if call == "nvmlSystemGetDriverVersion" else "550.54.15-FAKE"
+    nvml = "? (Unknown Error)" if call == "nvmlSystemGetNVMLVersion" else "12.550.54.15-FAKE"
+    assert out[0] == f"NVIDIA driver {driver}, NVML {nvml}"
 
 
 def test_every_nvml_call_it_makes_can_be_failed_and_its_own_are_tested():
@@ -381,19 +382,19 @@ def test_the_command_allocates_with_the_framework_it_finds(tmp_path, capsys, mon
     path, _ = following(tmp_path)
     torch = FakeTorch(allocating(path))
     monkeypatch.setattr(gpu_check, "cuda_framework", lambda: torch)
-    status, out, _ = check(capsys, "--nvml-fixture", str(path))
+    status, out, _ = check(capsys, nvml=path)
     assert status == 0
     assert section(out, "Allocation")[2].startswith(f"  NVML: pid {os.getpid()} holds 770 MiB")
     # and not when told
     torch.events.clear()
-    status, out, _ = check(capsys, "--nvml-fixture", str(path), "--no-allocation")
+    status, out, _ = check(capsys, "--no-allocation", nvml=path)
     assert section(out, "Allocation")[1:] == ["  skipped (--no-allocation)"]
     assert torch.events == []
 
 
 def test_without_a_cuda_framework_the_allocation_is_skipped_with_a_line(capsys, monkeypatch):
     monkeypatch.setattr(gpu_check, "FRAMEWORKS", ("no_such_torch", "no_such_cupy"))
-    _, out, _ = check(capsys, "--nvml-fixture", str(K80X2))
+    _, out, _ = check(capsys, nvml=K80X2)
     assert section(out, "Allocation")[1].startswith(
         f"  skipped: neither no_such_torch nor no_such_cupy can be imported by {sys.executable}"
     )
@@ -433,12 +434,13 @@ def nvml_only(tmp_path_factory) -> Path:
 def test_it_imports_only_the_standard_library_nvml_and_the_repository(nvml_only, tmp_path, venv):
     """On a bare checkout with nvidia-ml-py alone; and here, where much more is importable."""
     python = nvml_only if venv == "nvml-only" else Path(sys.executable)
-    result = run_in(python, "-c", LIST_IMPORTS, "--nvml-fixture", str(K80X2), cwd=tmp_path)
+    result = run_in(python, "-c", LIST_IMPORTS, cwd=tmp_path, nvml=K80X2)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1].startswith("GPU check: NVML works")
     [imported] = [line.split()[1:] for line in result.stderr.splitlines() if "IMPORTED" in line]
     repository = ("worker_setup", "gpu_swarm_spawner.contract", "deploy.settings")
     allowed = {"pynvml", "gpu_swarm_spawner", "deploy"}
+    allowed |= {"tests", "tests.fakes", "tests.fakes.nvml"}  # the fake NVML, as `import pynvml`
     wrong = [m for m in imported if m not in allowed and not m.startswith(repository)]
     assert not wrong
     assert "pynvml" in imported and "worker_setup.telemetry" in imported
@@ -447,11 +449,13 @@ def test_it_imports_only_the_standard_library_nvml_and_the_repository(nvml_only,
 def test_make_gpu_check_runs_the_venvs_python_without_root_or_docker(nvml_only, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GPUHUB_VENV": str(nvml_only.parents[1])}
     result = subprocess.run(
-        ["make", "-s", "-C", str(REPO), "gpu-check", f"ARGS=--nvml-fixture {K80X2}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        ["make", "-s", "-C", str(REPO), "gpu-check"],
+        cwd=tmp_path, env=shim_env(K80X2, env), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert f"can be imported by {nvml_only} (" in result.stdout
-    assert result.stdout.splitlines()[-1] == (
-        "GPU check: NVML works; the join would advertise 6 slices (FAKE NVML)"
+    assert (
+        result.stdout.splitlines()[-1] == "GPU check: NVML works; the join would advertise 6 slices"
     )
+    assert "NVIDIA driver 550.54.15-FAKE, NVML 12.550.54.15-FAKE" in result.stdout
+    assert result.stderr.startswith(f"FAKE NVML: GPUs from the fixture {K80X2}, not a driver")

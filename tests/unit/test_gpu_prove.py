@@ -20,10 +20,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.fakes.nvml import FakeNVML
 from tests.gpu import prove, run, sections
 from tests.gpu.prove import FAIL, PASS, SKIP, Check
 from worker_setup import gpus
-from worker_setup.fake_nvml import FakeNVML
 
 REPO = Path(__file__).resolve().parents[2]
 PROVE = REPO / "tests" / "gpu" / "prove.sh"

@@ -7,8 +7,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from worker_setup import fake_nvml, gpus
-from worker_setup.fake_nvml import FakeNVML
+from tests.fakes import nvml as fake_nvml
+from tests.fakes.nvml import FakeNVML
+from worker_setup import gpus
 
 from .nvml_failures import FAILURES, K80_UUIDS, K80X2, MIG_FAILURES
 

@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_swarm_spawner import contract
+from tests.fakes.nvml import FakeNVML
 from worker_setup import guard as guard_module
 from worker_setup.engine_api import EngineUnavailable
-from worker_setup.fake_nvml import FakeNVML
 from worker_setup.guard import Guard, Options, Proc, container_of, servers_from
 from worker_setup.guard_policy import GuardSettings
 

@@ -15,8 +15,8 @@ from deploy.status import render
 from gpu_swarm_spawner import broker, contract, placement
 from gpu_swarm_spawner.inventory import build_inventory, task_reservations
 from gpu_swarm_spawner.spawner import GPUSwarmSpawner
+from tests.fakes.nvml import FakeNVML, shim_env
 from worker_setup import advertise, gpus, slicing
-from worker_setup.fake_nvml import FakeNVML
 
 from .clusters import node, task
 from .nvml_failures import (
@@ -26,6 +26,7 @@ from .nvml_failures import (
     MIXED_MIG,
     MIXED_MIG_UUIDS,
     fixture_failing,
+    run,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,12 +37,6 @@ H100_PARENT = "GPU-7c1d4e2a-5b6f-4a3c-9d8e-000000000000"
 H100_MIGS = [f"MIG-2a7e9c1b-3d4f-5a6b-8c9d-00000000000{i}" for i in range(7)]
 A100_PARENT = "GPU-1e4b7a90-2c3d-4e5f-8a7b-000000000000"
 A100_MIGS = [f"MIG-5f0c3a8d-1b2e-4c7d-9e6f-00000000000{i}" for i in range(3)]
-
-
-def run(tmp_path, *args):
-    path = tmp_path / "daemon.json"
-    rc = advertise.main(["--daemon-json", str(path), "--nvidia-runtime", "off", *args])
-    return rc, (json.loads(path.read_text()) if path.exists() else None)
 
 
 # ---- discovery ----------------------------------------------------------------------------
@@ -134,7 +129,7 @@ def test_the_fake_checks_mig_instances_and_mig_failures():
 
 
 def test_h100_with_seven_instances_advertises_seven_kinds_and_not_the_gpu(tmp_path, capsys):
-    rc, config = run(tmp_path, "--nvml-fixture", str(H100_MIG), "--slices-per-gpu", "4")
+    rc, config = run(tmp_path, "--slices-per-gpu", "4", nvml=H100_MIG)
     assert rc == advertise.CHANGED
     # one slice each, and Swarm's spare unit (contract.SWARM_SPARE)
     assert config["node-generic-resources"] == [f"{uuid}=2" for uuid in H100_MIGS]
@@ -151,7 +146,7 @@ def test_h100_with_seven_instances_advertises_seven_kinds_and_not_the_gpu(tmp_pa
 
 
 def test_mig_slices_split_each_instance(tmp_path):
-    rc, config = run(tmp_path, "--nvml-fixture", str(A100_MIXED), "--mig-slices", "2")
+    rc, config = run(tmp_path, "--mig-slices", "2", nvml=A100_MIXED)
     assert rc == advertise.CHANGED
     assert config["node-generic-resources"] == [f"{uuid}=3" for uuid in A100_MIGS]  # 2 + spare
     assert "gpu-jupyterhub.memory-mb." + A100_MIGS[1] + "=19968" in config["labels"]
@@ -177,7 +172,7 @@ def test_slicing_gives_mig_instances_their_own_count():
 def test_a_mixed_machine_advertises_whole_gpus_and_instances_and_names_the_empty_one(
     tmp_path, capsys
 ):
-    rc, config = run(tmp_path, "--nvml-fixture", str(MIXED_MIG))
+    rc, config = run(tmp_path, nvml=MIXED_MIG)
     assert rc == advertise.CHANGED
     assert config["node-generic-resources"] == [
         f"{MIXED_GPU_UUIDS[0]}=4",  # 3 slices and the spare unit
@@ -190,7 +185,7 @@ def test_a_mixed_machine_advertises_whole_gpus_and_instances_and_names_the_empty
 
 
 def test_a_machine_whose_only_gpu_has_no_instances_stops_with_the_fix(tmp_path, capsys):
-    rc, config = run(tmp_path, "--nvml-fixture", str(NO_INSTANCES))
+    rc, config = run(tmp_path, nvml=NO_INSTANCES)
     assert rc == 1 and config is None
     (line,) = capsys.readouterr().err.splitlines()
     assert "is in MIG mode but has no MIG instances" in line
@@ -198,26 +193,26 @@ def test_a_machine_whose_only_gpu_has_no_instances_stops_with_the_fix(tmp_path, 
 
 
 def test_a_manager_with_an_empty_mig_gpu_advertises_nothing_when_gpus_are_optional(tmp_path):
-    rc, config = run(tmp_path, "--nvml-fixture", str(NO_INSTANCES), "--none-if-no-gpu")
+    rc, config = run(tmp_path, "--none-if-no-gpu", nvml=NO_INSTANCES)
     assert rc == 0 and config is None
 
 
 def test_instances_gone_since_the_last_run_are_taken_out(tmp_path):
     """Re-running after an admin destroyed the instances (and turned MIG off) leaves no stale
     MIG kind or label behind."""
-    run(tmp_path, "--nvml-fixture", str(H100_MIG))
+    run(tmp_path, nvml=H100_MIG)
     fixture = json.loads(H100_MIG.read_text())
     fixture["gpus"][0]["mig_mode"] = 0
     path = tmp_path / "whole.json"
     path.write_text(json.dumps(fixture))
-    rc, config = run(tmp_path, "--nvml-fixture", str(path))
+    rc, config = run(tmp_path, nvml=path)
     assert rc == advertise.CHANGED
     assert config["node-generic-resources"] == [f"{H100_PARENT}=4"]  # 3 and the spare
     assert "MIG-" not in json.dumps(config)
 
 
 def test_remove_takes_the_mig_kinds_out_too(tmp_path):
-    assert run(tmp_path, "--nvml-fixture", str(H100_MIG))[0] == advertise.CHANGED
+    assert run(tmp_path, nvml=H100_MIG)[0] == advertise.CHANGED
     rc, config = run(tmp_path, "--remove")
     assert rc == advertise.CHANGED and config == {}
 
@@ -226,12 +221,13 @@ def test_a_failing_mig_call_stops_the_machine_with_one_line(tmp_path):
     fail, line = MIG_FAILURES["nvmlDeviceGetMaxMigDeviceCount"]
     result = subprocess.run(
         [sys.executable, "-m", "worker_setup.advertise", "--daemon-json",
-         str(tmp_path / "daemon.json"), "--nvidia-runtime", "off",
-         "--nvml-fixture", str(fixture_failing(tmp_path, fail, base=MIXED_MIG))],
+         str(tmp_path / "daemon.json"), "--nvidia-runtime", "off"],
         cwd=REPO, capture_output=True, text=True, timeout=60,
+        env=shim_env(fixture_failing(tmp_path, fail, base=MIXED_MIG)),
     )  # fmt: skip
     assert result.returncode == 1
-    (message,) = result.stderr.splitlines()
+    fake, message = result.stderr.splitlines()
+    assert fake.startswith("FAKE NVML: GPUs from the fixture ")
     assert message.startswith(line) and "not even the working ones" in message
 
 

@@ -20,11 +20,11 @@ from gpu_swarm_spawner import broker, contract
 from gpu_swarm_spawner.contract import MAX_SLICES_PER_GPU
 from gpu_swarm_spawner.inventory import build_inventory
 from gpu_swarm_spawner.spawner import GPUSwarmSpawner
+from tests.fakes.nvml import FakeNVML
 from worker_setup import advertise, daemon_config, gpus, guard, slicing, usable
-from worker_setup.fake_nvml import FakeNVML
 
 from .clusters import node_from_daemon_json
-from .nvml_failures import FIXTURES, K80X2
+from .nvml_failures import FIXTURES, K80X2, run
 
 H100X4_ZERO = FIXTURES / "h100x4-gpu2-zero-memory.json"
 H100_ZERO_UUIDS = [f"GPU-0a6f3c91-7d2e-4b58-a1c4-00000000000{i}" for i in range(4)]
@@ -33,17 +33,6 @@ MIG_ZERO_UUIDS = [f"MIG-c41a9e27-5d3b-4f80-a6e2-00000000000{i}" for i in range(3
 ODD_NAMES = FIXTURES / "odd-names.json"
 SAME_UUID = "GPU-5f8c2e61-0b4d-4a97-8e3c-6d1f0a2b9c74"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def run(tmp_path, *args):
-    """``python -m worker_setup.advertise ARGS``: its status and the daemon.json it left."""
-    path = tmp_path / "daemon.json"
-    rc = advertise.main(["--daemon-json", str(path), "--nvidia-runtime", "off", *args])
-    return rc, (json.loads(path.read_text()) if path.exists() else None)
-
-
-def fixture(name: str) -> list[str]:
-    return ["--nvml-fixture", str(FIXTURES / name)]
 
 
 def make_spawner():
@@ -94,7 +83,7 @@ def follow(config: dict) -> list:
 
 def test_a_well_reported_machine_gives_every_slice_a_guarded_budget(tmp_path):
     """The corpus's baseline: two K80 halves, 3 slices each, 3813 MiB a slice."""
-    rc, config = run(tmp_path, "--nvml-fixture", str(K80X2))
+    rc, config = run(tmp_path, nvml=K80X2)
     assert rc == advertise.CHANGED
     inventory = follow(config)
     assert [(g.slices, g.memory_budget_mb(1)) for g in inventory] == [(3, 3813), (3, 3813)]
@@ -118,7 +107,7 @@ def test_a_gpu_advertised_with_0_mib_as_before_would_run_unguarded():
 def test_a_gpu_reporting_0_mib_is_skipped_with_a_warning_and_the_rest_are_advertised(
     tmp_path, capsys
 ):
-    rc, config = run(tmp_path, "--nvml-fixture", str(H100X4_ZERO))
+    rc, config = run(tmp_path, nvml=H100X4_ZERO)
     assert rc == advertise.CHANGED
     inventory = follow(config)
     kept = [H100_ZERO_UUIDS[i] for i in (0, 1, 3)]
@@ -136,7 +125,7 @@ def test_a_gpu_reporting_0_mib_is_skipped_with_a_warning_and_the_rest_are_advert
 
 
 def test_a_mig_instance_reporting_0_mib_is_skipped_and_its_siblings_advertised(tmp_path, capsys):
-    rc, config = run(tmp_path, "--nvml-fixture", str(MIG_ZERO))
+    rc, config = run(tmp_path, nvml=MIG_ZERO)
     assert rc == advertise.CHANGED
     assert [g.uuid for g in follow(config)] == MIG_ZERO_UUIDS[:2]
     out = capsys.readouterr().out
@@ -148,7 +137,7 @@ def test_a_mig_instance_reporting_0_mib_is_skipped_and_its_siblings_advertised(t
 
 
 def test_memory_nvml_cannot_give_is_skipped_like_none(tmp_path, capsys):
-    rc, config = run(tmp_path, *fixture("h100x2-memory-not-available.json"))
+    rc, config = run(tmp_path, nvml=FIXTURES / "h100x2-memory-not-available.json")
     assert rc == advertise.CHANGED
     (gpu,) = follow(config)
     assert gpu.uuid.endswith("000000000000")
@@ -156,7 +145,7 @@ def test_memory_nvml_cannot_give_is_skipped_like_none(tmp_path, capsys):
 
 
 def test_a_machine_whose_every_gpu_reports_0_mib_is_refused(tmp_path, capsys):
-    rc, config = run(tmp_path, *fixture("t4x2-zero-memory.json"))
+    rc, config = run(tmp_path, nvml=FIXTURES / "t4x2-zero-memory.json")
     assert rc == 1 and config is None
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("GPU 0 (GPU-9e2d4b17-3c8a-4f06-b5e1-000000000000, Tesla T4, 0 MiB)")
@@ -168,7 +157,7 @@ def test_two_gpus_with_one_uuid_are_refused_naming_both_and_the_fix(tmp_path, ca
     guard reads memory by UUID, so neither can tell the two apart."""
     path = tmp_path / "daemon.json"
     path.write_text('{"debug": true}')
-    rc, config = run(tmp_path, *fixture("t4x2-passthrough-same-uuid.json"))
+    rc, config = run(tmp_path, nvml=FIXTURES / "t4x2-passthrough-same-uuid.json")
     assert rc == 1 and config == {"debug": True}
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"GPU 0 and GPU 1 report one UUID, {SAME_UUID}: ")
@@ -178,14 +167,14 @@ def test_two_gpus_with_one_uuid_are_refused_naming_both_and_the_fix(tmp_path, ca
 
 def test_two_gpus_with_one_uuid_fall_back_to_simulated_ones_only_when_asked(tmp_path, capsys):
     rc, config = run(
-        tmp_path, *fixture("t4x2-passthrough-same-uuid.json"), "--simulate-if-no-gpu", "1"
+        tmp_path, "--simulate-if-no-gpu", "1", nvml=FIXTURES / "t4x2-passthrough-same-uuid.json"
     )
     assert rc == advertise.CHANGED and SAME_UUID not in json.dumps(config)
     assert "no NVIDIA GPU usable here (GPU 0 and GPU 1 report one UUID" in capsys.readouterr().out
 
 
 def test_mig_instances_named_as_drivers_before_r470_did_are_refused(tmp_path, capsys):
-    rc, config = run(tmp_path, *fixture("a100-mig-old-driver-uuid.json"))
+    rc, config = run(tmp_path, nvml=FIXTURES / "a100-mig-old-driver-uuid.json")
     assert rc == 1 and config is None
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(
@@ -197,7 +186,7 @@ def test_mig_instances_named_as_drivers_before_r470_did_are_refused(tmp_path, ca
 
 def test_an_unknown_error_on_one_gpu_stops_the_machine_naming_it(tmp_path, capsys):
     """NVML_ERROR_UNKNOWN, as a GPU mid-reset answers: a failed GPU, like a lost one."""
-    rc, config = run(tmp_path, *fixture("h100x2-gpu1-unknown-error.json"))
+    rc, config = run(tmp_path, nvml=FIXTURES / "h100x2-gpu1-unknown-error.json")
     assert rc == 1 and config is None
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(
@@ -208,7 +197,7 @@ def test_an_unknown_error_on_one_gpu_stops_the_machine_naming_it(tmp_path, capsy
 
 
 def test_odd_names_become_one_clean_line_and_label_each(tmp_path, capsys):
-    rc, config = run(tmp_path, "--nvml-fixture", str(ODD_NAMES))
+    rc, config = run(tmp_path, nvml=ODD_NAMES)
     assert rc == advertise.CHANGED
     assert len(follow(config)) == 4
     model = next(x for x in config["labels"] if x.startswith("gpu-jupyterhub.gpu-model="))
@@ -288,7 +277,9 @@ def test_counts_and_sizes_the_hub_would_not_use_are_refused_before_nvml(capsys, 
 
 
 def test_64_slices_is_the_most_the_join_accepts(tmp_path):
-    rc, config = run(tmp_path, *fixture("h100x8.json"), "--slices-per-gpu", str(MAX_SLICES_PER_GPU))
+    rc, config = run(
+        tmp_path, "--slices-per-gpu", str(MAX_SLICES_PER_GPU), nvml=FIXTURES / "h100x8.json"
+    )
     assert rc == advertise.CHANGED
     assert {g.slices for g in follow(config)} == {MAX_SLICES_PER_GPU}
 
@@ -321,7 +312,7 @@ def test_64_slices_is_the_most_the_join_accepts(tmp_path):
 def test_slices_a_gpu_cannot_hold_are_refused_with_what_fits(tmp_path, capsys, name, option, says):
     path = tmp_path / "daemon.json"
     path.write_text('{"debug": true}')
-    rc, config = run(tmp_path, *fixture(name), *option)
+    rc, config = run(tmp_path, *option, nvml=FIXTURES / name)
     assert rc == 1 and config == {"debug": True}
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(says) and line.endswith("Nothing was changed.")
@@ -333,7 +324,7 @@ def test_what_the_refusals_suggest_is_accepted(tmp_path):
         ("k80x2.json", ["--slices-per-gpu", "44"]),
         ("h100-mig-7x1g.json", ["--mig-slices", "38"]),
     ]:
-        rc, config = run(tmp_path, *fixture(name), *option)
+        rc, config = run(tmp_path, *option, nvml=FIXTURES / name)
         assert rc == advertise.CHANGED, (name, option)
         follow(config)
         (tmp_path / "daemon.json").unlink()

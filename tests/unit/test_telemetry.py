@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from worker_setup import fake_nvml, telemetry
-from worker_setup.fake_nvml import FakeNVML
+from tests.fakes import nvml as fake_nvml
+from tests.fakes.nvml import FakeNVML
+from worker_setup import telemetry
 from worker_setup.telemetry import GPUStats, ProcessUse, Snapshot
 
 from .nvml_failures import FIXTURES, K80_UUIDS, K80X2, MIXED_GPU_UUIDS, MIXED_MIG_UUIDS

@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from gpu_swarm_spawner import contract
+from tests.fakes.nvml import imported, shim_env
 from worker_setup import join, shared_folders
 from worker_setup.__main__ import main, parse_args
 from worker_setup.docker_cli import DockerCLI
 
-from .nvml_failures import FIXTURES
+from .nvml_failures import FIXTURES, K80X2
 
 TOKEN = "SWMTKN-1-3pu6hszjas19xyp7ghgosyx9k8atbfcr8p2is99znpy26u2lkl-1awxwuwd3z9j1z3puu7rcgdbx"
 IMAGE = "gpu-jupyterhub/singleuser:latest"
@@ -140,8 +141,9 @@ def daemon_json(tmp_path):
     return path
 
 
-def setup(engine, daemon_json, manager, *args, simulate=True):
-    """``python -m worker_setup --manager ... --token ... ARGS``; its exit status."""
+def setup(engine, daemon_json, manager, *args, simulate=True, nvml=None):
+    """``python -m worker_setup --manager ... --token ... ARGS``; its exit status. ``nvml``: a
+    fixture, NVML the fake over it, for the join here and the guard it starts (shim_env)."""
     line = ["--manager", manager, "--token", TOKEN, "--nvidia-runtime", "off", "--machine-id", "t"]
     line += ["--image", IMAGE]
     if simulate:
@@ -150,7 +152,10 @@ def setup(engine, daemon_json, manager, *args, simulate=True):
     # the guard it starts talks to the engine the test names, never this machine's own
     passed_on = ("GPUHUB_GUARD_", "DOCKER_HOST")
     environ.update((k, v) for k, v in os.environ.items() if k.startswith(passed_on))
-    return main([*line, *args], docker=engine, environ=environ)
+    if not nvml:
+        return main([*line, *args], docker=engine, environ=environ)
+    with imported(nvml):
+        return main([*line, *args], docker=engine, environ=shim_env(nvml, environ))
 
 
 def leave(engine, daemon_json, *args, **machine):
@@ -385,19 +390,16 @@ def test_a_dry_run_on_a_stuck_machine_changes_nothing(daemon_json, manager, caps
 @pytest.mark.parametrize("fixture", ["h100x4-gpu1-lost.json", "no-driver.json"])
 def test_an_nvml_failure_stops_outside_the_swarm(daemon_json, manager, capsys, fixture):
     engine = FakeEngine()
-    nvml = ["--nvml-fixture", str(FIXTURES / fixture)]
-    assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 1
-    out, err = capsys.readouterr()
+    assert setup(engine, daemon_json, manager, simulate=False, nvml=FIXTURES / fixture) == 1
+    err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert "--simulate-gpus N instead" in err
-    assert "      FAKE NVML: GPUs from the fixture" in out  # what it read, before the reason
     assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
 
 
 def test_real_gpus_are_summed_up_by_model(daemon_json, manager, capsys):
     engine = FakeEngine(images={IMAGE: "sha256:1"})
-    nvml = ["--nvml-fixture", str(FIXTURES / "k80x2.json"), "--dry-run"]
-    assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 0
+    assert setup(engine, daemon_json, manager, "--dry-run", simulate=False, nvml=K80X2) == 0
     out = capsys.readouterr().out
     assert summary(out)["gpus"] == "2 GPU(s): 2 Tesla K80 11441 MiB -> 3 slices"
     assert "\n      warning: nvidia-container-runtime not found; containers will not" in out
@@ -405,8 +407,10 @@ def test_real_gpus_are_summed_up_by_model(daemon_json, manager, capsys):
 
 def test_a_gpu_reporting_0_mib_is_skipped_and_the_summary_says_so(daemon_json, manager, capsys):
     engine = FakeEngine(images={IMAGE: "sha256:1"})
-    nvml = ["--nvml-fixture", str(FIXTURES / "h100x4-gpu2-zero-memory.json")]
-    assert setup(engine, daemon_json, manager, *nvml, "--guard-mode", "off", simulate=False) == 0
+    nvml = FIXTURES / "h100x4-gpu2-zero-memory.json"
+    assert (
+        setup(engine, daemon_json, manager, "--guard-mode", "off", simulate=False, nvml=nvml) == 0
+    )
     out = capsys.readouterr().out
     assert summary(out)["gpus"] == (
         "3 GPU(s): 3 NVIDIA H100 80GB HBM3 81559 MiB -> 3 slices; 1 skipped (see the warning)"
@@ -420,8 +424,8 @@ def test_a_gpu_reporting_0_mib_is_skipped_and_the_summary_says_so(daemon_json, m
 
 def test_gpus_sharing_a_uuid_stop_the_join_outside_the_swarm(daemon_json, manager, capsys):
     engine = FakeEngine()
-    nvml = ["--nvml-fixture", str(FIXTURES / "t4x2-passthrough-same-uuid.json")]
-    assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 1
+    nvml = FIXTURES / "t4x2-passthrough-same-uuid.json"
+    assert setup(engine, daemon_json, manager, simulate=False, nvml=nvml) == 1
     line = one_error_line(capsys)
     assert line.startswith("error: GPU 0 and GPU 1 report one UUID, GPU-5f8c2e61-")
     assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
@@ -774,29 +778,32 @@ def test_the_join_starts_the_guard_restarts_it_for_new_settings_and_leave_remove
     engine = FakeEngine(up=False)
     engine.pullable[IMAGE] = "sha256:" + "a" * 64
     port = str(free_port())
-    nvml = ["--nvml-fixture", str(FIXTURES / "k80x2.json"), "--guard-metrics-port", port]
+    port_line = ["--guard-metrics-port", port]
     try:
-        assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 0
+        assert setup(engine, daemon_json, manager, *port_line, simulate=False, nvml=K80X2) == 0
         rows = summary(capsys.readouterr().out)
         pidfile = guard_files["GPUHUB_GUARD_PIDFILE"]
         assert rows["guard"] == f"started (warn mode, metrics on :{port}; pid file {pidfile})"
         first = guard_pid(guard_files)
         assert first and "worker_setup.guard" in Path(f"/proc/{first}/cmdline").read_text()
-        assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 0
+        assert setup(engine, daemon_json, manager, *port_line, simulate=False, nvml=K80X2) == 0
         assert (
             summary(capsys.readouterr().out)["guard"] == f"running (warn mode, metrics on :{port})"
         )
         assert guard_pid(guard_files) == first
-        enforce = [*nvml, "--guard-mode", "enforce", "--guard-grace-seconds", "30"]
-        assert setup(engine, daemon_json, manager, *enforce, simulate=False) == 0
+        enforce = [*port_line, "--guard-mode", "enforce", "--guard-grace-seconds", "30"]
+        assert setup(engine, daemon_json, manager, *enforce, simulate=False, nvml=K80X2) == 0
         assert summary(capsys.readouterr().out)["guard"].startswith("restarted (enforce mode")
         second = guard_pid(guard_files)
         assert second and second != first and guard_pid(guard_files) == second
         args = Path(f"/proc/{second}/cmdline").read_text().split("\0")
         assert args[args.index("--mode") + 1] == "enforce"
         assert args[args.index("--grace-seconds") + 1] == "30"
+        assert not [a for a in args if "fixture" in a]  # the fake is no option of the guard's
         log = Path(guard_files["GPUHUB_GUARD_LOG"]).read_text()
-        assert "FAKE NVML" in log and "no decisions until it answers" in log
+        # the join's environment took the fake to the guard: its shim said so in the log
+        assert f"FAKE NVML: GPUs from the fixture {K80X2}, not a driver" in log
+        assert "no decisions until it answers" in log
         assert leave(engine, daemon_json) == 0
         assert summary(capsys.readouterr().out)["guard"] == "stopped and removed (leaving)"
         assert guard_pid(guard_files) is None and not Path(f"/proc/{second}").exists()
@@ -809,8 +816,7 @@ def test_a_dry_run_says_it_would_start_the_guard_and_starts_nothing(
     daemon_json, manager, capsys, guard_files
 ):
     engine = FakeEngine(up=False)
-    nvml = ["--nvml-fixture", str(FIXTURES / "k80x2.json"), "--dry-run"]
-    assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 0
+    assert setup(engine, daemon_json, manager, "--dry-run", simulate=False, nvml=K80X2) == 0
     row = summary(capsys.readouterr().out)["guard"]
     assert row.startswith("would start the GPU guard (warn mode, metrics on :9445; pid file ")
     assert guard_pid(guard_files) is None
@@ -819,8 +825,9 @@ def test_a_dry_run_says_it_would_start_the_guard_and_starts_nothing(
 def test_guard_mode_off_runs_no_guard(daemon_json, manager, capsys, guard_files):
     engine = FakeEngine(up=False)
     engine.pullable[IMAGE] = "sha256:" + "a" * 64
-    nvml = ["--nvml-fixture", str(FIXTURES / "k80x2.json"), "--guard-mode", "off"]
-    assert setup(engine, daemon_json, manager, *nvml, simulate=False) == 0
+    assert (
+        setup(engine, daemon_json, manager, "--guard-mode", "off", simulate=False, nvml=K80X2) == 0
+    )
     assert summary(capsys.readouterr().out)["guard"] == "not running (--guard-mode off)"
     assert guard_pid(guard_files) is None
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.nvml import shim_env
+
 from .imports import imports
 from .nvml_failures import FIXTURES, K80_UUIDS, K80X2
 
@@ -68,11 +70,16 @@ def venvs(tmp_path_factory):
     return make_venv(root / "stdlib", False), make_venv(root / "nvml", True)
 
 
-def run_in(python: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+def run_in(
+    python: Path, *args: str, cwd: Path, nvml: Path | None = None, **env: str
+) -> subprocess.CompletedProcess:
     """``python ARGS`` with the checkout on PYTHONPATH (as setup.sh runs it) and nothing else
-    of this environment: not its PATH, not its venv."""
+    of this environment: not its PATH, not its venv; NVML the fake over the fixture ``nvml``
+    when given."""
     clean = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "PYTHONNOUSERSITE": "1",
              "HOME": str(cwd), "LC_ALL": "C.UTF-8"}  # fmt: skip
+    if nvml:
+        clean = shim_env(nvml, clean)
     return subprocess.run(
         [str(python), *args], cwd=cwd, env={**clean, **env},
         capture_output=True, text=True, timeout=60,
@@ -99,7 +106,7 @@ def test_advertise_runs_with_nvidia_ml_py_alone(venvs, tmp_path):
     daemon_json = tmp_path / "daemon.json"
     args = ["-m", "worker_setup.advertise", "--daemon-json", str(daemon_json),
             "--nvidia-runtime", "off"]  # fmt: skip
-    result = run_in(venvs[1], *args, "--nvml-fixture", str(K80X2), cwd=tmp_path)
+    result = run_in(venvs[1], *args, cwd=tmp_path, nvml=K80X2)
     assert result.returncode == 3, result.stderr
     config = json.loads(daemon_json.read_text())
     assert config["node-generic-resources"] == [f"{uuid}=4" for uuid in K80_UUIDS]  # 3 + spare
@@ -111,10 +118,12 @@ def test_advertise_runs_with_nvidia_ml_py_alone(venvs, tmp_path):
 
     # pynvml's own exception for a lost GPU, in the venv: one line, no traceback
     lost = str(FIXTURES / "h100x4-gpu1-lost.json")
-    result = run_in(venvs[1], *args, "--nvml-fixture", lost, cwd=tmp_path)
+    result = run_in(venvs[1], *args, cwd=tmp_path, nvml=lost)
     assert result.returncode == 1
-    assert len(result.stderr.splitlines()) == 1, result.stderr
-    assert result.stderr.startswith("GPU 1 (PCI 00000000:2A:00.0) failed: GPU is lost;")
+    fake, *lines = result.stderr.splitlines()
+    assert fake == f"FAKE NVML: GPUs from the fixture {lost}, not a driver (tests/fakes/nvml.py)"
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("GPU 1 (PCI 00000000:2A:00.0) failed: GPU is lost;")
 
 
 def allowed(module: str, extra: set[str] = ALLOWED) -> bool:
@@ -193,9 +202,10 @@ esac
 """
 
 
-def run_setup_sh(venvs, tmp_path, *args, engine="down", python3=True, **environ):
+def run_setup_sh(venvs, tmp_path, *args, engine="down", python3=True, nvml=None, **environ):
     """setup.sh ARGS with the stand-ins; ``environ`` changes its environment (None: unset);
-    ``python3=False``: a python3 that fails."""
+    ``python3=False``: a python3 that fails; NVML the fake over the fixture ``nvml`` when
+    given."""
     assert "--dry-run" in args, "only ever a dry run here"
     stubs = tmp_path / "bin"
     stubs.mkdir()
@@ -229,6 +239,8 @@ def run_setup_sh(venvs, tmp_path, *args, engine="down", python3=True, **environ)
     }
     env.update(environ)
     env = {k: v for k, v in env.items() if v is not None}
+    if nvml:
+        env = shim_env(nvml, env)
     with socket.socket() as manager:  # the manager's swarm port answers
         manager.bind(("127.0.0.1", 0))
         manager.listen()
@@ -242,7 +254,7 @@ def run_setup_sh(venvs, tmp_path, *args, engine="down", python3=True, **environ)
 
 
 def test_setup_sh_plans_a_join_with_nvidia_ml_py_alone(venvs, tmp_path):
-    result, docker = run_setup_sh(venvs, tmp_path, "--nvml-fixture", str(K80X2), "--dry-run")
+    result, docker = run_setup_sh(venvs, tmp_path, "--dry-run", nvml=K80X2)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "2 GPU(s): 2 Tesla K80 11441 MiB -> 3 slices" in out
@@ -263,9 +275,10 @@ def test_the_worker_setup_explains_itself_without_nvidia_ml_py(venvs, tmp_path, 
     assert result.returncode == 0, result.stderr
     assert "sudo ./worker_setup/setup.sh --leave" in result.stdout
     options = "--manager --token --image-tar --registry --slices-per-gpu --slice-memory "
-    options += "--simulate-gpus --nvml-fixture --nvidia-runtime --wait --force --dry-run"
+    options += "--simulate-gpus --nvidia-runtime --wait --force --dry-run"
     for option in options.split():
         assert option in result.stdout
+    assert "fixture" not in result.stdout  # the tests' fake NVML is no option of the product
 
 
 def test_setup_sh_help_needs_no_root_and_no_worker_python(tmp_path):
@@ -294,7 +307,7 @@ def test_setup_sh_takes_the_repositorys_venv_when_it_has_nvidia_ml_py(venvs, tmp
 
 def test_setup_sh_stops_before_joining_when_a_gpu_is_lost(venvs, tmp_path):
     lost = str(FIXTURES / "h100x4-gpu1-lost.json")
-    result, docker = run_setup_sh(venvs, tmp_path, "--nvml-fixture", lost, "--dry-run")
+    result, docker = run_setup_sh(venvs, tmp_path, "--dry-run", nvml=lost)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "GPU 1 (PCI 00000000:2A:00.0) failed: GPU is lost;" in result.stderr

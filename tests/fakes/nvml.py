@@ -1,7 +1,18 @@
-"""A stand-in for ``pynvml`` over fixture GPUs, for machines without an NVIDIA GPU.
+"""The tests' stand-in for ``pynvml`` over fixture GPUs, for machines without an NVIDIA GPU.
 
-Only ever used when asked for by name (``--nvml-fixture FILE``); the setup then says FAKE NVML in
-its output. A fixture is JSON (see tests/fixtures/nvml/ for examples)::
+The product (worker_setup) gets NVML in one place, ``worker_setup.gpus.load_nvml``: ``import
+pynvml``. The tests put this double there, at that edge, and only when asked for by name:
+
+- in another process (a command, the join on a bed machine, the GPU guard it starts): the
+  folder tests/fakes/pynvml_shim first on PYTHONPATH *and* the fixture in FAKE_NVML_FIXTURE
+  (``shim_env``); that folder's ``pynvml`` refuses to load without a fixture named;
+- in the test's own process: ``imported(path)``, which puts the double in ``sys.modules``.
+
+Either way ``serve`` makes it; in another process it says "FAKE NVML: GPUs from the fixture X,
+not a driver" on stderr (the GPU guard's log), and the driver's version it answers says FAKE,
+so whatever prints the driver shows it.
+
+A fixture is JSON (see tests/fixtures/nvml/ for examples)::
 
     {"description": "what machine this is",
      "gpus": [{"uuid": "GPU-...", "name": "Tesla K80", "memory_mb": 11441,
@@ -41,7 +52,8 @@ A handle of a GPU reports its processes and those of its MIG instances; an insta
 only its own.
 
 The driver's and NVML's versions (``nvmlSystemGetDriverVersion``, ``nvmlSystemGetNVMLVersion``,
-which ``make gpu-check`` prints) are always ``DRIVER_VERSION`` and ``NVML_VERSION``.
+which ``make gpu-check`` prints) are always ``DRIVER_VERSION`` and ``NVML_VERSION``: a 550
+driver's, marked FAKE.
 
 ``fail`` makes pynvml calls (any of ``FAILABLE_CALLS``) raise pynvml's own exception
 ``NVMLError_<error>`` (``GpuIsLost``, ``DriverNotLoaded``, ``LibRmVersionMismatch``, ...), so
@@ -60,13 +72,23 @@ use and says why in ``reload_error``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.machinery
+import importlib.util
 import json
 import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import gpus as _gpus
+from worker_setup import gpus as _gpus
+
+#: The folder whose ``pynvml`` is this double (first on PYTHONPATH, with FAKE_NVML_FIXTURE).
+SHIM = Path(__file__).resolve().parent / "pynvml_shim"
+#: The variable that names the fixture the shim serves.
+FIXTURE_VARIABLE = "FAKE_NVML_FIXTURE"
 
 #: The calls about the whole machine, and those about one GPU (taking its handle).
 MACHINE_CALLS = ("nvmlInit", "nvmlDeviceGetCount", "nvmlShutdown")
@@ -95,9 +117,9 @@ CHECK_CALLS = ("nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion")
 #: Every call a fixture can fail.
 FAILABLE_CALLS = CALLS + GUARD_CALLS + CHECK_CALLS
 #: What the fake answers for the driver's and NVML's versions (a 550 driver's, as pynvml gives
-#: them).
-DRIVER_VERSION = "550.54.15"
-NVML_VERSION = "12.550.54.15"
+#: them, marked so that no output that prints them passes for a real GPU's).
+DRIVER_VERSION = "550.54.15-FAKE"
+NVML_VERSION = "12.550.54.15-FAKE"
 _KEYS = {"description", "gpus", "fail", "processes", "scan_processes"}
 #: MIG slots of an A100 or H100.
 MIG_SLOTS = 7
@@ -196,7 +218,7 @@ class FakeNVML:
     fixture's GPUs (and the processes in ``proc_root`` that say they use one)."""
 
     def __init__(self, fixture: dict, source: str = "fixture", proc_root: str = "/proc"):
-        self.pynvml = _gpus.load_nvml()  # for its exception classes only
+        self.pynvml = real_pynvml()  # for its constants and exception classes only
         self.NVMLError = self.pynvml.NVMLError
         self.source = source
         self._use(self._checked(fixture))
@@ -635,3 +657,78 @@ class ProcScan:
             uuids = tuple(u.strip() for u in visible.split(",") if u.strip())
         self._seen[pid] = _Seen(start, used_mb, uuids)
         return True
+
+
+# ---- where the tests put it -------------------------------------------------------------------
+
+
+@functools.cache
+def real_pynvml():
+    """nvidia-ml-py's ``pynvml``, for its constants and exception classes: the one ``import
+    pynvml`` finds, or (where the shim is first on the path) the one after it."""
+    if not any(_is_shim(entry) for entry in sys.path):
+        import pynvml
+
+        return pynvml
+    path = [entry for entry in sys.path if not _is_shim(entry)]
+    spec = importlib.machinery.PathFinder.find_spec("pynvml", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(
+            "the fake NVML takes pynvml's exception classes from nvidia-ml-py, which this "
+            "python cannot import; install it (pip install nvidia-ml-py)"
+        )
+    module = importlib.util.module_from_spec(spec)
+    shim = sys.modules.get("pynvml")
+    sys.modules["pynvml"] = module  # pynvml makes its NVMLError_* classes on sys.modules' own
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if shim is None:
+            sys.modules.pop("pynvml", None)
+        else:
+            sys.modules["pynvml"] = shim
+    return module
+
+
+def _is_shim(entry: str) -> bool:
+    return Path(entry or ".").resolve() == SHIM
+
+
+def serve(path: str, say: Callable[[str], None] | None = None) -> FakeNVML:
+    """The double over the fixture in ``path``, announced (on stderr unless ``say``)."""
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    nvml = FakeNVML.from_file(path)
+    say(f"FAKE NVML: GPUs from the fixture {path}, not a driver (tests/fakes/nvml.py)")
+    return nvml
+
+
+@contextlib.contextmanager
+def imported(path: str | os.PathLike) -> Iterator[FakeNVML]:
+    """In this process, ``import pynvml`` (worker_setup.gpus.load_nvml) gives the double over
+    ``path`` while inside, as the shim does in a process started with ``shim_env``; unannounced
+    (the test named it), its driver's version still says FAKE."""
+    saved = sys.modules.get("pynvml")
+    sys.modules["pynvml"] = nvml = serve(str(path), say=lambda line: None)
+    try:
+        yield nvml
+    finally:
+        if saved is None:
+            sys.modules.pop("pynvml", None)
+        else:
+            sys.modules["pynvml"] = saved
+
+
+def shim_env(path: str | os.PathLike, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """``environ`` for a process whose ``import pynvml`` gives the double over ``path``: the
+    shim first on PYTHONPATH, the fixture (absolute) in FAKE_NVML_FIXTURE."""
+    pythonpath = os.pathsep.join(p for p in (str(SHIM), environ.get("PYTHONPATH", "")) if p)
+    fixture = str(Path(path).resolve())
+    return {**environ, "PYTHONPATH": pythonpath, FIXTURE_VARIABLE: fixture}
+
+
+def shim_words(fixture: str, checkout: str = "$PWD") -> str:
+    """What goes before a shell command run in a copy of this repository (``checkout``, e.g. a
+    bed machine's) so that its ``import pynvml`` gives the double over ``fixture`` (a path
+    inside the checkout): ``PYTHONPATH=... FAKE_NVML_FIXTURE=...``."""
+    shim = SHIM.relative_to(Path(__file__).resolve().parents[2])
+    return f"PYTHONPATH={checkout}/{shim} {FIXTURE_VARIABLE}={checkout}/{fixture}"
