@@ -100,8 +100,9 @@ def test_the_guard_imports_what_the_join_imports():
 
 
 def test_the_packaged_product_holds_no_double():
-    (listed,) = re.findall(r"(?m)^packages = \[(.*)\]$", (REPO / "pyproject.toml").read_text())
-    packages = re.findall(r'"([\w.]+)"', listed)
+    # [tool.setuptools.packages.find]'s include: the packages and their subpackages' patterns
+    (listed,) = re.findall(r"(?m)^include = \[(.*)\]$", (REPO / "pyproject.toml").read_text())
+    packages = re.findall(r'"([\w.]+)(?:\.\*)?"', listed)
     roots = {name.split(".")[0] for name in packages}
     assert roots == set(PRODUCT), "a new package: add it to PRODUCT so it is scanned below"
     for name in packages:
