@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 STAMP = "build-stamp.json"
 #: the files of this package the build reads, beside the src/ and style/ trees
-SOURCES = ("package.json", "package-lock.json", "tsconfig.json", "build.sh")
+SOURCES = ("package.json", "package-lock.json", "tsconfig.json", "webpack.config.js", "build.sh")
 TREES = ("src", "style")
 #: the pin of the image's JupyterLab, whose core package.json the build is made against
 REQUIREMENTS = "requirements.txt"
