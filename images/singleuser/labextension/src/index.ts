@@ -64,7 +64,8 @@ interface ILive {
   sticky: boolean;
 }
 
-interface INotificationArgs {
+/** The arguments of the command apputils:notify (a type, not an interface: JSON for execute). */
+type NotificationArgs = {
   message: string;
   type: string;
   options: {
@@ -76,7 +77,7 @@ interface INotificationArgs {
       args: { title: string; message: string };
     }[];
   };
-}
+};
 
 /** The whole notice in a JupyterLab dialog (the notification shows 140 characters). */
 function showDetails(title: string, message: string): void {
@@ -205,9 +206,9 @@ function activate(app: JupyterFrontEnd, statusBar: IStatusBar | null): void {
   }
 
   /** The notification: the title first, on a line of its own, then the message. */
-  function notification(notice: INotice): INotificationArgs {
+  function notification(notice: INotice): NotificationArgs {
     const text = notice.title ? notice.title + '\n' + notice.message : notice.message;
-    const options: INotificationArgs['options'] = {
+    const options: NotificationArgs['options'] = {
       autoClose: notice.level === 'info' ? INFO_CLOSE_MS : false
     };
     if (text.length > SHOWN_CHARS) {
@@ -244,7 +245,7 @@ function activate(app: JupyterFrontEnd, statusBar: IStatusBar | null): void {
             type: next.type,
             autoClose: next.options.autoClose,
             actions: next.options.actions
-          } as any);
+          });
           if (kept) {
             mine.text = next.message;
           } else {
@@ -259,7 +260,7 @@ function activate(app: JupyterFrontEnd, statusBar: IStatusBar | null): void {
       if (!(now - notice.time <= FRESH_S)) {
         continue;
       }
-      const id = await app.commands.execute('apputils:notify', next as any);
+      const id = await app.commands.execute('apputils:notify', next);
       live[notice.id] = {
         id,
         text: next.message,
