@@ -72,8 +72,11 @@ unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 lint:  ## ruff lint + format check
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
+labextension:  ## rebuild the JupyterLab extension gpuhub-notices from its sources (needs Node 20+; commit what it writes)
+	bash images/singleuser/labextension/build.sh
+
 docs:  ## regenerate docs/configuration.md (from deploy/settings.env) and docs/options.md (from the traits)
 	python3 -m deploy.reference
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/python -m gpu_swarm_spawner.reference'
 
-.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check gpu-prove bench-join test bench bench-images bench-scale bench-faults unit lint docs
+.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check gpu-prove bench-join test bench bench-images bench-scale bench-faults unit lint labextension docs

@@ -1,15 +1,15 @@
-"""The GPU guard's notices in the single-user image (images/singleuser/gpuhub_notices and the lab
-extension under images/singleuser/sys-prefix).
+"""The GPU guard's notices in the single-user image (images/singleuser/gpuhub_notices, and the lab
+extension: its sources in images/singleuser/labextension, its build under
+images/singleuser/sys-prefix).
 
 The reader is tested here on odd files; the server extension and the lab extension need Jupyter
-Server and JupyterLab, which this venv has not: of them, the static facts JupyterLab's loader
-relies on are tested here, and a real JupyterLab in a real browser runs them in
-images/singleuser/check_notices.py.
+Server and JupyterLab, which this venv has not: of them, the static facts are tested here (the
+committed build is of the committed sources, stamp.py), and a real JupyterLab in a real browser
+runs them in images/singleuser/check_notices.py and tests/integration/test_guard.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -27,6 +27,7 @@ SINGLEUSER = REPO / "images" / "singleuser"
 PACKAGE = SINGLEUSER / "gpuhub_notices"
 PREFIX = SINGLEUSER / "sys-prefix"
 LABEXTENSION = PREFIX / "share" / "jupyter" / "labextensions" / "gpuhub-notices"
+SOURCE = SINGLEUSER / "labextension"  # the lab extension's sources; make labextension builds them
 
 spec = importlib.util.spec_from_file_location("gpuhub_notices_reader", PACKAGE / "notices.py")
 notices = importlib.util.module_from_spec(spec)
@@ -35,6 +36,10 @@ spec.loader.exec_module(notices)
 spec = importlib.util.spec_from_file_location("gpuhub_usage_reader", PACKAGE / "usage.py")
 usage = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(usage)
+
+spec = importlib.util.spec_from_file_location("gpuhub_labextension_stamp", SOURCE / "stamp.py")
+stamp = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(stamp)
 
 NOW = 1_732_350_000.0
 
@@ -329,68 +334,127 @@ def test_the_handler_is_authenticated_authorized_and_not_activity():
     assert '"gpuhub", "usage"' in source
 
 
-# --- the lab extension: what JupyterLab's loader relies on -------------------------------------
+# --- the lab extension: the committed build is of the committed sources --------------------------
 
 
 def package_json() -> dict:
     return json.loads((LABEXTENSION / "package.json").read_text())
 
 
-def remote_entry() -> Path:
-    return LABEXTENSION / package_json()["jupyterlab"]["_build"]["load"]
+def test_the_committed_build_is_of_the_committed_sources():
+    """build-stamp.json, written by `make labextension`: the sources' digest then is theirs now,
+    and every built file is there as built, and no other."""
+    found = stamp.problems()
+    assert not found, "\n".join(found)
+    assert stamp.output_dir() == LABEXTENSION
 
 
-def test_the_folder_is_named_as_the_package_and_build_load_names_a_file_beside_it():
-    """jupyterlab_server finds labextensions/<folder>/package.json and the page loads
-    <labextensions URL>/<name>/<_build.load>: the folder is the name."""
-    data = package_json()
-    assert data["name"] == LABEXTENSION.name == "gpuhub-notices"
-    assert data["version"]
-    build = data["jupyterlab"]["_build"]
-    assert remote_entry().is_file(), f"_build.load names {build['load']}, which is not there"
+def copy_of_the_extension(tmp_path) -> Path:
+    """The sources, the image's requirements.txt and the build, laid out as in the repository."""
+    singleuser = tmp_path / "singleuser"
+    package = singleuser / "labextension"
+    package.mkdir(parents=True)
+    for path in stamp.source_files():
+        (package / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SOURCE / path, package / path)
+    shutil.copy(SOURCE / stamp.STAMP, package / stamp.STAMP)
+    shutil.copy(SINGLEUSER / stamp.REQUIREMENTS, singleuser / stamp.REQUIREMENTS)
+    shutil.copytree(LABEXTENSION, stamp.output_dir(package))
+    assert stamp.problems(package) == []
+    return package
+
+
+def append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+
+
+def change_the_pin(package: Path) -> None:
+    requirements = package.parent / stamp.REQUIREMENTS
+    requirements.write_text(
+        re.sub(r"^jupyterlab==.*$", "jupyterlab==4.99.0", requirements.read_text(), flags=re.M)
+    )
+
+
+def entry_file(package: Path) -> Path:
+    return stamp.output_dir(package) / package_json()["jupyterlab"]["_build"]["load"]
+
+
+STALE = "the sources changed since the committed build"
+CHANGES = {
+    "a-source": (lambda package: append(package / "src" / "index.ts", "\n// changed\n"), STALE),
+    "a-new-source": (
+        lambda package: (package / "src" / "more.ts").write_text("export {};\n"),
+        STALE,
+    ),
+    "the-lockfile": (lambda package: append(package / "package-lock.json", " "), STALE),
+    "the-jupyterlab-pin": (change_the_pin, "requirements.txt pins 4.99.0"),
+    "a-built-file": (lambda package: append(entry_file(package), ";"), "differs from what"),
+    "a-built-file-gone": (lambda package: entry_file(package).unlink(), "is missing"),
+    "a-file-added": (
+        lambda package: (stamp.output_dir(package) / "static" / "x.js").write_text(""),
+        "static/x.js was not built by",
+    ),
+    "the-stamp-gone": (lambda package: (package / stamp.STAMP).unlink(), "cannot be read"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_change_since_the_build_is_found_and_the_rebuild_named(tmp_path, change):
+    package = copy_of_the_extension(tmp_path)
+    make_change, expected = CHANGES[change]
+    make_change(package)
+    found = stamp.problems(package)
+    assert len(found) == 1 and expected in found[0], found
+    assert "run `make labextension`" in found[0]
+
+
+def test_the_build_is_the_source_package_json_with_what_jupyterlab_loads():
+    """The builder copies package.json and adds jupyterlab._build: the script the page loads
+    (beside it) and the module it asks that script for."""
+    built = package_json()
+    build = built["jupyterlab"].pop("_build")
+    assert built == json.loads((SOURCE / "package.json").read_text())
+    assert built["name"] == LABEXTENSION.name == "gpuhub-notices"
+    assert (LABEXTENSION / build["load"]).is_file(), f"_build.load names {build['load']}"
+    assert re.fullmatch(r"static/remoteEntry\.[0-9a-f]{16,}\.js", build["load"])
     assert build["extension"] == "./extension"
-    assert sorted(path.name for path in LABEXTENSION.rglob("*") if path.is_file()) == sorted(
-        ["package.json", remote_entry().name]
-    )
 
 
-def test_the_remote_entrys_name_carries_its_content_hash():
-    """So that a browser never runs an old copy: rename after a change."""
-    digest = hashlib.sha256(remote_entry().read_bytes()).hexdigest()[:20]
-    assert remote_entry().name == f"remoteEntry.{digest}.js", (
-        f"rename it to remoteEntry.{digest}.js, and set package.json's jupyterlab._build.load"
-    )
+def test_the_extension_is_made_for_the_images_jupyterlab():
+    """The image's JupyterLab pin, the extension's @jupyterlab dependencies and the lockfile agree:
+    after changing the pin, update package.json (npm install) and run make labextension."""
+    pin = stamp.jupyterlab_pin()
+    dependencies = json.loads((SOURCE / "package.json").read_text())["dependencies"]
+    assert dependencies["@jupyterlab/application"] == f"~{pin}"
+    assert dependencies["@jupyterlab/statusbar"] == f"~{pin}"
+    lock = json.loads((SOURCE / "package-lock.json").read_text())
+    assert lock["name"] == "gpuhub-notices"
+    assert lock["packages"]["node_modules/@jupyterlab/application"]["version"] == pin
 
 
-def test_the_remote_entry_is_the_container_the_loader_expects():
-    """bootstrap.js: window._JUPYTERLAB[name].init(scope); index.out.js: get(extension) gives a
-    factory whose module has its plugins in `default`, with an own __esModule."""
-    source = remote_entry().read_text()
-    assert re.search(r"var NAME = '([^']+)';", source).group(1) == package_json()["name"]
-    assert "window._JUPYTERLAB[NAME] = {" in source
-    assert re.search(r"\binit: function \(", source)
-    assert re.search(r"\bget: function \(module\)", source)
-    assert "module !== '" + package_json()["jupyterlab"]["_build"]["extension"] + "'" in source
-    assert "{ __esModule: true, default: [plugin] }" in source
-    assert re.search(r"id: 'gpuhub-notices:plugin'", source)
-    assert "autoStart: true" in source
+def test_the_build_has_what_the_browser_tests_select():
+    """tests/integration/test_guard.py and check_notices.py find the figures and the whole notice
+    by these; the plugin asks these URLs of the server extension."""
+    built = "".join(path.read_text() for path in (LABEXTENSION / "static").glob("*.js"))
+    selected = [
+        "gpuhub-gpu-usage",
+        "gpuhub-notices-details",
+        "jp-StatusBar-TextItem",
+        "gpuhub/notices",
+        "gpuhub/usage",
+        "apputils:notify",
+        "gpuhub-notices:plugin",
+    ]
+    assert [name for name in selected if name not in built] == []
 
 
-def test_the_plugin_polls_the_server_extension_and_needs_no_imports():
-    source = remote_entry().read_text()
-    assert "settings.baseUrl + 'gpuhub/notices'" in source
-    assert "credentials: 'same-origin'" in source
-    assert re.search(r"var POLL_MS = 5000;", source)
-    assert "'apputils:notify'" in source
-    assert not re.search(r"^\s*import\b|\brequire\(|\bimport\(", source, re.M)
-
-
-def test_the_remote_entry_parses_as_javascript():
+def test_the_built_scripts_parse_as_javascript():
     node = shutil.which("node")
     if node is None:
-        pytest.skip("no node here to parse it (the browser check does)")
-    result = subprocess.run([node, "--check", str(remote_entry())], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+        pytest.skip("no node here to parse them (the browser tests run them)")
+    for path in (LABEXTENSION / "static").glob("*.js"):
+        result = subprocess.run([node, "--check", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, (path.name, result.stderr)
 
 
 def test_the_image_installs_the_package_and_the_sys_prefix_files():
