@@ -261,6 +261,43 @@ def test_render_gives_each_option_its_kind_default_setting_and_help():
     assert page.index("Knobs.mode") < page.index("Knobs.ratio") < page.index("Knobs.turns")
 
 
+# ---- the table of input cases (docs/input-cases.md) -------------------------------------------
+
+_TEST_REFERENCE = re.compile(r"`(tests/[\w/]+\.py)?::(\w+)`")
+
+
+def named_tests(text: str) -> list[tuple[str, str]]:
+    """``(path, test name)`` for each `path::test` (or `::test`, the path before it) in a page."""
+    found, path = [], ""
+    for named_path, name in _TEST_REFERENCE.findall(text):
+        path = named_path or path
+        found.append((path, name))
+    return found
+
+
+def test_every_test_the_docs_name_exists():
+    """docs/input-cases.md (and any page) names the tests that hold each case: each must be."""
+    named = [(page, ref) for page in pages() for ref in named_tests(page.read_text("utf-8"))]
+    assert len(named) > 40, "docs/input-cases.md lost its tests?"
+    missing = [
+        f"{page.relative_to(REPO)}: {path}::{name}"
+        for page, (path, name) in named
+        if not path
+        or not (REPO / path).is_file()
+        or not re.search(rf"^(async )?def {name}\(", (REPO / path).read_text(), re.M)
+    ]
+    assert not missing, f"the docs name tests that do not exist: {missing}"
+
+
+def test_named_tests_follow_the_path_before_them():
+    text = "`tests/a.py::test_x` and `::test_y`, then `tests/b.py::test_z`"
+    assert named_tests(text) == [
+        ("tests/a.py", "test_x"),
+        ("tests/a.py", "test_y"),
+        ("tests/b.py", "test_z"),
+    ]
+
+
 # ---- links and anchors -------------------------------------------------------------------------
 
 
