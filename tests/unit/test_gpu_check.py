@@ -193,25 +193,36 @@ def test_a_machine_with_nothing_to_advertise_fails_as_the_join_would(capsys):
                    "stop there (see above)"]  # fmt: skip
 
 
+H100_LEFT = "  3 GPU(s): 3 NVIDIA H100 80GB HBM3 81559 MiB -> 3 slices; 1 skipped (see the warning)"
+MIG_LEFT = (
+    "  2 GPU(s): 1 NVIDIA A100-PCIE-40GB MIG 2g.10gb 9856 MiB -> 1 slices (MIG, hardware-isolated);"
+    " 1 NVIDIA A100-PCIE-40GB MIG 3g.20gb 19968 MiB -> 1 slices (MIG, hardware-isolated);"
+    " 1 skipped (see the warning)"
+)
+
+
 @pytest.mark.parametrize(
-    "fixture, argv, says, status",
+    "fixture, argv, says, left",
     [
-        ("h100x4-gpu2-zero-memory.json", [], "  warning: GPU 2 (GPU-0a6f3c91-", 0),
-        ("t4x2-passthrough-same-uuid.json", [], "  GPU 0 and GPU 1 report one UUID", 1),
-        ("k80x2.json", ["--slices-per-gpu", "64"], "  --slices-per-gpu 64 leaves GPU 0", 1),
+        ("h100x4-gpu2-zero-memory.json", [], "  warning: GPU 2 (GPU-0a6f3c91-", H100_LEFT),
+        (
+            "a100-mig-instance-zero-memory.json",
+            [],
+            "  warning: MIG instance MIG-c41a9e27-5d3b-4f80-a6e2-000000000002 of GPU 0",
+            MIG_LEFT,
+        ),
+        ("t4x2-passthrough-same-uuid.json", [], "  GPU 0 and GPU 1 report one UUID", None),
+        ("k80x2.json", ["--slices-per-gpu", "64"], "  --slices-per-gpu 64 leaves GPU 0", None),
     ],
 )
-def test_what_the_join_would_skip_or_refuse_is_said_as_it_would(
-    capsys, fixture, argv, says, status
-):
+def test_what_the_join_would_skip_or_refuse_is_said_as_it_would(capsys, fixture, argv, says, left):
+    """``left``: what the join would still advertise; None: it would refuse the machine."""
     rc, out, err = check(capsys, *argv, nvml=FIXTURES / fixture)
-    assert rc == status
+    assert rc == (0 if left else 1)
     slices = section(out, "Slices")
     assert any(line.startswith(says) for line in slices), slices
-    if status == 0:
-        assert slices[1] == (
-            "  3 GPU(s): 3 NVIDIA H100 80GB HBM3 81559 MiB -> 3 slices; 1 skipped (see the warning)"
-        )
+    if left:
+        assert slices[1] == left
     else:
         assert slices[-1] == "  none" and err[0].startswith("GPU check failed: no GPU of")
 

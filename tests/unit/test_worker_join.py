@@ -422,6 +422,25 @@ def test_a_gpu_reporting_0_mib_is_skipped_and_the_summary_says_so(daemon_json, m
     )
 
 
+def test_a_mig_instance_reporting_0_mib_is_skipped_and_its_siblings_joined(
+    daemon_json, manager, capsys
+):
+    engine = FakeEngine(images={IMAGE: "sha256:1"})
+    nvml = FIXTURES / "a100-mig-instance-zero-memory.json"
+    assert (
+        setup(engine, daemon_json, manager, "--guard-mode", "off", simulate=False, nvml=nvml) == 0
+    )
+    out = capsys.readouterr().out
+    assert summary(out)["gpus"].endswith("; 1 skipped (see the warning)")
+    assert "\n      warning: MIG instance MIG-c41a9e27-5d3b-4f80-a6e2-000000000002 of GPU 0" in out
+    resources = json.loads(daemon_json.read_text())["node-generic-resources"]
+    kinds = sorted(r.split("=")[0] for r in resources)
+    assert kinds == [
+        "MIG-c41a9e27-5d3b-4f80-a6e2-000000000000",
+        "MIG-c41a9e27-5d3b-4f80-a6e2-000000000001",
+    ]
+
+
 def test_gpus_sharing_a_uuid_stop_the_join_outside_the_swarm(daemon_json, manager, capsys):
     engine = FakeEngine()
     nvml = FIXTURES / "t4x2-passthrough-same-uuid.json"
