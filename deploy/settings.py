@@ -33,17 +33,9 @@ from typing import Callable, NoReturn, TypeVar
 
 from deploy import values as typed
 from gpu_swarm_spawner import roster
-from gpu_swarm_spawner.contract import MAX_SLICES_PER_GPU, GuardSettings
+from gpu_swarm_spawner.contract import GUARD_KEYS, MAX_SLICES_PER_GPU, GuardSettings
 from tutorial_sync import credentials
 from tutorial_sync.repos import Repo, ReposError, parse_repos, redact
-
-#: The GPU guard's settings: checked here, passed on to the GPU machines by the join line.
-GUARD_KEYS = (
-    "GPUHUB_GUARD_MODE",
-    "GPUHUB_GUARD_WARN_PERCENT",
-    "GPUHUB_GUARD_STOP_PERCENT",
-    "GPUHUB_GUARD_GRACE_SECONDS",
-)
 
 #: deploy/settings.env: every setting and its default; beside this module in the checkout and
 #: in the installed package (package data).
@@ -1209,10 +1201,7 @@ def environments(value: str) -> dict[str, str]:
 #: and what to write; ``problems`` checks these keys with the same functions.
 CONVERTERS: dict[str, Callable[[str], object]] = {
     **dict.fromkeys(WHOLE_NUMBERS, _whole_number),
-    **dict.fromkeys(
-        ("GPUHUB_GUARD_WARN_PERCENT", "GPUHUB_GUARD_STOP_PERCENT", "GPUHUB_GUARD_GRACE_SECONDS"),
-        _number,
-    ),
+    **dict.fromkeys(GUARD_KEYS[1:], _number),  # the guard's numbers
     "GPUHUB_SIMULATED_GPUS": _flag,
     "GPUHUB_CPU_ONLY": _on,
     "GPUHUB_ADMIN_USERS": typed.usernames,

@@ -25,7 +25,6 @@ from docker.errors import APIError, BuildError, DockerException, ImageNotFound, 
 
 from gpu_swarm_spawner import contract, roster
 from worker_setup import advertise, engine
-from worker_setup.guard_service import METRICS_PORT
 
 from .console import DeployError, Log, run
 from .settings import REPO, Config, read_roster
@@ -427,7 +426,7 @@ def guard_options(config: Config) -> str:
         ("warn-percent", config.guard_warn_percent, defaults.warn_percent),
         ("stop-percent", config.guard_stop_percent, defaults.stop_percent),
         ("grace-seconds", config.guard_grace_seconds, defaults.grace_seconds),
-        ("metrics-port", config.guard_metrics_port, METRICS_PORT),
+        ("metrics-port", config.guard_metrics_port, contract.GUARD_METRICS_PORT),
     ]
     return "".join(
         f" --guard-{name} {value:g}" if isinstance(value, float) else f" --guard-{name} {value}"

@@ -161,6 +161,16 @@ def image_in_registry(registry: str, image: str) -> str:
 
 #: GPUHUB_GUARD_MODE's values.
 GUARD_MODES = ("off", "warn", "enforce")
+#: The settings GuardSettings reads (``parse``), in its fields' order.
+GUARD_KEYS = (
+    "GPUHUB_GUARD_MODE",
+    "GPUHUB_GUARD_WARN_PERCENT",
+    "GPUHUB_GUARD_STOP_PERCENT",
+    "GPUHUB_GUARD_GRACE_SECONDS",
+)
+#: Where each GPU machine's guard serves its Prometheus metrics unless the join says otherwise
+#: (``--guard-metrics-port``, from GPUHUB_GUARD_METRICS_PORT, whose default this is).
+GUARD_METRICS_PORT = 9445
 
 
 @dataclass(frozen=True)
@@ -235,8 +245,8 @@ class GuardSettings:
         mode = values.get("GPUHUB_GUARD_MODE")
         if mode is not None:
             kwargs["mode"] = mode.strip().lower()
-        for name in ("warn_percent", "stop_percent", "grace_seconds"):
-            key = f"GPUHUB_GUARD_{name.upper()}"
+        for key in GUARD_KEYS[1:]:
+            name = key.removeprefix("GPUHUB_GUARD_").lower()
             text = values.get(key)
             if text is None:
                 continue

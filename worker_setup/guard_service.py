@@ -30,10 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_swarm_spawner.contract import GUARD_MODES, GuardSettings
+from gpu_swarm_spawner.contract import GUARD_METRICS_PORT, GUARD_MODES, GuardSettings
 
-#: Where the guard serves its Prometheus metrics unless told otherwise.
-METRICS_PORT = 9445
 UNIT = "gpu-jupyterhub-guard.service"
 UNIT_DIR = "/etc/systemd/system"
 REPO = Path(__file__).resolve().parent.parent
@@ -66,7 +64,7 @@ def add_options(group: argparse._ActionsContainer, prefix: str = "") -> None:
     group.add_argument(
         f"--{prefix}metrics-port",
         type=int,
-        default=METRICS_PORT,
+        default=GUARD_METRICS_PORT,
         metavar="PORT",
         help="its Prometheus metrics; 0: none (%(default)s)",
     )

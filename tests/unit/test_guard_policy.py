@@ -105,6 +105,22 @@ def test_parse_reads_the_organizers_values():
     assert GuardSettings.parse({}) == GuardSettings()
 
 
+def test_the_guards_own_defaults_are_the_ones_settings_env_declares():
+    """A GPU machine joined without --guard-* options runs the guard with its own defaults; they
+    are deploy/settings.env's, and the join line passes only the settings that differ."""
+    from pathlib import Path
+
+    from deploy.settings import read_defaults
+    from gpu_swarm_spawner import contract
+
+    env = Path(__file__).resolve().parents[2] / "deploy" / "settings.env"
+    defaults = {key: value for key, (value, _line) in read_defaults(str(env)).items()}
+    assert GuardSettings.parse({k: defaults[k] for k in contract.GUARD_KEYS}) == GuardSettings()
+    assert int(defaults["GPUHUB_GUARD_METRICS_PORT"]) == contract.GUARD_METRICS_PORT
+    guard_keys = {key for key in defaults if key.startswith("GPUHUB_GUARD_")}
+    assert guard_keys == {*contract.GUARD_KEYS, "GPUHUB_GUARD_METRICS_PORT"}
+
+
 def test_parse_names_each_bad_value():
     with pytest.raises(ValueError) as raised:
         GuardSettings.parse(
