@@ -10,26 +10,28 @@ resolves ``auto`` limits from this machine and checks every setting the mode nee
 else reads the file, so what is checked is what is deployed. ``python -m deploy settings``
 prints them, ``python3 -m deploy check VERB`` checks them before anything is installed.
 
-Standard library only: it runs with the system python3 before anything is installed, and on GPU
-machines that have nothing else. ``parse_env``, ``merge``, ``auto_limits``, ``unknown_keys``,
-``placeholders`` and ``problems`` are pure.
+Its parts: ``envfile.py`` (the files' format, and the three sources merged), ``limits.py``
+(``auto`` limits for this machine), ``files.py`` (paths the settings name, secrets others may
+read), ``values.py`` (how each value with more than one spelling is read and written); here,
+every check of a mode (``problems``), the command (``load``) and the typed ``Config``.
+
+Standard library only: it runs with the system python3 before anything is installed, and in the
+hub's image. ``parse_env``, ``merge``, ``auto_limits``, ``unknown_keys``, ``placeholders`` and
+``problems`` are pure.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import ipaddress
 import math
 import os
 import re
 import stat
-import sys
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NoReturn, TypeVar
+from typing import Callable
 
 from deploy import values as typed
 from gpu_swarm_spawner import roster
@@ -37,470 +39,34 @@ from gpu_swarm_spawner.contract import GUARD_KEYS, MAX_SLICES_PER_GPU, GuardSett
 from tutorial_sync import credentials
 from tutorial_sync.repos import Repo, ReposError, parse_repos, redact
 
+from .envfile import (
+    RENAMED,
+    ConfigFileError,
+    Settings,
+    SettingsError,
+    filled_by_deploy,
+    merge,
+    parse_env,
+    production_defaults,
+    read_defaults,
+    renamed,
+    summarized,
+    unknown_keys,
+)
+from .files import _noted, resolve_paths, secret_file_problems
+from .limits import AUTO, LIMIT_KEYS, Machine, resolve_auto, this_machine
+
 #: deploy/settings.env: every setting and its default; beside this module in the checkout and
 #: in the installed package (package data).
 DEFAULTS = Path(__file__).resolve().with_name("settings.env")
 #: The checkout holding this module: its config.env is the organizer's default config file.
 REPO = DEFAULTS.parent.parent
 
-V = TypeVar("V")
-
-_KEY = re.compile(r"^GPUHUB_[A-Z0-9_]+$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*$")
 _STACK = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 TLS_MODES = ("acme", "self-signed", "files", "off")
 AUTH_MODES = ("github", "local")
-AUTO = "auto"
-GIB = 1024**3
-MIB = 1024**2
-
-# ---- the file format ------------------------------------------------------------------------
-# One GPUHUB_NAME=value per line, taken literally. deploy/config.example.env's header states
-# these rules for the organizer; tests/unit/test_settings.py holds a corpus of odd lines.
-
-_BLANKS = " \t"
-_BOM = b"\xef\xbb\xbf"
-_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # PowerShell's `>` and Notepad's "Unicode" write one
-#: A config file is a few kilobytes; a larger one is some other file given by mistake.
-MAX_FILE_BYTES = 256 * 1024
-#: Problems shown at most; the rest are counted on one more line.
-MAX_PROBLEMS = 20
-# Where a shell would start a comment or expand a home directory: at the start of a word.
-_WORD_START = re.compile(r"(?:^|[ \t])([#~])")
-# Where a shell would expand or escape something, which this reader never does.
-_SHELL_CHARS = ("$", "`", "\\")
-_ASSIGNMENT = re.compile(r"(?:^|[ \t])(?:export[ \t]+)?GPUHUB_[A-Za-z0-9_]*=")
-_REFERENCE = re.compile(r"\$\{(GPUHUB_[A-Z0-9_]+)\}")
-
-
-class SettingsError(ValueError):
-    """Settings that cannot be deployed; ``problems`` holds one line each, naming the key (and
-    where it was set) and what to write instead. ``str()`` is all of them, one per line."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__("\n".join(problems))
-        self.problems = problems
-
-
-class ConfigFileError(SettingsError):
-    """Lines of a settings file that cannot be taken for certain; ``problems`` holds one line
-    each, ``FILE line N: what is wrong; what to write instead``."""
-
-
-class _Refused(ValueError):
-    """One line refused; the message says why and what to write instead."""
-
-
-def _fail(message: str) -> NoReturn:
-    raise _Refused(message)
-
-
-def _character(ch: str) -> str:
-    name = unicodedata.name(ch, "")
-    return f"U+{ord(ch):04X}" + (f" ({name.lower()})" if name else "")
-
-
-def _unquoted(key: str, text: str, references: bool) -> str:
-    for ch in ("'", '"'):
-        if ch in text:
-            _fail(
-                f"{key}: a {ch} inside a value without quotes around it; put the whole value "
-                "in quotes (single quotes keep everything as written), or remove the stray quote"
-            )
-    found = _WORD_START.search(text)
-    if found and found.group(1) == "#":
-        _fail(
-            f"{key}: a '#' starting a word of the value is neither a comment nor cut off here; "
-            "put a comment on a line of its own, or, if '#' belongs to the value, quote it: "
-            f"{key}='...'"
-        )
-    if found:
-        _fail(f"{key}: '~' is not expanded here; write the full path, e.g. /root/...")
-    plain = _REFERENCE.sub("", text) if references else text
-    for ch in _SHELL_CHARS:
-        if ch in plain:
-            _fail(
-                f"{key}: {ch!r} is taken literally here (nothing is expanded or escaped); write "
-                f"the value itself, or put it in single quotes if {ch!r} belongs to it: {key}='...'"
-            )
-    if _ASSIGNMENT.search(text):
-        _fail(f"{key}: two settings on one line; put each GPUHUB_NAME=value on a line of its own")
-    return text
-
-
-def _quoted(key: str, text: str) -> str:
-    quote = text[0]
-    end = text.find(quote, 1)
-    if end < 0:
-        _fail(f"{key}: the value opens a {quote} quote but does not close it; end it with {quote}")
-    if text[end + 1 :].strip(_BLANKS):
-        _fail(
-            f"{key}: text after the closing {quote}; put all of the value inside the quotes "
-            "and a comment on a line of its own"
-        )
-    inner = text[1:end]
-    if quote == '"':
-        for ch in _SHELL_CHARS:
-            if ch in inner:
-                _fail(
-                    f"{key}: {ch!r} inside double quotes would be expanded by a shell but is "
-                    f"taken literally here; use single quotes to keep it: {key}='...'"
-                )
-    return inner
-
-
-def _parse_line(line: str, references: bool = False) -> tuple[str, str] | None:
-    """(key, value) of one decoded line, None for a blank or comment line; _Refused otherwise."""
-    line = line.strip(_BLANKS)
-    if not line or line.startswith("#"):
-        return None
-    odd = next((ch for ch in line if ch != "\t" and not ch.isprintable()), None)
-    if odd is not None:
-        _fail(
-            f"an invisible or control character {_character(odd)}; delete the line and type it "
-            "again (copies from web pages and word processors bring these)"
-        )
-    if re.match(r"export[ \t]", line):
-        line = line[len("export") :].lstrip(_BLANKS)
-    key, equals, value = line.partition("=")
-    key = key.rstrip(_BLANKS)
-    if not equals:
-        # the line itself is not shown: it may be a secret pasted on a line of its own
-        _fail("no '=' in it; write GPUHUB_NAME=value, or start a comment with #")
-    if not _KEY.match(key):
-        if re.match(r"^GPUHUB_[A-Z0-9_]+$", key, re.IGNORECASE):
-            _fail(f"{key}: setting names are upper case; write {key.upper()}=...")
-        _fail(
-            f"{key[:40]!r} is not a setting name; write GPUHUB_NAME=value "
-            "(deploy/settings.env lists the names)"
-        )
-    value = value.strip(_BLANKS)
-    if value[:1] in ("'", '"'):
-        return key, _quoted(key, value)
-    return key, _unquoted(key, value, references)
-
-
-def summarized(problems: list[str], limit: int = MAX_PROBLEMS) -> list[str]:
-    """The first ``limit`` problems and a line counting the rest: the first ones are fixed
-    first, and a file given by mistake does not fill the screen."""
-    if len(problems) <= limit:
-        return problems
-    rest = len(problems) - limit
-    return [*problems[:limit], f"... and {rest} more problems like these"]
-
-
-def _grouped(source: str, found: list[tuple[int, str]]) -> list[str]:
-    """One line per problem, naming every line it was found on (the first few, and a count):
-    a file saved in another encoding or given by mistake says so once, not per line."""
-    lines: dict[str, list[int]] = {}
-    for number, message in found:
-        lines.setdefault(message, []).append(number)
-    out = []
-    for message, numbers in lines.items():
-        if len(numbers) == 1:
-            where = f"line {numbers[0]}"
-        else:
-            shown = ", ".join(str(n) for n in numbers[:3])
-            more = len(numbers) - 3
-            where = f"lines {shown}" + (f" and {more} more" if more > 0 else "")
-        out.append(f"{source} {where}: {message}")
-    return out
-
-
-def _not_text(data: bytes, source: str) -> str | None:
-    """Why ``data`` is no config file to read line by line, or None."""
-    if len(data) > MAX_FILE_BYTES:
-        return (
-            f"{source} is {len(data) / 1024**2:.1f} MB; a config file is a few kilobytes of "
-            "GPUHUB_NAME=value lines: is it the right file? (make up CONFIG=FILE names it)"
-        )
-    if b"\0" in data:
-        return (
-            f"{source} holds NUL bytes: saved as UTF-16 without a byte order mark, or not a text "
-            "file; save it as UTF-8 (Notepad: Save as, Encoding UTF-8; PowerShell: "
-            "Set-Content -Encoding utf8)"
-        )
-    return None
-
-
-def _lines(data: bytes | str):
-    """(number, text) of each line; UnicodeDecodeError's position is reported by the caller."""
-    if isinstance(data, str):
-        data = data.encode("utf-8", "surrogateescape")
-    if data.startswith(_BOM):
-        data = data[len(_BOM) :]
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        yield number, raw
-
-
-def parse_env(
-    data: bytes | str, source: str, references: bool = False
-) -> dict[str, tuple[str, int]]:
-    """The settings of a config file as {key: (value, line number)}.
-
-    The format: one ``GPUHUB_NAME=value`` per line, UTF-8 (a BOM at the start is ignored),
-    LF or CRLF line ends. Blank lines and lines starting with ``#`` are ignored; blanks (spaces,
-    tabs) around the line, the name and the value are not part of them; ``export`` before the
-    name is allowed. The value is the rest of the line, taken literally: quotes around all of it
-    ('...' or "...") are removed, nothing is expanded. An empty value means empty (e.g. no
-    limit), not the default. UTF-16 with its byte order mark (PowerShell's ``>``, Notepad's
-    "Unicode") is read as well. Raises ConfigFileError with every line it cannot take for
-    certain, one line per problem (naming each line it was found on, at most MAX_PROBLEMS):
-    a file too large to be one or holding NUL bytes, not UTF-8, invisible characters, a
-    lower-case or missing name, a name given twice, an unclosed or stray quote, anything a
-    shell would treat differently (``$``, a backquote, a backslash, ``~`` or ``#`` starting a
-    word, two assignments on one line). ``references`` (deploy/settings.env only) lets
-    unquoted values hold ``${GPUHUB_X}``.
-    """
-    if isinstance(data, bytes) and data.startswith(_UTF16_BOMS):
-        try:
-            data = data.decode("utf-16")
-        except UnicodeDecodeError:
-            raise ConfigFileError(
-                [f"{source}: not UTF-16 text after its byte order mark; save it as UTF-8"]
-            ) from None
-    if isinstance(data, bytes) and (why := _not_text(data, source)):
-        raise ConfigFileError([why])
-    found: dict[str, tuple[str, int]] = {}
-    problems: list[tuple[int, str]] = []
-    for number, raw in _lines(data):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            problems.append(
-                (
-                    number,
-                    f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                    "save the file as UTF-8",
-                )
-            )
-            continue
-        try:
-            parsed = _parse_line(text, references)
-        except _Refused as e:
-            problems.append((number, str(e)))
-            continue
-        if parsed is None:
-            continue
-        key, value = parsed
-        if key in found:
-            problems.append(
-                (number, f"{key} is set again (first on line {found[key][1]}); keep one of the two")
-            )
-            continue
-        found[key] = (value, number)
-    if problems:
-        raise ConfigFileError(summarized(_grouped(source, problems)))
-    return found
-
-
-def unknown_keys(config: dict[str, tuple[str, int]], known: set[str], source: str) -> list[str]:
-    """A line for each key of the config file that is not a setting (a typo would otherwise
-    silently leave the default in place)."""
-    out = []
-    for key, (_, number) in config.items():
-        if key in known:
-            continue
-        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
-        hint = f"; did you mean {close[0]}?" if close else "; deploy/settings.env lists them all"
-        out.append(f"{source} line {number}: unknown setting {key}{hint}")
-    return out
-
-
-#: Settings that were renamed, {old name: new name} (as dockerspawner's ``_deprecated_aliases``).
-#: An old name in the environment or a config file is read as the new one, with a warning,
-#: unless the new one is set there too.
-RENAMED = {"GPUHUB_GPU_SLICES": "GPUHUB_SLICES_PER_SERVER"}
-
-#: Keys of deploy/settings.env that the deploy steps fill in with what they find while deploying
-#: (the public URL, image ids, secret versions, ...), for the stack files and the hub. Their
-#: defaults are placeholders; a config file that sets one is refused.
-FILLED_BY_DEPLOY = (
-    "GPUHUB_PUBLIC_URL",
-    "GPUHUB_SIMULATED_GPUS",
-    "GPUHUB_ROSTER_FILE",
-    "GPUHUB_HUB_IMAGE_ID",
-    "GPUHUB_SINGLEUSER_IMAGE_ID",
-    "GPUHUB_TUTORIAL_SYNC_REPLICAS",
-    "GPUHUB_DOCKER_SOCKET",
-    "GPUHUB_TLS_CERT_VERSION",
-    "GPUHUB_TLS_KEY_VERSION",
-    "GPUHUB_GITHUB_SECRET_VERSION",
-    "GPUHUB_TUTORIAL_TOKEN_VERSION",
-)
-
-
-def _warn(line: str) -> None:
-    print(f"warning: {line}", file=sys.stderr)
-
-
-def renamed(settings: Mapping[str, V], where: Callable[[str], str], warn=_warn) -> dict[str, V]:
-    """``settings`` with each old name of RENAMED taken as its new name, unless the new name is
-    set too; one warning line per old name, ``where(old)`` saying where it is set."""
-    out = dict(settings)
-    for old, new in RENAMED.items():
-        if old not in out:
-            continue
-        place = where(old)
-        value = out.pop(old)
-        if new in out:
-            warn(
-                f"{place}: {old} is the old name of {new}, which is set too and wins; remove {old}"
-            )
-        else:
-            out[new] = value
-            warn(f"{place}: {old} was renamed; write {new} instead")
-    return out
-
-
-def filled_by_deploy(config: dict[str, tuple[str, int]], source: str) -> list[str]:
-    """A line for each key of the config file that the deploy steps fill in themselves."""
-    return [
-        f"{source} line {number}: {key} is filled in while deploying, not by the config file; "
-        "remove the line"
-        for key, (_, number) in config.items()
-        if key in FILLED_BY_DEPLOY
-    ]
-
-
-# ---- merging ------------------------------------------------------------------------------
-
-
-@dataclass
-class Settings:
-    """The effective settings, and where each came from (for error messages)."""
-
-    values: dict[str, str]
-    origin: dict[str, str]  # "the environment", "FILE line N" or "the default"
-
-
-def merge(
-    defaults: dict[str, tuple[str, int]],
-    config: dict[str, tuple[str, int]],
-    environ: dict[str, str],
-    config_source: str = "",
-    defaults_source: str = "deploy/settings.env",
-) -> Settings:
-    """The environment wins over the config file, which wins over the defaults. Defaults may
-    refer to earlier settings as ``${GPUHUB_X}`` (their effective values); config file and
-    environment values are taken literally."""
-    values, origin = {}, {}
-    for key, (template, number) in defaults.items():  # in the file's order
-        if key in environ:
-            values[key], origin[key] = environ[key], "the environment"
-        elif key in config:
-            value, line = config[key]
-            values[key], origin[key] = value, f"{config_source} line {line}"
-        else:
-            later = [n for n in _REFERENCE.findall(template) if n not in values]
-            if later:
-                raise ConfigFileError(
-                    [
-                        f"{defaults_source} line {number}: {key} refers to {later[0]}, which "
-                        "is not set above it; refer only to earlier settings"
-                    ]
-                )
-            values[key] = _REFERENCE.sub(lambda m: values[m.group(1)], template)
-            origin[key] = "the default"
-    return Settings(values, origin)
-
-
-#: The demo's defaults that a production hub (`make up`) must not inherit: {key: its value there}.
-#: Simulated GPUs on the manager would be offered to participants as if they were real.
-PRODUCTION_DEFAULTS = {"GPUHUB_SIMULATE_IF_NO_GPU": "0"}
-
-
-def production_defaults(settings: Settings) -> Settings:
-    """``make up``'s values for the settings left at a default meant for the demo; a value the
-    config file or the environment sets is kept."""
-    values, origin = dict(settings.values), dict(settings.origin)
-    for key, value in PRODUCTION_DEFAULTS.items():
-        if origin.get(key) == "the default":
-            values[key], origin[key] = value, "the default of make up"
-    return Settings(values, origin)
-
-
-def read_defaults(path: str) -> dict[str, tuple[str, int]]:
-    """deploy/settings.env: the config file's format, plus ``${GPUHUB_X}`` references."""
-    return parse_env(Path(path).read_bytes(), path, references=True)
-
-
-# ---- limits: "auto" -----------------------------------------------------------------------
-
-LIMIT_KEYS = ("GPUHUB_CPU_LIMIT", "GPUHUB_MEM_LIMIT", "GPUHUB_PIDS_LIMIT")
-# What a JupyterLab with a kernel needs to start and work; "auto" never goes below these.
-MEM_FLOOR = GIB
-PIDS_FLOOR = 1024
-# Memory kept for the hub, the proxy, the Docker engine and the system.
-MEM_RESERVE = 2 * GIB
-# Tasks (processes and threads) per core of the machine: OpenMP, BLAS and PyTorch start a
-# thread per core they see, whatever the CPU limit.
-PIDS_PER_CPU = 64
-
-
-@dataclass(frozen=True)
-class Machine:
-    cpus: int
-    memory: int  # bytes
-    gpus: int  # NVIDIA GPUs the driver lists (0: none)
-
-
-def this_machine() -> Machine:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cpus = os.cpu_count() or 1
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    gpus_dir = Path("/proc/driver/nvidia/gpus")
-    gpus = len(list(gpus_dir.iterdir())) if gpus_dir.is_dir() else 0
-    return Machine(cpus, memory, gpus)
-
-
-def servers_here(settings: dict[str, str], machine: Machine) -> int:
-    """How many servers this machine runs at once when every slice it advertises is taken:
-    its GPUs (or GPUHUB_SIMULATE_IF_NO_GPU simulated ones) times GPUHUB_SLICES_PER_GPU, over
-    GPUHUB_SLICES_PER_SERVER; at least 1."""
-    try:
-        gpus = machine.gpus or int(settings.get("GPUHUB_SIMULATE_IF_NO_GPU", "0"))
-        slices = gpus * int(settings.get("GPUHUB_SLICES_PER_GPU", "1"))
-        return max(1, slices // max(1, int(settings.get("GPUHUB_SLICES_PER_SERVER", "1"))))
-    except ValueError:  # reported by problems()
-        return 1
-
-
-def auto_limits(machine: Machine, servers: int) -> dict[str, str]:
-    """Per-server limits that let ``servers`` servers share ``machine``: its memory (less
-    MEM_RESERVE) divided among them, never below what a JupyterLab needs, and PIDS_PER_CPU tasks
-    per core. No CPU quota: every server's container has Docker's default CPU weight, so servers
-    share the cores equally while they compete and one alone uses them all (a quota of cores /
-    servers made a start on an idle machine take twice as long and was no fairer under load:
-    docs/benchmarks.md, "CPU limits"); the hub's and the proxy's weight stays above theirs
-    (priority.py)."""
-    servers = max(1, servers)
-    memory = max(MEM_FLOOR, (machine.memory - MEM_RESERVE) // servers)
-    pids = max(PIDS_FLOOR, PIDS_PER_CPU * machine.cpus)
-    return {
-        "GPUHUB_CPU_LIMIT": "",
-        "GPUHUB_MEM_LIMIT": f"{memory // MIB}M",
-        "GPUHUB_PIDS_LIMIT": str(pids),
-    }
-
-
-def resolve_auto(settings: Settings, machine: Machine) -> Settings:
-    """``auto`` limits replaced by auto_limits for this machine (servers of `make demo` run
-    here)."""
-    if not any(settings.values.get(k) == AUTO for k in LIMIT_KEYS):
-        return settings
-    limits = auto_limits(machine, servers_here(settings.values, machine))
-    values = dict(settings.values)
-    for key in LIMIT_KEYS:
-        if values.get(key) == AUTO:
-            values[key] = limits[key]
-    return Settings(values, settings.origin)
-
 
 # ---- checks -------------------------------------------------------------------------------
 
@@ -908,153 +474,6 @@ def read_roster(path: str) -> tuple[roster.Roster, list[str]]:
     if not found.names:
         return found, [f"GPUHUB_ROSTER: {path} lists no GitHub username; add them"]
     return found, []
-
-
-# ---- files named by the settings ------------------------------------------------------------
-
-#: Settings naming a file on this machine, which the deploy reads.
-FILE_KEYS = (
-    "GPUHUB_ROSTER",
-    "GPUHUB_GITHUB_CLIENT_SECRET_FILE",
-    "GPUHUB_TLS_CERT",
-    "GPUHUB_TLS_KEY",
-)
-
-
-def resolve_paths(
-    settings: Settings, config_path: str, cwd: str
-) -> tuple[Settings, dict[str, str]]:
-    """FILE_KEYS as absolute paths: a relative one set in the config file is taken from the
-    config file's folder (where the organizer keeps the files it names), one from the
-    environment from ``cwd``. Returns the settings and, for each key made absolute, a note
-    saying what it was relative to (for the messages about it)."""
-    values, notes = dict(settings.values), {}
-    folder = str(Path(config_path).resolve().parent) if config_path else ""
-    for key in FILE_KEYS:
-        value = values.get(key, "")
-        if not value or os.path.isabs(value):
-            continue
-        from_file = settings.origin.get(key, "").startswith(f"{config_path} line")
-        base = folder if from_file and folder else cwd
-        values[key] = os.path.normpath(os.path.join(base, value))
-        notes[key] = (
-            f"{value!r} is relative to "
-            + ("the config file's folder " if from_file and folder else "the current folder ")
-            + base
-        )
-    return Settings(values, settings.origin), notes
-
-
-def read_secret_file(path: str) -> str:
-    """The secret held by a file (GPUHUB_GITHUB_CLIENT_SECRET_FILE), as the deploy gives it to
-    the hub: without a UTF-8 byte order mark and blanks or line ends around it. ValueError
-    saying what to do for a file that holds no single secret; OSError if it cannot be read."""
-    data = Path(path).read_bytes()
-    if data.startswith(_UTF16_BOMS) or b"\0" in data:
-        raise ValueError(
-            "is saved as UTF-16 (PowerShell's >, Notepad's Unicode); write it again as plain "
-            "text: Set-Content -Encoding ascii, or Notepad's Save as with Encoding UTF-8"
-        )
-    try:
-        text = data.removeprefix(_BOM).decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise ValueError("is not UTF-8 text; write the secret into it as plain text") from None
-    if not text:
-        raise ValueError("is empty; write the OAuth app's client secret into it")
-    if any(ch.isspace() or not ch.isprintable() for ch in text):
-        raise ValueError(
-            "holds blanks, more than one line or invisible characters; keep only the client "
-            "secret in it"
-        )
-    return text
-
-
-def secret_file_problems(settings: dict[str, str]) -> list[str]:
-    """A line for each secret file that its group or others may read: a GPUHUB_*SECRET*_FILE,
-    which must also hold no more than the secret, and the TLS private key (GPUHUB_TLS_KEY with
-    GPUHUB_TLS=files; its certificate is public)."""
-    out = []
-    for key, path in settings.items():
-        secret = key.endswith("_FILE") and "SECRET" in key
-        tls_key = key == "GPUHUB_TLS_KEY" and settings.get("GPUHUB_TLS") == "files"
-        if not (path and (secret or tls_key)):
-            continue
-        try:
-            found = os.stat(path)
-            mode = found.st_mode
-            if not stat.S_ISREG(mode):
-                held = "the secret" if secret else "the private key"
-                out.append(f"{key}: {path} is not a file; name the file holding {held}")
-                continue
-            if secret:
-                read_secret_file(path)
-        except OSError:
-            continue  # "does not exist" is said by problems()
-        except ValueError as e:
-            out.append(f"{key}: {path} {e}")
-            continue
-        bits = open_to_others(path, mode)
-        group = _group_name(found.st_gid)
-        if tls_key and group in KEY_GROUPS:
-            bits &= ~stat.S_IRWXG  # a group made for reading private keys
-        if bits:
-            who = "others" if bits & stat.S_IRWXO else f"its group {group}"
-            out.append(
-                f"{key}: {path} may be read by {who} (mode {stat.S_IMODE(mode):04o}); "
-                f"run: chmod 600 {path}"
-            )
-    return out
-
-
-#: Groups made for reading private keys: Debian's and Ubuntu's ssl-cert (/etc/ssl/private is
-#: 0710 root:ssl-cert, its keys 0640, as ssl-cert-snakeoil.key): a TLS key its members may read
-#: is accepted (others still may not)
-KEY_GROUPS = ("ssl-cert",)
-
-
-def _group_name(gid: int) -> str:
-    import grp
-
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
-
-
-def _folder_mode(folder: Path) -> int | None:
-    try:
-        return folder.stat().st_mode
-    except OSError:
-        return None
-
-
-def open_to_others(path: str, mode: int) -> int:
-    """The group and others bits of a file of ``mode`` at ``path`` that its folders let
-    through: a group's bits count only where every folder above the file (links followed) lets
-    the group in, others' likewise. 0: only its owner can reach it; so is a key of mode 0644
-    in a folder of mode 0700 (an older certbot's ``/etc/letsencrypt/archive/``)."""
-    bits = mode & (stat.S_IRWXG | stat.S_IRWXO)
-    folder = Path(os.path.realpath(path)).parent
-    for above in (folder, *folder.parents):
-        folder_mode = _folder_mode(above)
-        if folder_mode is None:
-            continue
-        if not folder_mode & stat.S_IXGRP:
-            bits &= ~stat.S_IRWXG
-        if not folder_mode & stat.S_IXOTH:
-            bits &= ~stat.S_IRWXO
-    return bits
-
-
-def _noted(errors: list[str], settings: Settings, notes: dict[str, str]) -> list[str]:
-    """Each line about a file named by a relative path says what the path is relative to."""
-    out = []
-    for line in errors:
-        for key, note in notes.items():
-            if key in line and settings.values[key] in line:
-                line = f"{line} ({note})"
-        out.append(line)
-    return out
 
 
 # ---- the command --------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from pathlib import Path
 from worker_setup import engine
 
 from .console import DeployError, Log, run
-from .settings import Config, read_secret_file
+from .files import read_secret_file
+from .settings import Config
 from .steps import ensure_state_dir, private_file
 
 #: How long a generated certificate is valid (the most browsers accept: 825 days).

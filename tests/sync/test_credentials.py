@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from deploy import settings, stack, tls
+from deploy.limits import Machine
+from deploy.values import GIB
 from tutorial_sync import credentials
 from tutorial_sync.credentials import Credential, TokenFileError, parse_tokens
 
@@ -93,7 +95,7 @@ def check(tmp_path: Path, repos: str, text: str | None, mode: int = 0o600, path:
         "GPUHUB_TUTORIAL_TOKEN_FILE": path,
     }
     try:
-        return settings.read("demo", environ, machine=settings.Machine(4, 16 * settings.GIB, 0))
+        return settings.read("demo", environ, machine=Machine(4, 16 * GIB, 0))
     except settings.SettingsError as e:
         for token in TOKENS:
             assert token not in str(e)

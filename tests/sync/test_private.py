@@ -16,6 +16,8 @@ import pytest
 from tornado.httpclient import AsyncHTTPClient
 
 from deploy import settings
+from deploy.limits import Machine
+from deploy.values import GIB
 from tutorial_sync import MANIFEST, credentials
 from tutorial_sync.publish import Publisher
 from tutorial_sync.repos import format_repos
@@ -70,7 +72,7 @@ async def served_status(tmp_path, remote, token_text: str | None):
     }
     if token_text is not None:
         environ["GPUHUB_TUTORIAL_TOKEN_FILE"] = str(token_file(tmp_path, token_text))
-    checked = settings.read("demo", environ, machine=settings.Machine(4, 16 * settings.GIB, 0))
+    checked = settings.read("demo", environ, machine=Machine(4, 16 * GIB, 0))
     service_env = {"GPUHUB_TUTORIAL_REPOS": format_repos(checked.tutorial_repos)}
     if checked.tutorial_token_file:  # the Docker secret's path in the service's container
         service_env["GPUHUB_TUTORIAL_TOKEN_FILE"] = checked.tutorial_token_file

@@ -11,6 +11,8 @@ import pytest
 from tornado.httpclient import AsyncHTTPClient
 
 from deploy import settings, stack
+from deploy.limits import Machine
+from deploy.values import GIB
 from tutorial_sync import MANIFEST
 from tutorial_sync.publish import Publisher
 from tutorial_sync.repos import Repo, ReposError, format_repos, parse_repos, redact
@@ -71,7 +73,7 @@ def test_what_the_check_accepts_is_what_the_sync_service_uses(text, entries, tmp
         "GPUHUB_STATE_DIR": str(tmp_path / "state"),
         "GPUHUB_TUTORIAL_REPOS": text,
     }
-    checked = settings.read("demo", environ, machine=settings.Machine(4, 16 * settings.GIB, 0))
+    checked = settings.read("demo", environ, machine=Machine(4, 16 * GIB, 0))
     assert [r.entry() for r in checked.tutorial_repos] == entries
     handed_on = stack.stack_environment(
         checked.with_values(
@@ -149,7 +151,7 @@ async def test_odd_forms_of_real_repositories_are_published_and_shown_as_read(tm
             "GPUHUB_STATE_DIR": str(tmp_path / "state"),
             "GPUHUB_TUTORIAL_REPOS": text,
         },
-        machine=settings.Machine(4, 16 * settings.GIB, 0),
+        machine=Machine(4, 16 * GIB, 0),
     )
     handed_on = format_repos(checked.tutorial_repos)
     args = parse_args(

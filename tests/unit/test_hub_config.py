@@ -20,8 +20,10 @@ from traitlets.config.loader import PyFileConfigLoader
 from traitlets.utils.importstring import import_item
 
 from deploy import stack
-from deploy.settings import GIB, Machine, SettingsError, key_of, read
+from deploy.limits import Machine
+from deploy.settings import SettingsError, key_of, read
 from deploy.steps import GENERATED
+from deploy.values import GIB
 from gpu_swarm_spawner import GPUSwarmSpawner, contract, internals
 from gpu_swarm_spawner.auth import WorkshopGitHubOAuthenticator
 

@@ -113,7 +113,7 @@ def project_files(entries: tuple[str, ...]) -> set[Path]:
 def copied_into_the_hub_image(dockerfile: str) -> set[Path]:
     """The repository's files the Dockerfile's COPY lines take (folders: every file in them)."""
     files: set[Path] = set()
-    for line in dockerfile.splitlines():
+    for line in dockerfile.replace("\\\n", " ").splitlines():  # continued lines joined
         words = line.split()
         if not words or words[0] != "COPY" or any(w.startswith("--") for w in words):
             continue
@@ -136,7 +136,8 @@ def test_the_hub_image_copies_what_the_hub_imports_and_no_worker_code():
     deploy = REPO / "deploy"
     shipped = {p.name for p in copied if p.parent == deploy and p.suffix == ".py"}
     assert shipped == {p.name for p in needed if p.parent == deploy}
-    assert shipped == {"__init__.py", "settings.py", "values.py"}
+    reader = {"__init__.py", "settings.py", "envfile.py", "limits.py", "files.py", "values.py"}
+    assert shipped == reader
     # what the settings' reader reads beside itself (from_environment's defaults)
     assert deploy / "settings.env" in copied
     # pyproject.toml's package discovery installs what was copied (settings.env as deploy's
@@ -150,6 +151,10 @@ def test_the_copies_read_here_are_the_dockerfiles():
     assert REPO / "deploy" / "settings.py" in copied
     assert REPO / "worker_setup" / "guard_policy.py" in copied
     assert copied_into_the_hub_image("COPY --from=build /a /b\n") == set()
+    continued = copied_into_the_hub_image(
+        "COPY deploy/settings.py \\\n     deploy/values.py /src/\n"
+    )
+    assert continued == {REPO / "deploy" / "settings.py", REPO / "deploy" / "values.py"}
     needed = project_files(("deploy/settings.py",))
     assert REPO / "gpu_swarm_spawner" / "contract.py" in needed
     assert REPO / "gpu_swarm_spawner" / "__init__.py" in needed

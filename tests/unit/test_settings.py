@@ -14,33 +14,32 @@ from pathlib import Path
 
 import pytest
 
+from deploy import files
 from deploy import settings as settings_module
-from deploy.settings import (
-    CONVERTERS,
+from deploy.envfile import (
     FILLED_BY_DEPLOY,
-    GIB,
-    MIB,
-    PLACEHOLDERS,
-    Config,
     ConfigFileError,
-    Machine,
     Settings,
     SettingsError,
-    auto_limits,
+    merge,
+    parse_env,
+    read_defaults,
+    unknown_keys,
+)
+from deploy.limits import Machine, auto_limits, resolve_auto, servers_here
+from deploy.settings import (
+    CONVERTERS,
+    PLACEHOLDERS,
+    Config,
     config_file,
     from_environment,
     load,
-    merge,
-    parse_env,
     placeholders,
     problems,
     read,
-    read_defaults,
-    resolve_auto,
-    servers_here,
     typed_attributes,
-    unknown_keys,
 )
+from deploy.values import GIB, MIB
 from tutorial_sync.repos import Repo
 
 from .config_lines import CORPUS, SECRET, Refused, expected, key_of
@@ -1056,7 +1055,7 @@ def test_relative_files_are_found_beside_the_config_file_or_in_the_current_folde
     cfg = read("up", environ={}, config=str(config), machine=MACHINE)
     assert cfg.roster == str(folder / "roster.txt")  # handed on absolute
     assert cfg.github_client_secret_file == str(folder / "client-secret.txt")
-    assert settings_module.read_secret_file(cfg.github_client_secret_file) == "3c9f1e0d8b7a"
+    assert files.read_secret_file(cfg.github_client_secret_file) == "3c9f1e0d8b7a"
     # from the environment, a relative path is the current folder's, and says so
     found = refused_lines(str(config), environ={"GPUHUB_ROSTER": "roster.txt"})
     assert found == [
@@ -1099,7 +1098,7 @@ def test_a_secret_file_others_may_read_or_holding_no_single_secret_is_refused(
 @pytest.fixture(autouse=True)
 def files_of_group_staff(monkeypatch):
     """The group a file's mode lets read it is named "staff" (not this machine's groups)."""
-    monkeypatch.setattr(settings_module, "_group_name", lambda gid: "staff")
+    monkeypatch.setattr(files, "_group_name", lambda gid: "staff")
 
 
 @pytest.fixture(autouse=True)
@@ -1109,13 +1108,13 @@ def folders_above_the_tests_open(monkeypatch, tmp_path_factory):
     decides whether others may read it, unless a folder the test made bars them
     (``open_to_others``)."""
     base = tmp_path_factory.getbasetemp().resolve()
-    real = settings_module._folder_mode
+    real = files._folder_mode
 
     def folder_mode(folder):
         pytests = folder in (base, *base.parents) or folder.parent == base
         return 0o40755 if pytests else real(folder)
 
-    monkeypatch.setattr(settings_module, "_folder_mode", folder_mode)
+    monkeypatch.setattr(files, "_folder_mode", folder_mode)
 
 
 def tls_files_config(tmp_path, cert_mode: int, key_mode: int | None) -> Path:
@@ -1162,7 +1161,7 @@ def test_a_tls_key_the_ssl_cert_group_may_read_is_accepted_others_still_not(tmp_
     0710 root:ssl-cert): the group made for reading private keys may; others may not."""
     config = tls_files_config(tmp_path, 0o644, 0o640)
     key = tmp_path / "privkey.pem"
-    monkeypatch.setattr(settings_module, "_group_name", lambda gid: "ssl-cert")
+    monkeypatch.setattr(files, "_group_name", lambda gid: "ssl-cert")
     assert read("up", environ={}, config=str(config), machine=MACHINE).tls == "files"
     key.chmod(0o644)
     assert refused_lines(str(config)) == [
