@@ -77,6 +77,6 @@ labextension:  ## rebuild the JupyterLab extension gpuhub-notices from its sourc
 
 docs:  ## regenerate docs/configuration.md (from deploy/settings.env) and docs/options.md (from the traits)
 	python3 -m deploy.reference
-	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/python -m gpu_swarm_spawner.reference'
+	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/python -m deploy.options'
 
 .PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check gpu-prove bench-join test bench bench-images bench-scale bench-faults unit lint labextension docs

@@ -138,6 +138,18 @@ def _title(block: Block) -> str:
     return ", ".join(key for key, _ in block.settings)
 
 
+def anchors(settings_env_text: str) -> dict[str, str]:
+    """Each setting's anchor in docs/configuration.md: the heading of its block (settings
+    documented together share one)."""
+    _intro, groups = parse(settings_env_text)
+    return {
+        key: _slug(_title(block))
+        for group in groups
+        for block in group.blocks
+        for key, _ in block.settings
+    }
+
+
 def render(settings_env_text: str) -> str:
     """docs/configuration.md for deploy/settings.env's text."""
     intro, groups = parse(settings_env_text)
@@ -159,11 +171,11 @@ def render(settings_env_text: str) -> str:
         out += "\n>\n".join(f"> {_escaped(paragraph)}" for paragraph in intro).split("\n")
         out.append("")
     out += ["| setting | default |", "| --- | --- |"]
+    anchor = anchors(settings_env_text)
     for group in groups:
         for block in group.blocks:
-            anchor = _slug(_title(block))
             for key, value in block.settings:
-                out.append(f"| [`{key}`](#{anchor}) | {_code(value)} |")
+                out.append(f"| [`{key}`](#{anchor[key]}) | {_code(value)} |")
     out.append("")
     for group in groups:
         out += [f"## {group.title[:1].upper()}{group.title[1:]}", ""]

@@ -207,7 +207,7 @@ def test_check_fails_with_one_line_when_the_page_is_stale(tmp_path, capsys):
 
 
 def test_options_reference_is_what_the_traits_say():
-    from gpu_swarm_spawner import reference as options
+    from deploy import options
 
     page = REPO / options.PAGE
     assert page.exists(), "docs/options.md is missing: run make docs"
@@ -215,7 +215,7 @@ def test_options_reference_is_what_the_traits_say():
 
 
 def test_every_option_the_hub_sets_from_a_setting_says_so():
-    from gpu_swarm_spawner import reference as options
+    from deploy import options
 
     text = (REPO / options.PAGE).read_text(encoding="utf-8")
     sections = dict(re.findall(r"^### (\S+)\n\n(.*)$", text, re.M))
@@ -231,7 +231,7 @@ def test_render_gives_each_option_its_kind_default_setting_and_help():
     from traitlets import Enum, Float, Integer
     from traitlets.config import Configurable
 
-    from gpu_swarm_spawner import reference as options
+    from deploy import options
 
     class Knobs(Configurable):
         """Knobs of a sample.
