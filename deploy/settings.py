@@ -23,6 +23,7 @@ hub's image. ``parse_env``, ``merge``, ``auto_limits``, ``unknown_keys``, ``plac
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import math
 import os
@@ -35,7 +36,7 @@ from typing import Callable
 
 from deploy import values as typed
 from gpu_swarm_spawner import roster
-from gpu_swarm_spawner.contract import GUARD_KEYS, MAX_SLICES_PER_GPU, GuardSettings
+from gpu_swarm_spawner.contract import GUARD_KEYS, MAX_SLICES_PER_GPU, GuardSettings, guard_number
 from tutorial_sync import credentials
 from tutorial_sync.repos import Repo, ReposError, parse_repos, redact
 
@@ -379,11 +380,6 @@ def _guard(settings) -> list[str]:
     return []
 
 
-def _number(value: str) -> float:
-    """A number as GuardSettings.parse reads it (a percentage may end in %)."""
-    return float(value.strip().rstrip("%"))
-
-
 def _environments(value: str) -> list[str]:
     errors, seen = [], set()
     for entry in value.split():
@@ -620,7 +616,8 @@ def environments(value: str) -> dict[str, str]:
 #: and what to write; ``problems`` checks these keys with the same functions.
 CONVERTERS: dict[str, Callable[[str], object]] = {
     **dict.fromkeys(WHOLE_NUMBERS, _whole_number),
-    **dict.fromkeys(GUARD_KEYS[1:], _number),  # the guard's numbers
+    # the guard's numbers, read as the guard reads them
+    **{key: functools.partial(guard_number, key) for key in GUARD_KEYS[1:]},
     "GPUHUB_SIMULATED_GPUS": _flag,
     "GPUHUB_CPU_ONLY": _on,
     "GPUHUB_ADMIN_USERS": typed.usernames,

@@ -246,19 +246,13 @@ class GuardSettings:
         if mode is not None:
             kwargs["mode"] = mode.strip().lower()
         for key in GUARD_KEYS[1:]:
-            name = key.removeprefix("GPUHUB_GUARD_").lower()
             text = values.get(key)
             if text is None:
                 continue
             try:
-                number = float(text.strip().rstrip("%" if "percent" in name else ""))
-            except ValueError:
-                number = float("nan")
-            if number != number or number in (float("inf"), float("-inf")):
-                example = "60" if name == "grace_seconds" else "100"
-                problems.append(f"{key} is {text!r}; write a number, e.g. {example}")
-            else:
-                kwargs[name] = number
+                kwargs[key.removeprefix("GPUHUB_GUARD_").lower()] = guard_number(key, text)
+            except ValueError as error:
+                problems.append(f"{key} is {text!r}; {error}")
         try:
             settings = cls(**kwargs)  # type: ignore[arg-type]
         except ValueError as error:
@@ -267,6 +261,18 @@ class GuardSettings:
         if problems:
             raise ValueError("; ".join(problems))
         return settings
+
+
+def guard_number(key: str, text: str) -> float:
+    """One of the guard's numbers as the organizer writes it (``GUARD_KEYS[1:]``; a percentage
+    may end in %); ValueError saying what to write for anything else (inf and nan too)."""
+    try:
+        number = float(text.strip().rstrip("%" if key.endswith("_PERCENT") else ""))
+    except ValueError:
+        number = float("nan")
+    if not _is_number(number):
+        raise ValueError(f"write a number, e.g. {60 if key.endswith('_SECONDS') else 100}")
+    return number
 
 
 def _is_number(value) -> bool:

@@ -691,6 +691,27 @@ def test_read_without_a_mode_still_refuses_what_it_cannot_read(tmp_path):
         read(environ={}, config=str(config), machine=MACHINE)
 
 
+@pytest.mark.parametrize(
+    "key, value, read_as",
+    [
+        ("GPUHUB_GUARD_WARN_PERCENT", "95%", 95.0),
+        ("GPUHUB_GUARD_STOP_PERCENT", " 120 ", 120.0),
+        ("GPUHUB_GUARD_GRACE_SECONDS", "30", 30.0),
+        ("GPUHUB_GUARD_GRACE_SECONDS", "60%", None),  # a percentage only for the percentages
+        ("GPUHUB_GUARD_WARN_PERCENT", "inf", None),
+    ],
+)
+def test_the_guards_numbers_are_typed_as_the_guard_reads_them(key, value, read_as):
+    """Config's typed value (what the join line passes on) comes from the guard's own reader,
+    even where no mode's checks run."""
+    if read_as is None:
+        with pytest.raises(SettingsError, match=f"{key} is {value!r}; write a number"):
+            read(environ={key: value}, config="", machine=MACHINE)
+    else:
+        config = read(environ={key: value}, config="", machine=MACHINE)
+        assert getattr(config, key.removeprefix("GPUHUB_").lower()) == read_as
+
+
 def test_environments_that_do_not_convert_are_named():
     with pytest.raises(SettingsError, match=r"the environment: GPUHUB_ENVIRONMENTS is 'A=x A=y'"):
         from_environment({"GPUHUB_ENVIRONMENTS": "A=x A=y"})
