@@ -25,7 +25,7 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
 
     A participant none of whose organizations and teams let them in reads why when GitHub said
     more than "not a member" (``github_membership.py``): GitHub could not be asked (rate limit,
-    an error, no answer: "log in again in N seconds", HTTP 503), the organization hides its
+    an error, no answer: "log in again in N minutes", HTTP 503), the organization hides its
     private members from unapproved OAuth apps, or the invitation is not accepted yet. The hub
     log gets one line with GitHub's answers.
     """

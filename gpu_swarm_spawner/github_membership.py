@@ -17,7 +17,8 @@ The hub asks with the participant's own OAuth token (scope ``read:org``), about 
 Any of them may be rate limited instead (403 or 429 with ``x-ratelimit-remaining: 0`` until
 ``x-ratelimit-reset``, or with ``retry-after`` seconds, or a "secondary rate limit" message)
 or fail (5xx, a timeout, no connection): then nobody knows, and the participant is told to
-try again, never that they are not on the list.
+try again, never that they are not on the list. The wait is told in whole minutes
+(``wait_words``), the log and ``Retry-After`` keep GitHub's seconds.
 """
 
 from __future__ import annotations
@@ -194,6 +195,17 @@ class LoginRefused(web.HTTPError):
         self.headers = headers or {}
 
 
+def wait_words(seconds: float) -> str:
+    """A wait as a participant reads it: whole minutes, rounded up, at least one ("1 minute",
+    "2 minutes"), never "0 minutes" or a count of seconds."""
+    minutes = max(1, math.ceil(seconds / 60))
+    return f"{minutes} minute" if minutes == 1 else f"{minutes} minutes"
+
+
+def _try_again(wait: int) -> str:
+    return f"Please log in again in {wait_words(wait)}."
+
+
 def _names(entries: list[str]) -> str:
     return entries[0] if len(entries) == 1 else ", ".join(entries[:-1]) + " or " + entries[-1]
 
@@ -209,8 +221,7 @@ def refusal(username: str, answers: list[Membership], client_id: str = "") -> Lo
         wait = max(a.retry_after for a in said[UNAVAILABLE])
         parts.append(
             "GitHub could not be asked whether you are a member of "
-            f"{_names([a.entry for a in said[UNAVAILABLE]])} just now. "
-            f"Please log in again in {wait} seconds."
+            f"{_names([a.entry for a in said[UNAVAILABLE]])} just now. {_try_again(wait)}"
         )
     for a in said[HIDDEN]:
         request = (

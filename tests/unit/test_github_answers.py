@@ -170,7 +170,7 @@ async def test_a_member_github_cannot_be_asked_about_is_told_to_try_again(
     assert e.status_code == 503 and e.headers == {"Retry-After": str(wait)}
     assert e.jupyterhub_message == (
         "GitHub could not be asked whether you are a member of gpu-school just now. "
-        f"Please log in again in {wait} seconds."
+        "Please log in again in 1 minute."
     )
     assert "participant list" not in e.jupyterhub_message
     lines = hub_log(caplog)
@@ -254,7 +254,7 @@ async def test_sso_is_named_with_where_to_authorize(github):
         ("team_membership_pending", "invitation"),
         ("team_membership_not_found", None),
         ("oauth_app_restricted", "restricts third-party"),
-        ("rate_limited_secondary", "log in again in 60 seconds"),
+        ("rate_limited_secondary", "log in again in 1 minute."),
     ],
 )
 async def test_teams_are_asked_by_their_membership(github, fixture_name, outcome):
@@ -307,13 +307,30 @@ def test_several_problems_are_each_said_the_retry_first():
         "olga",
         [
             gm.Membership("org-a", gm.HIDDEN, "h"),
-            gm.Membership("org-b", gm.UNAVAILABLE, "r", retry_after=42),
+            gm.Membership("org-b", gm.UNAVAILABLE, "r", retry_after=142),
             gm.Membership("org-c:tutors", gm.UNAVAILABLE, "r", retry_after=7),
         ],
     )
-    assert refused.status_code == 503 and refused.headers == {"Retry-After": "42"}
+    assert refused.status_code == 503 and refused.headers == {"Retry-After": "142"}
     assert refused.jupyterhub_message.startswith(
         "GitHub could not be asked whether you are a member of org-b or org-c:tutors just now. "
-        "Please log in again in 42 seconds. GitHub does not tell this hub whether you are a "
+        "Please log in again in 3 minutes. GitHub does not tell this hub whether you are a "
         "member of org-a"
     )
+
+
+@pytest.mark.parametrize(
+    "seconds, words",
+    [
+        (0, "1 minute"),  # never "0 minutes"
+        (-5, "1 minute"),  # a reset already past
+        (3, "1 minute"),  # never "in 3 seconds"
+        (59.5, "1 minute"),
+        (60, "1 minute"),
+        (61, "2 minutes"),  # rounded up: never sooner than GitHub said
+        (120, "2 minutes"),
+        (3600, "60 minutes"),  # a primary limit's longest wait
+    ],
+)
+def test_the_wait_is_told_in_whole_minutes_at_least_one(seconds, words):
+    assert gm.wait_words(seconds) == words
