@@ -8,7 +8,7 @@ import time
 from urllib.parse import quote
 
 from oauthenticator.github import GitHubOAuthenticator
-from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.httpclient import HTTPClientError, HTTPRequest, HTTPResponse
 from traitlets import Float, Unicode, default
 
 from . import github_membership, roster
@@ -27,7 +27,8 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
     more than "not a member" (``github_membership.py``): GitHub could not be asked (rate limit,
     an error, no answer: "log in again in N minutes", HTTP 503), the organization hides its
     private members from unapproved OAuth apps, or the invitation is not accepted yet. The hub
-    log gets one line with GitHub's answers.
+    log gets one line with GitHub's answers. The login's first two requests (the token exchange
+    and ``GET /user``) that GitHub does not answer get the same "log in again in N minutes".
     """
 
     membership_check_timeout = Float(
@@ -104,6 +105,31 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
             self.log.info("Roster %s: %s", self.roster_file, found.describe())
             self._roster, self._roster_version = found.names, version
 
+    async def get_token_info(self, handler, params):
+        """oauthenticator's token exchange; see ``_unless_unanswered``."""
+        try:
+            return await super().get_token_info(handler, params)
+        except (HTTPClientError, OSError) as e:
+            self._unless_unanswered("the token exchange", e)
+            raise
+
+    async def token_to_user(self, token_info):
+        """oauthenticator's ``GET /user``; see ``_unless_unanswered``."""
+        try:
+            return await super().token_to_user(token_info)
+        except (HTTPClientError, OSError) as e:
+            self._unless_unanswered("GET /user", e)
+            raise
+
+    def _unless_unanswered(self, step: str, error: Exception) -> None:
+        """Raise the "log in again in N minutes" refusal (503) when ``error`` is GitHub not
+        answering ``step`` (a rate limit, a 5xx, a timeout, no connection), which JupyterHub
+        would show as "500 : Unhandled error"; return for any other error, which stands."""
+        refused = github_membership.unanswered(step, _answer_of(error), time.time())
+        if refused is not None:
+            self.log.warning("%s", refused.get_message())
+            raise refused from error
+
     async def check_allowed(self, username, auth_model):
         if username in await self.roster_usernames():
             return True
@@ -159,6 +185,19 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
                 HTTPRequest(self.github_api + path, **kwargs), raise_error=False
             )
         except (HTTPClientError, OSError) as e:  # a timeout, no connection
-            return Answer(github_membership.NO_ANSWER, error=f"{type(e).__name__}: {e}")
-        headers = {name.lower(): value for name, value in response.headers.get_all()}
-        return Answer(response.code, headers, response.body or b"")
+            return _answer_of(e)
+        return _answer(response)
+
+
+def _answer(response: HTTPResponse) -> Answer:
+    headers = {name.lower(): value for name, value in response.headers.get_all()}
+    return Answer(response.code, headers, response.body or b"")
+
+
+def _answer_of(error: Exception) -> Answer:
+    """The answer an HTTP client's error carries (an error code), or none came (a timeout, no
+    connection)."""
+    response = getattr(error, "response", None)
+    if response is not None:
+        return _answer(response)
+    return Answer(github_membership.NO_ANSWER, error=f"{type(error).__name__}: {error}")

@@ -17,8 +17,10 @@ The hub asks with the participant's own OAuth token (scope ``read:org``), about 
 Any of them may be rate limited instead (403 or 429 with ``x-ratelimit-remaining: 0`` until
 ``x-ratelimit-reset``, or with ``retry-after`` seconds, or a "secondary rate limit" message)
 or fail (5xx, a timeout, no connection): then nobody knows, and the participant is told to
-try again, never that they are not on the list. The wait is told in whole minutes
-(``wait_words``), the log and ``Retry-After`` keep GitHub's seconds.
+try again, never that they are not on the list. The same holds for the login's own two
+requests before these (oauthenticator's): the token exchange and ``GET /user`` (``unanswered``).
+The wait is told in whole minutes (``wait_words``), the log and ``Retry-After`` keep GitHub's
+seconds.
 """
 
 from __future__ import annotations
@@ -204,6 +206,30 @@ def wait_words(seconds: float) -> str:
 
 def _try_again(wait: int) -> str:
     return f"Please log in again in {wait_words(wait)}."
+
+
+#: The login's own requests to GitHub (oauthenticator makes them): what the participant is told
+#: GitHub could not be asked, by the name the log gives the request.
+LOGIN_STEPS = {
+    "the token exchange": "to confirm your login",
+    "GET /user": "who you are",
+}
+
+
+def unanswered(step: str, answer: Answer, now: float) -> LoginRefused | None:
+    """The refusal for one of the login's own requests (``LOGIN_STEPS``) that GitHub did not
+    answer: rate limited, a server error, no answer (503, log in again later, as for the
+    membership checks). None for any other answer, whose own error stands."""
+    failure = _failure(step, answer, now)
+    if failure is None or failure.state != UNAVAILABLE:
+        return None
+    wait = failure.retry_after
+    return LoginRefused(
+        503,
+        f"GitHub could not be asked {LOGIN_STEPS[step]} just now. {_try_again(wait)}",
+        f"Login not decided, asked to retry in {wait} s: {step}: {failure.detail}",
+        {"Retry-After": str(wait)},
+    )
 
 
 def _names(entries: list[str]) -> str:

@@ -10,7 +10,7 @@ client secret, ``/user``, and the organization and team membership checks the hu
 answers that are not "yes" or "no", as GitHub gives them: an invitation not accepted yet
 (``"state": "pending"``), an organization that restricts OAuth apps hiding a private member
 (403 "... has enabled OAuth App access restrictions ..."), a token over its rate limit (403
-with ``x-ratelimit-remaining: 0``).
+with ``x-ratelimit-remaining: 0``), for the membership checks or already for ``/user``.
 
     python -m tests.integration.fake_github --host 10.199.8.1 --port 18900 \\
         --client-id ID --client-secret SECRET --org gpu-workshop=alice,ada
@@ -46,6 +46,8 @@ class GitHubData:
     hidden: dict[str, set[str]] = field(default_factory=dict)
     #: logins whose membership checks GitHub answers "API rate limit exceeded"
     rate_limited: set[str] = field(default_factory=set)
+    #: logins whose ``GET /user`` at login GitHub answers "API rate limit exceeded"
+    user_rate_limited: set[str] = field(default_factory=set)
 
 
 DOCS_RATE = "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"
@@ -118,6 +120,8 @@ class Handler(BaseHTTPRequestHandler):
         login = self._login()
         if login is None:
             return self._json(401, {"message": "Bad credentials"})
+        if path == "/user" and login in self.data.user_rate_limited:
+            return self._rate_limited()
         if path == "/user":
             return self._json(
                 200,

@@ -143,7 +143,7 @@ def production(hub, hub_settings, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("organizer")
     github = GitHubData("fake-github-client", CLIENT_SECRET, orgs=ORGS, teams=TEAMS)
     github.invited, github.hidden = {"gpu-workshop": {"ivy"}}, {"gpu-workshop": {"hugo"}}
-    github.rate_limited = {"remy"}
+    github.rate_limited, github.user_rate_limited = {"remy"}, {"uma"}
     server = serve(BED_HOST, GITHUB_PORT, github)
     (tmp / "roster.txt").write_text(ROSTER)
     config = tmp / "config.env"
@@ -424,17 +424,40 @@ def test_a_participant_github_did_not_vouch_for_is_told_what_happened(
     """Never "not on the participant list" when GitHub did not say so: the page says what
     GitHub answered and what to do (403, or 503 when asking again later may work); the
     organizer's log says it too."""
+    text = refused_login(production, page, login)
+    assert f"{code} :" in text and says in text, text
+    assert f"Login of {login} {log}" in hub_log(production)
+
+
+def test_a_login_github_cannot_say_who_it_is_is_asked_to_try_again(production, page):
+    """GitHub limits the rate of GET /user at login (the token's hourly requests used up): the
+    participant reads when to try again (503), not JupyterHub's "500 : Unhandled error"."""
+    text = refused_login(production, page, "uma")
+    assert "503 :" in text and "500 :" not in text and "Unhandled error" not in text, text
+    assert (
+        "GitHub could not be asked who you are just now. Please log in again in 1 minute." in text
+    )
+    log = hub_log(production)
+    assert "Login not decided, asked to retry in" in log
+    assert "GET /user: rate limited: 403 'API rate limit exceeded" in log
+
+
+def refused_login(production, page, login: str) -> str:
+    """The page a participant GitHub did not vouch for reads (its text, blanks as one space),
+    with a screenshot; never "not on the participant list", and no user made."""
     github_login(page, production.url, login)
     page.wait_for_load_state()
     text = " ".join(page.inner_text("body").split())
-    assert f"{code} :" in text and says in text, text
     assert "not on this workshop's participant list" not in text
     page.screenshot(path=str(ARTIFACTS / f"refused-{login}.png"))
     assert production.hub.api("GET", f"/users/{login}").status_code == 404
-    # the hub's container's own log: `docker service logs` can hang once the service has had
-    # several tasks (the hub was restarted by the tests before)
-    hub_log = container_of(f"{production.hub.stack}_hub").logs(tail=300).decode(errors="replace")
-    assert f"Login of {login} {log}" in hub_log
+    return text
+
+
+def hub_log(production) -> str:
+    """The hub's container's own log: `docker service logs` can hang once the service has had
+    several tasks (the hub was restarted by the tests before)."""
+    return container_of(f"{production.hub.stack}_hub").logs(tail=300).decode(errors="replace")
 
 
 def test_a_roster_user_logs_in_and_the_roster_reloads(production, page, browser):

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 from tornado import web
+from tornado.httpclient import HTTPClientError
 
 from gpu_swarm_spawner import auth as auth_module
 from gpu_swarm_spawner import github_membership as gm
@@ -42,33 +43,46 @@ def answer(name: str) -> gm.Answer:
 # ---- the stand-in ---------------------------------------------------------------------------
 
 
+async def replay(handler: web.RequestHandler, name: str) -> None:
+    """Answer with the recorded answer ``name`` ("slow": none for 5 s)."""
+    if name == "slow":
+        await asyncio.sleep(5)
+        return handler.finish({})
+    if name == "not_found":
+        return handler.send_error(404)
+    f = fixture(name)
+    handler.set_status(f["status"])
+    for key, value in f["headers"].items():
+        if key == "location":  # where GitHub redirects, on this stand-in
+            value = value.replace(
+                "https://api.github.com", handler.settings["github"].url + "/api/v3"
+            )
+        handler.set_header(key, value)
+    if f["body"] is not None:
+        body = f["body"]
+        handler.finish(body if isinstance(body, str) else json.dumps(body))
+
+
 class Replay(web.RequestHandler):
-    """Answers a GET of the REST API with the recorded answer its path is given."""
+    """Answers a GET of the REST API with the recorded answer its path is given (``/user``:
+    olga, unless given one)."""
 
     async def get(self, path):
         github = self.settings["github"]
         github.asked.append(path)
-        if path == "user":
+        if path == "user" and path not in github.routes:
             return self.finish({"login": "olga", "id": 1234567, "name": "Olga", "email": None})
-        name = github.routes.get(path, "not_found")
-        if name == "slow":
-            await asyncio.sleep(5)
-            return self.finish({})
-        if name == "not_found":
-            return self.send_error(404)
-        f = fixture(name)
-        self.set_status(f["status"])
-        for key, value in f["headers"].items():
-            if key == "location":  # where GitHub redirects, on this stand-in
-                value = value.replace("https://api.github.com", github.url + "/api/v3")
-            self.set_header(key, value)
-        if f["body"] is not None:
-            body = f["body"]
-            self.finish(body if isinstance(body, str) else json.dumps(body))
+        await replay(self, github.routes.get(path, "not_found"))
 
 
 class Token(web.RequestHandler):
-    def post(self):
+    """The token exchange: a token, unless given a recorded answer (route "token")."""
+
+    async def post(self):
+        github = self.settings["github"]
+        github.asked.append("token")
+        if "token" in github.routes:
+            return await replay(self, github.routes["token"])
         self.finish({"access_token": "gho_standin", "token_type": "bearer", "scope": "read:org"})
 
 
@@ -133,7 +147,7 @@ async def test_a_member_is_let_in_by_the_204(github):
     github.routes = routes(**{ORG: "member_check_member"})
     user = await log_in(authenticator(github, ["gpu-school"]))
     assert user["name"] == "olga"
-    assert github.asked == ["user", ORG[1:]], "one question about the organization"
+    assert github.asked == ["token", "user", ORG[1:]], "one question about the organization"
 
 
 async def test_a_public_member_seen_through_the_redirect_is_let_in(github):
@@ -283,6 +297,69 @@ async def test_the_roster_and_admins_are_not_asked_about(github, tmp_path):
     roster.write_text("olga\n")
     assert await log_in(authenticator(github, ["gpu-school"], roster_file=str(roster)))
     assert ORG[1:] not in github.asked
+
+
+# ---- the login's own requests: the token exchange and GET /user ----------------------------
+
+
+@pytest.mark.parametrize(
+    "step, fixture_name, now, wait, words",
+    [
+        ("user", "rate_limited_primary_403", NOW, 42, "1 minute"),  # until x-ratelimit-reset
+        ("user", "rate_limited_primary_403", NOW - 100, 142, "3 minutes"),
+        ("user", "rate_limited_primary_429", NOW, 42, "1 minute"),
+        ("user", "rate_limited_secondary", NOW, 60, "1 minute"),  # retry-after
+        ("user", "server_error_502", NOW, 30, "1 minute"),
+        ("token", "rate_limited_secondary", NOW, 60, "1 minute"),
+        ("token", "server_error_500", NOW, 30, "1 minute"),
+    ],
+)
+async def test_a_login_github_cannot_answer_is_asked_to_try_again_in_minutes(
+    github, monkeypatch, caplog, step, fixture_name, now, wait, words
+):
+    """Was "500 : Unhandled error": oauthenticator's HTTP error, which JupyterHub shows so."""
+    monkeypatch.setattr(auth_module.time, "time", lambda: now)
+    github.routes = {step: fixture_name}
+    with caplog.at_level(logging.WARNING), pytest.raises(gm.LoginRefused) as refused:
+        await log_in(authenticator(github, ["gpu-school"]))
+    e = refused.value
+    assert e.status_code == 503 and e.headers == {"Retry-After": str(wait)}
+    asked = "who you are" if step == "user" else "to confirm your login"
+    assert e.jupyterhub_message == (
+        f"GitHub could not be asked {asked} just now. Please log in again in {words}."
+    )
+    logged = [r.getMessage() for r in caplog.records if r.name != "tornado.access"][-1]
+    step_name = "GET /user" if step == "user" else "the token exchange"
+    assert logged.startswith(f"Login not decided, asked to retry in {wait} s: {step_name}: ")
+    assert str(fixture(fixture_name)["status"]) in logged
+    assert ORG[1:] not in github.asked, "no membership asked without knowing who"
+
+
+async def test_no_answer_or_no_connection_at_login_is_not_an_error_page(github):
+    github.routes = {"user": "slow"}
+    slow = authenticator(github, ["gpu-school"], http_request_kwargs={"request_timeout": 0.3})
+    with pytest.raises(gm.LoginRefused) as refused:
+        await log_in(slow)
+    assert refused.value.status_code == 503 and "who you are" in refused.value.jupyterhub_message
+    assert "GET /user: GitHub failed: no answer (HTTPTimeoutError" in str(refused.value)
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(gm.LoginRefused) as refused:
+        await log_in(authenticator(github, ["gpu-school"], token_url=closed + "/token"))
+    assert refused.value.status_code == 503 and "ConnectionRefusedError" in str(refused.value)
+    with pytest.raises(gm.LoginRefused) as refused:
+        await log_in(authenticator(github, ["gpu-school"], userdata_url=closed + "/user"))
+    assert "GET /user: GitHub failed: no answer (ConnectionRefusedError" in str(refused.value)
+
+
+async def test_an_answer_that_is_no_outage_keeps_its_own_error(github):
+    """A token GitHub refuses (401 "Bad credentials") is no reason to wait: not a 503."""
+    github.routes = {"user": "bad_credentials"}
+    with pytest.raises(HTTPClientError) as refused:
+        await log_in(authenticator(github, ["gpu-school"]))
+    assert refused.value.code == 401
 
 
 # ---- the reading of answers, without HTTP ---------------------------------------------------
