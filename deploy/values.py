@@ -18,6 +18,8 @@ import ipaddress
 import math
 import re
 
+from gpu_swarm_spawner.contract import GITHUB_ADDRESS, GITHUB_LOGIN, GITHUB_PROFILE, organization
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -122,27 +124,6 @@ def tasks(value: str) -> int | None:
 
 # ---- lists of names -------------------------------------------------------------------------
 
-# GitHub's logins: letters, digits and hyphens, at most 39, not starting with a hyphen (older
-# accounts may end in one or hold two in a row).
-_LOGIN = re.compile(r"^[a-z0-9][a-z0-9-]{0,38}$")
-_ORG = _LOGIN
-# A team's slug: GitHub makes it from the team's name, lower case, other characters as '-'.
-_SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-_PROFILE = re.compile(r"^(?:https?://)?(?:www\.)?github\.com/([^/?#\s]+)/?$", re.IGNORECASE)
-# pages of github.com an organizer may copy from the browser: a team's page or one of its tabs
-# (members, child teams, repositories), and the organization's own page under /orgs/ or its
-# people tab
-_TEAM_PAGE = re.compile(
-    r"^(?:https?://)?(?:www\.)?github\.com/orgs/([^/\s]+)/teams/([^/?#\s]+)"
-    r"(?:/(?:members|teams|repositories))?/?(?:[?#]\S*)?$",
-    re.IGNORECASE,
-)
-_ORG_PAGE = re.compile(
-    r"^(?:https?://)?(?:www\.)?github\.com/orgs/([^/?#\s]+)(?:/people)?/?(?:[?#]\S*)?$",
-    re.IGNORECASE,
-)
-_ADDRESS = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|(?:www\.)?github\.com/)", re.IGNORECASE)
-
 
 def _split(value: str) -> list[str]:
     return [entry for entry in re.split(r"[,\s]+", value) if entry]
@@ -155,9 +136,9 @@ def usernames(value: str) -> list[str]:
     found: list[str] = []
     wrong = []
     for entry in _split(value):
-        profile = _PROFILE.match(entry)
+        profile = GITHUB_PROFILE.match(entry)
         name = (profile.group(1) if profile else entry.removeprefix("@")).lower()
-        if not _LOGIN.match(name):
+        if not GITHUB_LOGIN.match(name):
             wrong.append(
                 f"{entry!r} is not a username; write the GitHub login alone (letters, digits "
                 "and hyphens, as in https://github.com/LOGIN), e.g. ada"
@@ -167,11 +148,6 @@ def usernames(value: str) -> list[str]:
     if wrong:
         raise Entries(wrong)
     return found
-
-
-def _slug(name: str) -> str:
-    """The slug GitHub gives a team of this name: lower case, other characters as hyphens."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "SLUG"
 
 
 def _org_entries(value: str) -> list[str]:
@@ -191,83 +167,25 @@ def _org_entries(value: str) -> list[str]:
 
 def _names_a_team(entry: str) -> bool:
     """Whether ``entry`` is written ORG:TEAM (a web address's ``https:`` is no team's colon)."""
-    return not _ADDRESS.match(entry) and ":" in entry
-
-
-def _page_of(entry: str) -> tuple[str, str | None]:
-    """The organization and team (None for none) a github.com address names; ValueError with
-    what to write for any other address."""
-    team_page, org_page, profile = (
-        pattern.match(entry) for pattern in (_TEAM_PAGE, _ORG_PAGE, _PROFILE)
-    )
-    if team_page:
-        return team_page.group(1), team_page.group(2)
-    if org_page or profile:
-        return (org_page or profile).group(1), None
-    path = re.sub(r"^[a-z][a-z0-9+.-]*://", "", entry, flags=re.IGNORECASE)
-    host, _, path = path.partition("/")
-    if host.lower().removeprefix("www.") != "github.com":
-        raise ValueError(
-            "not on GitHub; write the GitHub organization, ORG as in https://github.com/ORG"
-        )
-    parts = [part.lower() for part in re.split(r"[/?#]", path) if part]
-    (org,) = (parts[1:2] if parts[:1] == ["orgs"] else parts[:1]) or ["ORG"]
-    raise ValueError(
-        f"not the page of an organization or a team; write the organization, {org}, or one of "
-        f"its teams as {org}:TEAM (TEAM: the end of the team's page address, "
-        f"https://github.com/orgs/{org}/teams/TEAM)"
-    )
+    return not GITHUB_ADDRESS.match(entry) and ":" in entry
 
 
 def organizations(value: str) -> list[str]:
-    """GPUHUB_ALLOWED_ORGS: GitHub organizations (``ORG``) and teams (``ORG:TEAM``, the team's
-    slug), separated by commas, or by blanks when no team is followed by a bare organization.
-    GitHub's other ways of naming them are taken too: ``@ORG/TEAM``, ``ORG/TEAM``, the team's
-    page https://github.com/orgs/ORG/teams/TEAM (or its members, teams or repositories tab),
-    https://github.com/ORG and https://github.com/orgs/ORG (or its people tab); any other
-    address is refused with the form to write. In lower case (as GitHub matches them), each
-    once, in the order written."""
+    """GPUHUB_ALLOWED_ORGS: GitHub organizations and teams, each as ``contract.organization``
+    reads an entry (the authenticator checks its own with it too), separated by commas, or by
+    blanks when no team is followed by a bare organization. In lower case (as GitHub matches
+    them), each once, in the order written."""
     found: list[str] = []
     wrong = []
     for entry in _org_entries(value):
-        if _ADDRESS.match(entry) and not any(ch.isspace() for ch in entry):
-            try:
-                org, team = _page_of(entry)
-            except ValueError as error:
-                wrong.append(f"{entry!r} is {error}")
-                continue
-        else:
-            text = entry.removeprefix("@")
-            org, sep, team = text.replace("/", ":", 1).partition(":")
-            team = team if sep else None
-        if entry.count(":") > 1 and not _ADDRESS.match(entry):
-            wrong.append(f"{entry!r}: write ORG or ORG:TEAM, with one ':'")
-        elif any(ch.isspace() for ch in entry) and team is None:
-            wrong.append(
-                f"{entry!r} holds a blank; write the organization as in https://github.com/ORG, "
-                "and separate entries with commas"
-            )
-        elif any(ch.isspace() for ch in entry):
-            slug = _slug(team)
-            wrong.append(
-                f"{entry!r} holds a blank: a team's display name? Write the team's slug, "
-                f"{org}:{slug} (the end of the team's page address, "
-                f"https://github.com/orgs/{org}/teams/{slug}); separate entries with commas"
-            )
-        elif not _ORG.match(org.lower()):
-            wrong.append(
-                f"{entry!r}: {org!r} is not a GitHub organization; write ORG or ORG:TEAM, the "
-                "organization as in https://github.com/ORG"
-            )
-        elif team is not None and not _SLUG.match(team.lower()):
-            wrong.append(
-                f"{entry!r}: {team!r} is not a team's slug; write {org}:{_slug(team)} (the end "
-                f"of the team's page address, https://github.com/orgs/{org}/teams/SLUG)"
-            )
-        else:
-            name = org.lower() + (f":{team.lower()}" if team is not None else "")
-            if name not in found:
-                found.append(name)
+        try:
+            name = organization(entry)
+        except ValueError as error:
+            blank = any(ch.isspace() for ch in entry)
+            wrong.append(f"{error}; separate entries with commas" if blank else str(error))
+            continue
+        if name not in found:
+            found.append(name)
     if wrong:
         raise Entries(wrong)
     return found

@@ -9,9 +9,9 @@ from urllib.parse import quote
 
 from oauthenticator.github import GitHubOAuthenticator
 from tornado.httpclient import HTTPClientError, HTTPRequest, HTTPResponse
-from traitlets import Float, Unicode, default
+from traitlets import Float, TraitError, Unicode, default, validate
 
-from . import github_membership, roster
+from . import contract, github_membership, roster
 from .github_membership import Answer, Membership
 
 
@@ -52,6 +52,21 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
         Empty: no roster.
         """,
     ).tag(config=True, allow_config=True)  # counts as "who may log in" for the hub's check
+
+    @validate("allowed_organizations")
+    def _validate_allowed_organizations(self, proposal):
+        """Each entry as the settings' check reads it (``contract.organization``): a team's
+        display name ("my-org:My Team") is refused with its slug, not asked about at every
+        login and never matched; GitHub's addresses become ORG or ORG:TEAM."""
+        names, wrong = set(), []
+        for entry in sorted(proposal.value):
+            try:
+                names.add(contract.organization(entry))
+            except ValueError as error:
+                wrong.append(str(error))
+        if wrong:
+            raise TraitError(f"{type(self).__name__}.allowed_organizations: " + "; ".join(wrong))
+        return names
 
     @default("custom_403_message")
     def _default_custom_403_message(self):

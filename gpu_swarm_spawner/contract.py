@@ -1,5 +1,6 @@
 """What the GPU machines and the hub agree on: names, labels, the simulated-GPU marker and the
-GPU guard's settings.
+GPU guard's settings; and what the organizer's settings and the hub agree on: how an entry of
+who may log in names a GitHub organization or team (``organization``).
 
 The worker setup (``worker_setup/``, run on GPU machines with nothing but the standard library
 and nvidia-ml-py) writes these into daemon.json; the spawner and ``make status`` read them back
@@ -13,6 +14,7 @@ and tests/unit/test_import_arrows.py check that).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -281,4 +283,104 @@ def _is_number(value) -> bool:
         and not isinstance(value, bool)
         and value == value
         and value not in (float("inf"), float("-inf"))
+    )
+
+
+# ---- who may log in: GitHub's organizations and teams ----------------------------------------
+# GPUHUB_ALLOWED_ORGS (deploy.values.organizations splits the setting into entries) and the
+# authenticator's allowed_organizations (its @validate) read each entry with ``organization``.
+
+#: GitHub's logins (and organizations' names): letters, digits and hyphens, at most 39, not
+#: starting with a hyphen (older accounts may end in one or hold two in a row); lower case.
+GITHUB_LOGIN = re.compile(r"^[a-z0-9][a-z0-9-]{0,38}$")
+#: A profile's (or an organization's) address on github.com; group 1 the login.
+GITHUB_PROFILE = re.compile(r"^(?:https?://)?(?:www\.)?github\.com/([^/?#\s]+)/?$", re.IGNORECASE)
+#: Anything written as a web address (a scheme, or github.com/ at the start).
+GITHUB_ADDRESS = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|(?:www\.)?github\.com/)", re.IGNORECASE)
+# A team's slug: GitHub makes it from the team's name, lower case, other characters as '-'.
+_SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+# pages of github.com an organizer may copy from the browser: a team's page or one of its tabs
+# (members, child teams, repositories), and the organization's own page under /orgs/ or its
+# people tab
+_TEAM_PAGE = re.compile(
+    r"^(?:https?://)?(?:www\.)?github\.com/orgs/([^/\s]+)/teams/([^/?#\s]+)"
+    r"(?:/(?:members|teams|repositories))?/?(?:[?#]\S*)?$",
+    re.IGNORECASE,
+)
+_ORG_PAGE = re.compile(
+    r"^(?:https?://)?(?:www\.)?github\.com/orgs/([^/?#\s]+)(?:/people)?/?(?:[?#]\S*)?$",
+    re.IGNORECASE,
+)
+
+
+def organization(entry: str) -> str:
+    """One entry of who may log in as GitHub names it: ``ORG`` or ``ORG:TEAM`` (the team's
+    slug), in lower case (as GitHub matches them). GitHub's other ways of naming them are taken
+    too: ``@ORG/TEAM``, ``ORG/TEAM``, the team's page https://github.com/orgs/ORG/teams/TEAM (or
+    its members, teams or repositories tab), https://github.com/ORG and
+    https://github.com/orgs/ORG (or its people tab). Anything else (a team's display name with
+    blanks, another address) raises ValueError saying what was given and what to write."""
+    if GITHUB_ADDRESS.match(entry) and not any(ch.isspace() for ch in entry):
+        try:
+            org, team = _page_of(entry)
+        except ValueError as error:
+            raise ValueError(f"{entry!r} is {error}") from None
+    else:
+        text = entry.removeprefix("@")
+        org, sep, team = text.replace("/", ":", 1).partition(":")
+        team = team if sep else None
+    if entry.count(":") > 1 and not GITHUB_ADDRESS.match(entry):
+        raise ValueError(f"{entry!r}: write ORG or ORG:TEAM, with one ':'")
+    if any(ch.isspace() for ch in entry) and team is None:
+        raise ValueError(
+            f"{entry!r} holds a blank; write the organization as in https://github.com/ORG"
+        )
+    if any(ch.isspace() for ch in entry):
+        slug = _slug(team)
+        org = org.strip() or "ORG"
+        raise ValueError(
+            f"{entry!r} holds a blank: a team's display name? Write the team's slug, "
+            f"{org}:{slug} (the end of the team's page address, "
+            f"https://github.com/orgs/{org}/teams/{slug})"
+        )
+    if not GITHUB_LOGIN.match(org.lower()):
+        raise ValueError(
+            f"{entry!r}: {org!r} is not a GitHub organization; write ORG or ORG:TEAM, the "
+            "organization as in https://github.com/ORG"
+        )
+    if team is not None and not _SLUG.match(team.lower()):
+        raise ValueError(
+            f"{entry!r}: {team!r} is not a team's slug; write {org}:{_slug(team)} (the end "
+            f"of the team's page address, https://github.com/orgs/{org}/teams/SLUG)"
+        )
+    return org.lower() + (f":{team.lower()}" if team is not None else "")
+
+
+def _slug(name: str) -> str:
+    """The slug GitHub gives a team of this name: lower case, other characters as hyphens."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "SLUG"
+
+
+def _page_of(entry: str) -> tuple[str, str | None]:
+    """The organization and team (None for none) a github.com address names; ValueError with
+    what to write for any other address."""
+    team_page, org_page, profile = (
+        pattern.match(entry) for pattern in (_TEAM_PAGE, _ORG_PAGE, GITHUB_PROFILE)
+    )
+    if team_page:
+        return team_page.group(1), team_page.group(2)
+    if org_page or profile:
+        return (org_page or profile).group(1), None
+    path = re.sub(r"^[a-z][a-z0-9+.-]*://", "", entry, flags=re.IGNORECASE)
+    host, _, path = path.partition("/")
+    if host.lower().removeprefix("www.") != "github.com":
+        raise ValueError(
+            "not on GitHub; write the GitHub organization, ORG as in https://github.com/ORG"
+        )
+    parts = [part.lower() for part in re.split(r"[/?#]", path) if part]
+    (org,) = (parts[1:2] if parts[:1] == ["orgs"] else parts[:1]) or ["ORG"]
+    raise ValueError(
+        f"not the page of an organization or a team; write the organization, {org}, or one of "
+        f"its teams as {org}:TEAM (TEAM: the end of the team's page address, "
+        f"https://github.com/orgs/{org}/teams/TEAM)"
     )

@@ -1,12 +1,16 @@
 """WorkshopGitHubOAuthenticator's roster: who it lets in, reloading (in a worker thread, once per
-change), and a broken edit."""
+change), and a broken edit; its organizations and teams, read as the settings' check reads
+them."""
 
 import asyncio
 import os
 import threading
 
 import pytest
+from traitlets import TraitError
+from traitlets.config import Config
 
+from deploy import values
 from gpu_swarm_spawner import roster
 from gpu_swarm_spawner.auth import WorkshopGitHubOAuthenticator
 
@@ -46,6 +50,89 @@ async def test_admins_are_let_in_without_the_roster(tmp_path):
 def test_a_refused_user_is_told_how_to_get_in():
     message = WorkshopGitHubOAuthenticator().custom_403_message
     assert "participant list" in message and "roster" in message
+
+
+# ---- organizations and teams ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        (
+            "my-org:my team",  # the team's display name
+            "'my-org:my team' holds a blank: a team's display name? Write the team's slug, "
+            "my-org:my-team (the end of the team's page address, "
+            "https://github.com/orgs/my-org/teams/my-team)",
+        ),
+        (
+            "my-org: team",
+            "'my-org: team' holds a blank: a team's display name? Write the team's slug, "
+            "my-org:team (the end of the team's page address, "
+            "https://github.com/orgs/my-org/teams/team)",
+        ),
+        ("my org", "'my org' holds a blank; write the organization as in https://github.com/ORG"),
+    ],
+)
+def test_the_authenticator_refuses_an_entry_with_blanks_saying_what_to_write(entry, says):
+    """GitHub would be asked about a team that cannot exist at every login, and nobody let in
+    by it: the hub does not start with it, however it was set."""
+    config = Config()
+    config.WorkshopGitHubOAuthenticator.allowed_organizations = {entry, "gpu-school"}
+    with pytest.raises(TraitError) as refused:
+        WorkshopGitHubOAuthenticator(config=config)
+    assert str(refused.value) == f"WorkshopGitHubOAuthenticator.allowed_organizations: {says}"
+    auth = WorkshopGitHubOAuthenticator()
+    with pytest.raises(TraitError, match="holds a blank"):
+        auth.allowed_organizations = {entry}
+
+
+def test_the_authenticator_takes_githubs_names_for_an_org_or_team_as_the_settings_do():
+    auth = WorkshopGitHubOAuthenticator(
+        allowed_organizations={
+            "GPU-School:Tutors",
+            "@gpu-school/tas",
+            "https://github.com/orgs/gpu-lab/people",
+        }
+    )
+    assert auth.allowed_organizations == {"gpu-school:tutors", "gpu-school:tas", "gpu-lab"}
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "gpu-school",
+        "GPU-School:Tutors",
+        "@gpu-school/tutors",
+        "https://github.com/orgs/gpu-school/teams/tutors/members",
+        "https://github.com/gpu-school",
+        "my-org:My Team",
+        "my-org: team",
+        "my org",
+        "a:b:c",
+        "gpu_school",
+        "gpu-school:-tas",
+        "https://github.com/gpu-school/gpu101",
+        "https://gitlab.com/gpu-school",
+    ],
+)
+def test_the_authenticator_and_the_settings_read_an_entry_alike(entry):
+    """One reader (contract.organization): what GPUHUB_ALLOWED_ORGS lets through the hub takes,
+    and what it refuses the hub refuses with the same advice."""
+    try:  # with a comma, the setting's list is split at commas only: the entry stays whole
+        settings = set(values.organizations(entry + ","))
+    except values.Entries as e:
+        (line,) = e.lines
+        with pytest.raises(TraitError) as refused:
+            WorkshopGitHubOAuthenticator(allowed_organizations={entry})
+        advice = str(refused.value).removeprefix(
+            "WorkshopGitHubOAuthenticator.allowed_organizations: "
+        )
+        assert line.startswith(advice), (line, advice)  # the settings add "use commas"
+    else:
+        assert (
+            WorkshopGitHubOAuthenticator(allowed_organizations={entry}).allowed_organizations
+            == settings
+        )
 
 
 # ---- reading the roster off the event loop --------------------------------------------------
