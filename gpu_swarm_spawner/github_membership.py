@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 from tornado import web
 
@@ -189,10 +190,12 @@ def read_membership(entry: str, answer: Answer, now: float) -> Membership:
 
 class LoginRefused(web.HTTPError):
     """A login GitHub's answers did not let in, with what happened. JupyterHub's error page
-    shows ``jupyterhub_message`` and sends ``headers``; the log gets ``get_message()``."""
+    shows ``jupyterhub_message`` under the code's own phrase ("503 : Service Unavailable": the
+    page's heading is the log message when no ``reason`` is given) and sends ``headers``; the
+    log gets ``get_message()``."""
 
     def __init__(self, status_code: int, message: str, log_message: str, headers=None):
-        super().__init__(status_code, log_message)
+        super().__init__(status_code, log_message, reason=HTTPStatus(status_code).phrase)
         self.jupyterhub_message = message
         self.headers = headers or {}
 

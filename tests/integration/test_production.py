@@ -425,7 +425,8 @@ def test_a_participant_github_did_not_vouch_for_is_told_what_happened(
     GitHub answered and what to do (403, or 503 when asking again later may work); the
     organizer's log says it too."""
     text = refused_login(production, page, login)
-    assert f"{code} :" in text and says in text, text
+    assert f"{code} : {'Forbidden' if code == 403 else 'Service Unavailable'}" in text, text
+    assert says in text, text
     assert f"Login of {login} {log}" in hub_log(production)
 
 
@@ -433,7 +434,7 @@ def test_a_login_github_cannot_say_who_it_is_is_asked_to_try_again(production, p
     """GitHub limits the rate of GET /user at login (the token's hourly requests used up): the
     participant reads when to try again (503), not JupyterHub's "500 : Unhandled error"."""
     text = refused_login(production, page, "uma")
-    assert "503 :" in text and "500 :" not in text and "Unhandled error" not in text, text
+    assert "503 : Service Unavailable" in text and "Unhandled error" not in text, text
     assert (
         "GitHub could not be asked who you are just now. Please log in again in 1 minute." in text
     )
@@ -449,6 +450,7 @@ def refused_login(production, page, login: str) -> str:
     page.wait_for_load_state()
     text = " ".join(page.inner_text("body").split())
     assert "not on this workshop's participant list" not in text
+    assert f"Login of {login}" not in text and "Login not decided" not in text, "the log's words"
     page.screenshot(path=str(ARTIFACTS / f"refused-{login}.png"))
     assert production.hub.api("GET", f"/users/{login}").status_code == 404
     return text

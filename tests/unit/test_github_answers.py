@@ -228,7 +228,7 @@ async def test_a_private_member_hidden_by_oauth_app_restrictions_is_told_what_to
     with caplog.at_level(logging.WARNING), pytest.raises(gm.LoginRefused) as refused:
         await log_in(authenticator(github, ["gpu-school"]))
     e = refused.value
-    assert e.status_code == 403 and not e.headers
+    assert e.status_code == 403 and not e.headers and e.reason == "Forbidden"
     message = e.jupyterhub_message
     assert "restricts third-party (OAuth) apps" in message
     assert "https://github.com/orgs/gpu-school/people" in message  # make it public
@@ -324,6 +324,7 @@ async def test_a_login_github_cannot_answer_is_asked_to_try_again_in_minutes(
         await log_in(authenticator(github, ["gpu-school"]))
     e = refused.value
     assert e.status_code == 503 and e.headers == {"Retry-After": str(wait)}
+    assert e.reason == "Service Unavailable", "the page's heading, not the log message"
     asked = "who you are" if step == "user" else "to confirm your login"
     assert e.jupyterhub_message == (
         f"GitHub could not be asked {asked} just now. Please log in again in {words}."
