@@ -203,6 +203,8 @@ else:
     if cfg.pids_limit is not None:
         c.GPUSwarmSpawner.pids_limit = cfg.pids_limit  # 0: no limit
     c.GPUSwarmSpawner.service_labels = {contract.STACK_LABEL: cfg.stack}
+    # what the servers may reach: each applies its own firewall before JupyterLab starts
+    c.GPUSwarmSpawner.egress = cfg.egress.written()
     # the home: a folder per participant on shared storage (GPUHUB_HOMES_DIR, which the hub
     # sees at the same path and makes their folder in), else a volume on the machine that runs
     # the server; the published tutorials and the dataset cache (shared storage at the same

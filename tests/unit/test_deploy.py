@@ -708,7 +708,7 @@ def machine(fake, monkeypatch):
     monkeypatch.setattr(registry, "registry_answers", lambda url: True)
 
     def digest(base, repository, version):
-        return fake.registry.get(f"127.0.0.1:5000/{repository}:{version}", "")
+        return fake.registry.get(f"{repository}:{version}", "")
 
     monkeypatch.setattr(registry, "registry_digest", digest)
     return fake
@@ -800,11 +800,18 @@ def test_make_up_publishes_the_images_under_the_registrys_names(tmp_path, machin
         deploy["env"]["GPUHUB_ENVIRONMENTS"]
         == "Standin=10.0.0.5:5000/gpu-jupyterhub/standin:latest"
     )
-    pushed = [c[1] for c in machine.changes if c[0] == "push"]
+    pushed = [c for c in machine.changes if c[0] in ("push", "run", "remove container")]
+    # through the registry's writer on the manager's loopback (the registry itself is read-only)
     assert pushed == [
-        "127.0.0.1:5000/gpu-jupyterhub/singleuser:latest",
-        "127.0.0.1:5000/gpu-jupyterhub/standin:latest",
+        ("run", "gpuhub-registry-push"),
+        ("push", "127.0.0.1:5001/gpu-jupyterhub/singleuser:latest"),
+        ("push", "127.0.0.1:5001/gpu-jupyterhub/standin:latest"),
+        ("remove container", "gpuhub-registry-push"),
     ]
+    (run,) = [kw for name, kw in machine.runs if name == "gpuhub-registry-push"]
+    assert run["network_mode"] == "host"
+    assert run["environment"] == {"REGISTRY_HTTP_ADDR": "127.0.0.1:5001"}
+    assert machine.registry_writers == set()  # nothing takes pushes afterwards
     assert machine.images.get("10.0.0.5:5000/gpu-jupyterhub/singleuser:latest")  # tagged here
     assert f"settings checked: {config_file}" in out
     assert "GPU JupyterHub is up: http://10.0.0.5:" in out
@@ -827,14 +834,14 @@ def test_a_failed_push_after_the_deploy_says_how_to_remove_it(tmp_path, machine,
         "GPUHUB_HOSTNAME=10.0.0.5\nGPUHUB_TLS=off\nGPUHUB_AUTH=local\nGPUHUB_ADMIN_USERS=ada\n"
         "GPUHUB_CPU_LIMIT=1\nGPUHUB_MEM_LIMIT=1G\nGPUHUB_PIDS_LIMIT=1024\n"
     )
-    machine.push_fails.add("127.0.0.1:5000/gpu-jupyterhub/singleuser:latest")
+    machine.push_fails.add("127.0.0.1:5001/gpu-jupyterhub/singleuser:latest")
     environ = environ_for(
         tmp_path, GPUHUB_CONFIG=str(config_file), GPUHUB_ADVERTISE_ADDR="10.0.0.5"
     )
     assert cli.main(["up"], environ) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        "error: docker push 127.0.0.1:5000/gpu-jupyterhub/singleuser:latest failed: "
+        "error: docker push 127.0.0.1:5001/gpu-jupyterhub/singleuser:latest failed: "
         "denied: not allowed",
         commands.STOPPED_UP,
     ]
