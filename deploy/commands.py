@@ -127,6 +127,7 @@ def demo(config: Config, log: Log, environ: Mapping[str, str] = os.environ) -> N
     steps.ensure_swarm(client, log, environ)
     steps.ensure_ports_free(client, config, ["GPUHUB_HTTP_PORT"], log)
     steps.ensure_images(client, config, log)
+    steps.ensure_host_firewall(config, log, environ)
     steps.ensure_secrets(config, log)
     with deploy_started(STOPPED_DEMO):
         deployed = deploy_and_wait(client, config, log, environ)
@@ -151,6 +152,7 @@ def up(config: Config, log: Log, environ: Mapping[str, str] = os.environ) -> Non
     steps.ensure_ports_free(client, config, ports, log)
     steps.ensure_images(client, config, log)
     steps.ensure_environment_images(client, config, log)
+    steps.ensure_host_firewall(config, log, environ)
     steps.ensure_secrets(config, log)
     # GPU machines pull the servers' images from the registry this stack runs on the manager
     published = registry.publication(config, f"{addr}:{config.registry_port}")
@@ -165,6 +167,7 @@ def deploy(config: Config, log: Log, environ: Mapping[str, str] = os.environ) ->
     """`python -m deploy stack`: the secrets, the port free, the stack deployed and the hub
     answering, on an engine and swarm that are there (the tests' and the bench's stacks)."""
     client = steps.connect()
+    steps.ensure_host_firewall(config, log, environ)
     steps.ensure_secrets(config, log)
     steps.ensure_ports_free(client, config, ["GPUHUB_HTTP_PORT"], log)
     deploy_and_wait(client, config, log, environ)

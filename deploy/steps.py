@@ -24,7 +24,8 @@ import docker
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound, NotFound
 
 from gpu_swarm_spawner import contract, roster
-from worker_setup import advertise, engine
+from worker_setup import advertise, engine, host_firewall
+from worker_setup.docker_cli import DockerCLI
 
 from .console import DeployError, Log, run
 from .settings import REPO, Config, read_roster
@@ -87,6 +88,20 @@ def advertise_arguments(config: Config, optional: bool, environ: Mapping[str, st
     if environ.get("GPUHUB_DAEMON_JSON"):
         argv += ["--daemon-json", environ["GPUHUB_DAEMON_JSON"]]
     return argv
+
+
+def ensure_host_firewall(config: Config, log: Log, environ: Mapping[str, str] = os.environ):
+    """This machine's own rules for the containers it runs (worker_setup/host_firewall.py, as
+    the join keeps them on a GPU machine): the manager runs servers too in a demo, and the
+    stack's containers need neither the metadata address nor the machine's ports but the GPU
+    guard's."""
+    try:
+        _, said = host_firewall.ensure(
+            DockerCLI(environ), config.singleuser_image, [], config.guard_metrics_port
+        )
+    except host_firewall.FirewallError as e:
+        raise DeployError(str(e)) from None
+    log(f"firewall: {said}")
 
 
 def ensure_gpu_slices(

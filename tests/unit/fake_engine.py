@@ -413,3 +413,44 @@ def node(hostname: str, kinds: list[str], availability: str = "active") -> dict:
         "Spec": {"Availability": availability, "Role": "manager", "Labels": {}},
         "Description": {"Hostname": hostname, "Resources": {"GenericResources": resources}},
     }
+
+
+class FakeDockerCLI:
+    """worker_setup's DockerCLI over the fake engine, for what the deploy runs through the
+    ``docker`` command (the firewall's keeper): ``docker run --detach --name NAME`` is a
+    container of ``engine.containers_running``."""
+
+    def __init__(self, engine: FakeDocker):
+        self.engine = engine
+
+    def __call__(self, environ=None):  # steps.DockerCLI(environ)
+        return self
+
+    def container(self, name: str) -> dict | None:
+        found = self.engine.containers_running.get(name)
+        if found is None:
+            return None
+        kw = found.kwargs
+        return {
+            "Config": {"Image": kw["image"], "Labels": kw["labels"], "Env": kw["env"]},
+            "State": {"Running": True},
+        }
+
+    def run_container(self, *args: str) -> str:
+        words = list(args)
+
+        def values(flag):
+            return [words[i + 1] for i, w in enumerate(words) if w == flag]
+
+        name = (values("--name") or ["(one-off)"])[0]
+        self.engine.changes.append(("docker run", name, words[-1]))
+        if "--detach" in words:
+            labels = dict(v.split("=", 1) for v in values("--label"))
+            kwargs = {"image": words[-2], "labels": labels, "env": values("--env")}
+            self.engine.containers_running[name] = FakeContainer(self.engine, name, kwargs)
+        return ""
+
+    def remove_container(self, name: str) -> str:
+        self.engine.changes.append(("docker rm", name))
+        self.engine.containers_running.pop(name, None)
+        return ""

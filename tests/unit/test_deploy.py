@@ -27,7 +27,7 @@ from gpu_swarm_spawner import contract
 from worker_setup import advertise, engine
 
 from .config_lines import CORPUS, SECRET, Refused, expected, key_of
-from .fake_engine import FakeDocker, node, running_task
+from .fake_engine import FakeDocker, FakeDockerCLI, node, running_task
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -706,6 +706,7 @@ def machine(fake, monkeypatch):
     monkeypatch.setattr(advertise, "main", Advertiser([0] * 10))
     monkeypatch.setattr(stack, "hub_answers", lambda config, environ: True)
     monkeypatch.setattr(registry, "registry_answers", lambda url: True)
+    monkeypatch.setattr(steps, "DockerCLI", FakeDockerCLI(fake))
 
     def digest(base, repository, version):
         return fake.registry.get(f"{repository}:{version}", "")
@@ -742,6 +743,9 @@ def test_make_demo_twice(tmp_path, machine, capsys):
     assert f"hub answers at http://127.0.0.1:{port}" in out
     changed = list(machine.changes)
     assert ("swarm init", "10.0.0.5") in changed
+    # the manager's own rules for its containers, as a GPU machine's join keeps them
+    assert ("docker run", "gpuhub-firewall", "host") in changed
+    assert "firewall: started gpuhub-firewall" in out
     assert cli.main(["demo"], environ) == 0
     again = capsys.readouterr().out
     assert machine.changes == changed  # nothing changed the second time
@@ -751,6 +755,7 @@ def test_make_demo_twice(tmp_path, machine, capsys):
         f"ports: {port} free",
         "unchanged: gpuhub_hub",
         "secrets: kept those",
+        "firewall: kept (",
     ]:
         assert says in again
 
@@ -1006,6 +1011,7 @@ def test_each_odd_line_reaches_the_stack_as_meant_or_stops_the_deploy(
     config_file = tmp_path / "config.env"
     config_file.write_text(f"# the organizer's file\n{line}\n", newline="")
     config_file.chmod(0o600)
+    monkeypatch.setattr(steps, "DockerCLI", FakeDockerCLI(fake))
     monkeypatch.setattr(stack, "hub_answers", lambda config, environ: True)
     steps.ensure_images(fake, make_config(tmp_path), Log(out=io.StringIO()))
     # a hostname for the lines that turn HTTPS on
