@@ -23,7 +23,7 @@ from typing import Callable
 import docker
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound, NotFound
 
-from gpu_swarm_spawner import contract, roster
+from gpu_swarm_spawner import contract, egress, roster
 from worker_setup import advertise, engine, host_firewall
 from worker_setup.docker_cli import DockerCLI
 
@@ -94,11 +94,16 @@ def ensure_host_firewall(config: Config, log: Log, environ: Mapping[str, str] = 
     """This machine's own rules for the containers it runs (worker_setup/host_firewall.py, as
     the join keeps them on a GPU machine): the manager runs servers too in a demo, and the
     stack's containers need neither the metadata address nor the machine's ports but the GPU
-    guard's."""
+    guard's. With GPUHUB_EGRESS=off (an image without gpuhub-firewall), none."""
+    docker_cli = DockerCLI(environ)
     try:
-        _, said = host_firewall.ensure(
-            DockerCLI(environ), config.singleuser_image, [], config.guard_metrics_port
-        )
+        if config.egress.mode == egress.OFF:
+            _, said = host_firewall.remove(docker_cli)
+            said += " (GPUHUB_EGRESS=off)"
+        else:
+            _, said = host_firewall.ensure(
+                docker_cli, config.singleuser_image, [], config.guard_metrics_port
+            )
     except host_firewall.FirewallError as e:
         raise DeployError(str(e)) from None
     log(f"firewall: {said}")
@@ -464,6 +469,7 @@ def join_command(
     registry: str = "",
     guard: str = "",
     shared: str = "",
+    firewall: bool = True,
 ) -> str:
     """The lines an organizer runs on each GPU machine: the swarm's address and worker token,
     with ``registry`` (`make up`) where the machine pulls the servers' images, ``guard``
@@ -483,6 +489,8 @@ def join_command(
         extra = ""
     if image != contract.SINGLEUSER_IMAGE:
         extra += f" --image {image}"
+    if not firewall:  # GPUHUB_EGRESS=off: an image without gpuhub-firewall
+        extra += " --no-firewall"
     line = (
         f"sudo ./worker_setup/setup.sh --manager {addr}:2377 --token {token} "
         f"--slices-per-gpu {slices_per_gpu}{extra}{shared}{guard}"
@@ -516,6 +524,7 @@ def print_join_command(client, config: Config, log: Log | None = None) -> None:
             registry,
             guard_options(config),
             shared_folder_options(marked),
+            firewall=config.egress.mode != egress.OFF,
         )
     )
 

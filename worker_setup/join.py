@@ -489,7 +489,10 @@ def ensure_guard_stopped(m: Machine, reason: str) -> None:
 
 def ensure_host_firewall(m: Machine) -> None:
     """The machine's own rules for its containers are kept here (host_firewall.py): no
-    metadata address, no manager, nothing of this machine."""
+    metadata address, no manager, nothing of this machine. With --no-firewall, none."""
+    if m.args.no_firewall:
+        ensure_host_firewall_removed(m, " (--no-firewall)")
+        return
     try:
         changed, said = host_firewall.ensure(
             m.docker,
@@ -503,12 +506,12 @@ def ensure_host_firewall(m: Machine) -> None:
     (m.checklist.changed if changed else m.checklist.row)("firewall", said)
 
 
-def ensure_host_firewall_removed(m: Machine) -> None:
+def ensure_host_firewall_removed(m: Machine, why: str = "") -> None:
     try:
         changed, said = host_firewall.remove(m.docker, m.args.dry_run)
     except host_firewall.FirewallError as e:
         raise Stop(str(e)) from None
-    (m.checklist.changed if changed else m.checklist.row)("firewall", said)
+    (m.checklist.changed if changed else m.checklist.row)("firewall", said + why)
 
 
 # ---- leaving ------------------------------------------------------------------------------

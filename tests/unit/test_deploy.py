@@ -895,6 +895,12 @@ def test_make_down_without_an_engine_has_nothing_to_remove(tmp_path, monkeypatch
 # ---- machines: join line, pause, image file -----------------------------------------------------
 
 
+def test_the_join_line_keeps_no_firewall_only_when_the_servers_have_none():
+    line = steps.join_command("10.0.0.5", "T", 3, contract.SINGLEUSER_IMAGE, firewall=False)
+    assert line.endswith("--slices-per-gpu 3 --no-firewall")
+    assert "--no-firewall" not in steps.join_command("10.0.0.5", "T", 3, contract.SINGLEUSER_IMAGE)
+
+
 def test_the_join_line_names_the_registry_when_the_stack_runs_one():
     assert steps.join_command("10.0.0.5", "SWMTKN-1-x", 3, "gpu-jupyterhub/singleuser:latest") == (
         "# On each GPU machine, as root, in a checkout of this repository (add --image-tar FILE,\n"

@@ -555,6 +555,24 @@ def test_the_firewalls_keeper_holds_the_managers_address_and_is_replaced_only_on
     assert engine.containers["gpuhub-firewall"]["Config"]["Image"] == "example.org/su:8"
 
 
+def test_no_firewall_keeps_none_and_takes_out_a_kept_one(daemon_json, manager, capsys):
+    """--no-firewall (GPUHUB_EGRESS=off, an image without gpuhub-firewall): no keeper; one kept
+    before is removed with its rules."""
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    assert setup(engine, daemon_json, manager, "--no-firewall") == 0
+    assert summary(capsys.readouterr().out)["firewall"] == "no rules of ours here (--no-firewall)"
+    assert "gpuhub-firewall" not in engine.containers
+    assert setup(engine, daemon_json, manager) == 0
+    assert "gpuhub-firewall" in engine.containers
+    capsys.readouterr()
+    engine.changes = []
+    assert setup(engine, daemon_json, manager, "--no-firewall") == 0
+    assert engine.changes == [("rm", "gpuhub-firewall"), ("run", "host-remove")]
+    assert summary(capsys.readouterr().out)["firewall"] == (
+        "removed gpuhub-firewall and its rules (--no-firewall)"
+    )
+
+
 # ---- the single-user image: --image-tar, or every image of the manager's registry ------------
 
 
