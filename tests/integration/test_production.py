@@ -196,6 +196,34 @@ def test_gpu_machines_joined_with_registry_pull_the_image_from_it(production):
         assert f"{BED_MANAGER}:{REGISTRY_PORT}" in daemon_json["insecure-registries"]
 
 
+def test_the_registry_takes_no_push_or_delete_from_the_network(production):
+    """Issue 39: the registry the GPU machines pull from is read-only to everyone who reaches
+    it: a GPU machine's engine (root there) cannot push a replacement for the servers' image,
+    and a DELETE of its manifest is refused; the pulls above still work. `make up` pushed
+    through its writer on the manager's loopback, which is gone afterwards."""
+    registry = f"{BED_MANAGER}:{REGISTRY_PORT}"
+    worker = next(iter(production.joins))
+    engine = docker.DockerClient(base_url=f"unix://{BED_RUN / worker}.sock")
+    image = engine.images.get(f"{registry}/gpu-jupyterhub/singleuser:latest")
+    image.tag(f"{registry}/gpu-jupyterhub/singleuser", "replaced")
+    said = list(engine.images.push(f"{registry}/gpu-jupyterhub/singleuser", "replaced",
+                                   stream=True, decode=True))  # fmt: skip
+    assert any("error" in event for event in said), said
+    base = f"http://{registry}/v2/gpu-jupyterhub/singleuser"
+    accept = {"Accept": "application/vnd.docker.distribution.manifest.v2+json"}
+    head = requests.head(f"{base}/manifests/latest", headers=accept, timeout=10)
+    assert head.status_code == 200
+    digest = head.headers["Docker-Content-Digest"]
+    deleted = requests.delete(f"{base}/manifests/{digest}", timeout=10)
+    assert deleted.status_code >= 400, deleted.status_code
+    assert requests.head(f"{base}/manifests/latest", headers=accept, timeout=10).status_code == 200
+    assert (
+        requests.head(f"{base}/manifests/replaced", headers=accept, timeout=10).status_code == 404
+    )
+    writer = f"{production.settings['GPUHUB_STACK']}-registry-push"
+    assert not docker.from_env().containers.list(all=True, filters={"name": writer})
+
+
 def test_https_with_the_generated_certificate_and_http_redirects(production):
     r = production.hub.api("GET", "/")
     assert r.status_code == 200 and "version" in r.json()
