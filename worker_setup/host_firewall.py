@@ -6,7 +6,8 @@ not reach:
 
 - the cloud's instance metadata service (169.254.169.254, the machine's credentials) or any
   other link-local address (``GPUHUB-FORWARD``, hooked in Docker's own DOCKER-USER chain);
-- the swarm's manager (``--manager``'s address: its engine, Swarm's ports, SSH);
+- the swarm's manager (``--manager``'s address: its engine, Swarm's ports, SSH), and the
+  engine's and Swarm's ports of any machine on a private network (the other GPU machines);
 - this machine itself (``GPUHUB-INPUT``, hooked in INPUT): nothing but name look-ups and, on the
   manager, the GPU guard's metrics port, which the stack's Prometheus scrapes from there.
 
@@ -34,6 +35,10 @@ DIGEST_LABEL = LABEL_PREFIX + "firewall"
 CHECK_EVERY_S = 30
 GWBRIDGE = "docker_gwbridge"
 LINK_LOCAL = "169.254.0.0/16"
+PRIVATE = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+#: a Docker engine's and Swarm's ports: the engine's API (plain, TLS), Swarm's management,
+#: gossip and overlay traffic
+TCP, UDP = "2375,2376,2377,7946", "7946,4789"
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,13 @@ def rules(managers: list[str], guard_port: int = GUARD_METRICS_PORT) -> Rules:
     ]
     for manager in dict.fromkeys(filter(None, map(_host, managers))):
         forward.append(f"-A GPUHUB-FORWARD -d {manager}/32 -j REJECT")
+    for network in PRIVATE:  # the other machines' engines and Swarm's ports, on a private net
+        forward.append(
+            f"-A GPUHUB-FORWARD -d {network} -p tcp -m multiport --dports {TCP} -j REJECT"
+        )
+        forward.append(
+            f"-A GPUHUB-FORWARD -d {network} -p udp -m multiport --dports {UDP} -j REJECT"
+        )
     into = [
         ":GPUHUB-INPUT - [0:0]",
         "-A GPUHUB-INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN",

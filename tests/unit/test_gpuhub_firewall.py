@@ -151,6 +151,14 @@ def test_a_machines_rules_close_metadata_the_manager_and_itself_to_its_container
     for dst, port in [("169.254.169.254", 80), ("10.0.0.5", 2377), ("10.0.0.5", 22)]:
         assert _hooked(rules, "FORWARD", Packet(dst=dst, dport=port)) == "REJECT", dst
     assert _hooked(rules, "FORWARD", Packet(dst="151.101.0.223", dport=443)) == "ACCEPT"
+    # another GPU machine on the cloud's network: its engine and Swarm's ports, not the rest
+    for port, proto in [(2375, "tcp"), (2376, "tcp"), (2377, "tcp"), (7946, "tcp"),
+                        (7946, "udp"), (4789, "udp")]:  # fmt: skip
+        assert _hooked(rules, "FORWARD", Packet(dst="10.0.0.12", dport=port, proto=proto)) == (
+            "REJECT"
+        ), (port, proto)
+    assert _hooked(rules, "FORWARD", Packet(dst="10.0.0.12", dport=443)) == "ACCEPT"
+    assert _hooked(rules, "FORWARD", Packet(dst="151.101.0.223", dport=2377)) == "ACCEPT"
     assert _hooked(rules, "FORWARD", Packet(dst="169.254.169.254", dport=53, proto="udp")) == (
         "ACCEPT"
     )  # GCP's metadata server is its name server too
