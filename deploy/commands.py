@@ -184,6 +184,7 @@ def down(config: Config, log: Log, purge: bool = False) -> None:
         log("no swarm on this machine: nothing deployed to remove")
         return
     stack.remove_stack(client, config, log)
+    steps.remove_host_firewall(log)
     if purge:
         stack.purge_stack_data(client, config, log)
     else:

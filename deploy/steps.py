@@ -109,6 +109,16 @@ def ensure_host_firewall(config: Config, log: Log, environ: Mapping[str, str] = 
     log(f"firewall: {said}")
 
 
+def remove_host_firewall(log: Log, environ: Mapping[str, str] = os.environ) -> None:
+    """`make down`: no servers run here any more; the keeper and its rules go."""
+    try:
+        changed, said = host_firewall.remove(DockerCLI(environ))
+    except host_firewall.FirewallError as e:
+        raise DeployError(str(e)) from None
+    if changed:
+        log(f"firewall: {said}")
+
+
 def ensure_gpu_slices(
     config: Config,
     log: Log,

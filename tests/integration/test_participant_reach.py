@@ -11,6 +11,7 @@ metadata service: 169.254.169.254 on its bridge, answering HTTP as a cloud's doe
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import docker
 import pytest
 
 from .hub import BED, container_of, engine_of
-from .spawners import service_of, wait_slices_free
+from .spawners import make_spawner, service_of, wait_slices_free
 
 pytestmark = pytest.mark.integration
 
@@ -118,17 +119,45 @@ def machine_addresses() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def servers(hub):
+def servers(hub, hub_settings):
+    """ann's and bob's servers, started through the hub, and two more made by the spawner
+    directly (running ``sleep`` behind the same firewall), one on the manager and one on a GPU
+    machine, so that both kinds of machine are tried whatever the placement gave ann."""
     wait_slices_free()
     for user in USERS:
-        assert hub.api("POST", f"/users/{user}").status_code in (201, 409)
+        assert hub.api("POST", f"/users/{user}").status_code in (201, 202, 409)
         r = hub.api("POST", f"/users/{user}/server")
         assert r.status_code in (201, 202), r.text
     for user in USERS:
         hub.wait_ready(user)
-    yield {user: service_of(hub.stack, user) for user in USERS}
+    direct = {name: placed_on(name, hostname, hub_settings) for name, hostname in PLACED.items()}
+    yield {
+        **{user: service_of(hub.stack, user) for user in USERS},
+        **{name: docker.from_env().services.get(s.object_id) for name, s in direct.items()},
+    }
+    for spawner in direct.values():
+        asyncio.run(spawner.stop(now=True))
     for user in USERS:
         hub.stop(user)
+
+
+#: the servers made directly, by the machine they must run on
+PLACED = {"reach-on-manager": "manager", "reach-on-w1": "w1"}
+
+
+def placed_on(name: str, hostname: str, hub_settings):
+    """A server of the spawner's own making (spawners.make_spawner), on ``hostname``."""
+    spawner = make_spawner(name, hub_settings)
+    real_read = spawner._read_swarm
+
+    async def only_that_machine():
+        nodes, tasks = await real_read()
+        return [n for n in nodes if n["Description"]["Hostname"] == hostname], tasks
+
+    spawner._read_swarm = only_that_machine
+    asyncio.run(spawner.start())
+    assert spawner.gpu_node == hostname
+    return spawner
 
 
 def targets_of(hub_settings, servers, metadata: str) -> list[str]:
@@ -163,15 +192,17 @@ def keeper_of(container):
     return engine_of(container_node(container)).containers.get("gpuhub-firewall")
 
 
+@pytest.mark.parametrize("who", ["reach-ann", *PLACED])
 def test_a_participant_reaches_the_proxy_and_nothing_else(
-    hub, hub_settings, servers, metadata_service
+    hub, hub_settings, servers, metadata_service, who
 ):
-    """From ann's shell: the proxy's public port, nothing else. Beside her on the same machine,
-    a container without the server's firewall (net-anchor) reaches the stack's ports over the
-    servers' network, so her server's firewall is what stops her there; the machine's own rules
-    stop both at the metadata address and the machines' ports, which the machine itself
-    reaches (its firewall's keeper shares its network)."""
-    ann = container_of(servers["reach-ann"].name)
+    """From a participant's shell (ann's, and one on each kind of machine): the proxy's public
+    port, nothing else. Beside it on the same machine, a container without the server's
+    firewall (net-anchor) reaches the stack's ports over the servers' network, so the server's
+    firewall is what stops the participant there; the machine's own rules stop both at the
+    metadata address and the machines' ports, which the machine itself reaches (its firewall's
+    keeper shares its network)."""
+    ann = container_of(servers[who].name)
     targets = targets_of(hub_settings, servers, metadata_service)
     server = probe(ann, targets, "jovyan")
     beside = probe(anchor_beside(ann, hub.stack), targets, "root")

@@ -860,6 +860,10 @@ def test_make_down_twice_and_with_purge(tmp_path, machine, capsys, monkeypatch):
     assert cli.main(["down"], environ) == 0
     out = capsys.readouterr().out
     assert "removing stack gpuhub" in out
+    # no servers run here any more: the firewall's keeper and its rules go too
+    assert "firewall: removed gpuhub-firewall and its rules" in out
+    assert ("docker run", "(one-off)", "host-remove") in machine.changes
+    assert "gpuhub-firewall" not in machine.containers_running
     assert (
         "kept the hub database and user homes (volumes); remove them too with: make down PURGE=1"
         in out
