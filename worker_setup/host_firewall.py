@@ -98,58 +98,43 @@ def rules(managers: list[str], guard_port: int = GUARD_METRICS_PORT) -> Rules:
     return Rules(text, hooks)
 
 
+def _applier(image: str, wanted: Rules, what: str) -> list[str]:
+    """``docker run`` arguments (the end) of the image's gpuhub-firewall WHAT with the host's
+    network and ``wanted`` in its environment."""
+    return [
+        "--network=host",
+        "--cap-add=NET_ADMIN",
+        "--user=0",
+        "--env",
+        f"GPUHUB_HOST_RULES={wanted.text}",
+        "--env",
+        "GPUHUB_HOST_HOOKS=" + "\n".join(wanted.hooks),
+        "--entrypoint=gpuhub-firewall",
+        image,
+        what,
+    ]
+
+
 def keeper_args(image: str, wanted: Rules) -> list[str]:
     """``docker run`` arguments of the keeper."""
     return [
         "--detach",
         "--name",
         KEEPER,
-        "--restart",
-        "always",
-        "--network",
-        "host",
-        "--cap-add",
-        "NET_ADMIN",
-        "--user",
-        "0",
+        "--restart=always",
         "--label",
         f"{DIGEST_LABEL}={wanted.digest(image)}",
-        "--memory",
-        "64m",
-        "--log-opt",
-        "max-size=1m",
-        "--env",
-        f"GPUHUB_HOST_RULES={wanted.text}",
-        "--env",
-        "GPUHUB_HOST_HOOKS=" + "\n".join(wanted.hooks),
+        "--memory=64m",
+        "--log-opt=max-size=1m",
         "--env",
         f"GPUHUB_FIREWALL_EVERY={CHECK_EVERY_S}",
-        "--entrypoint",
-        "gpuhub-firewall",
-        image,
-        "host",
+        *_applier(image, wanted, "host"),
     ]
 
 
 def remover_args(image: str, wanted: Rules) -> list[str]:
     """``docker run`` arguments of the one-off container that takes the rules out again."""
-    return [
-        "--rm",
-        "--network",
-        "host",
-        "--cap-add",
-        "NET_ADMIN",
-        "--user",
-        "0",
-        "--env",
-        f"GPUHUB_HOST_RULES={wanted.text}",
-        "--env",
-        "GPUHUB_HOST_HOOKS=" + "\n".join(wanted.hooks),
-        "--entrypoint",
-        "gpuhub-firewall",
-        image,
-        "host-remove",
-    ]
+    return ["--rm", *_applier(image, wanted, "host-remove")]
 
 
 WHAT = "containers here reach no metadata address, manager or port of this machine"
