@@ -135,7 +135,7 @@ def to_check(users, now: datetime, ended: dict[str, datetime]) -> list:
 
 @dataclass
 class Round:
-    """One check's answers, shared by everyone it asks about (and by requests meanwhile)."""
+    """One check's answers (each participant judged once)."""
 
     started: float
     judged: dict[str, Judgement] = field(default_factory=dict)
@@ -151,6 +151,7 @@ class AccessCheck:
         self.interval = interval
         self.log = authenticator.log
         self.round = Round(0.0)
+        self.finished: dict[str, Judgement] = {}  # the last finished round's judgements
         self.ended: dict[str, datetime] = {}  # name: when their access was ended
         self.let_in: dict[str, str] = {}  # name: what let them in at the last check
         self._said_unsure: frozenset[str] = frozenset()  # who the last such line named
@@ -229,6 +230,7 @@ class AccessCheck:
             else:  # let in (back on the roster, say): a later removal is ended anew
                 self.ended.pop(user.name, None)
         self._say_unsure(unsure)
+        self.finished = self.round.judged
         return removed
 
     def _say_unsure(self, unsure: list[Judgement]) -> None:
@@ -284,13 +286,12 @@ class AccessCheck:
     # ---- a request of the user's -------------------------------------------------------------
 
     async def refresh(self, user) -> bool:
-        """Whether ``user``'s request may go on (the authenticator's ``refresh_user``): False
-        once their access was ended, or when this round (or a fresh look, once a round is older
-        than the interval) finds nothing lets them in. Uncertain: True."""
-        if time.monotonic() - self.round.started > self.interval:
-            self.round = Round(time.monotonic())
-        judgement = await self.judge_user(user, await self.rules())
-        return judgement.state != REMOVE
+        """Whether ``user``'s request may go on (the authenticator's ``refresh_user``, on their
+        requests and before their spawns): not when the last finished round found nothing lets
+        them in. Read from memory, never asking GitHub, so no request or spawn waits for it; who
+        was not in that round (away for a while) is in the next, their request being activity."""
+        judged = self.finished.get(user.name)
+        return judged is None or judged.state != REMOVE
 
 
 def start(hub) -> None:

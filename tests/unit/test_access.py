@@ -243,12 +243,19 @@ async def test_a_starting_server_is_left_for_the_next_round_but_the_logins_end(e
     assert ended == ["zed"] and hub.users["zed"].stopped == []
 
 
-async def test_a_request_of_a_removed_participant_is_refused_and_others_go_on(ended):
+async def test_a_request_of_a_removed_participant_is_refused_without_asking_github(ended):
     check, hub = check_of([User("zed"), User("tom")])
+    assert await check.refresh(hub.users["zed"]) is True  # not judged yet
+    await check.check()
+    asked = list(hub.authenticator.asked)
     assert await check.refresh(hub.users["tom"]) is True
     assert await check.refresh(hub.users["zed"]) is False
-    hub.authenticator.failing = "rate"
-    check.round.started -= 60  # a new round: asked again, GitHub cannot say
+    assert hub.authenticator.asked == asked  # from memory
+    hub.authenticator.roster = None  # the next round cannot say: kept, and let through
+    back = datetime.now(timezone.utc) + timedelta(seconds=1)
+    hub.users["zed"].last_activity = back.replace(tzinfo=None)  # seen since: checked again
+    await check.check()
+    assert check.finished["zed"].state == access.UNSURE
     assert await check.refresh(hub.users["zed"]) is True
 
 
@@ -282,3 +289,33 @@ async def test_the_check_starts_with_the_hub_when_it_has_an_interval(ended):
     access.start(hub)
     assert authenticator.access_check.interval == 30
     hub.gpuhub_access_check.cancel()
+
+
+# ---- the authenticator's side -----------------------------------------------------------------
+
+
+async def test_the_check_reads_the_roster_only_when_it_could_be_read(tmp_path):
+    from gpu_swarm_spawner.auth import WorkshopGitHubOAuthenticator
+
+    path = tmp_path / "roster.txt"
+    auth = WorkshopGitHubOAuthenticator(roster_file=str(path))
+    assert await auth.current_roster() is None  # missing: nobody knows who is on it
+    path.write_text("rosa\n")
+    assert await auth.current_roster() == frozenset({"rosa"})
+    path.write_text("rosa\n" + "\0" * 10)  # no text: the names read before stand
+    assert await auth.current_roster() == frozenset({"rosa"})
+    path.unlink()
+    assert await auth.current_roster() is None
+
+
+async def test_a_login_refreshes_on_the_checks_judgement_without_asking_github_itself(ended):
+    from gpu_swarm_spawner.auth import WorkshopGitHubOAuthenticator
+
+    auth = WorkshopGitHubOAuthenticator()
+    zed = User("zed")
+    assert await auth.refresh_user(zed) is True  # no check: the login holds
+    fake = Authenticator()
+    auth.access_check = access.AccessCheck(Hub([zed], fake), fake, 30)
+    await auth.access_check.check()
+    assert await auth.refresh_user(zed) is False
+    assert await auth.refresh_user(User("tom")) is True
