@@ -41,6 +41,9 @@ UNSURE = "unsure"  # kept: nobody could say
 RECENTLY_ACTIVE = timedelta(minutes=15)
 #: GitHub answers asked at once in a round (each with its participant's own token).
 CONCURRENT_ASKS = 8
+#: GitHub is taken as failing (a 5xx, no answer, every token limited) after this many answers
+#: in a row gave no answer: nobody else is asked in that round.
+FAILING_AFTER = 3
 #: What the states of a definite "no" are: not a member, or invited and not accepted.
 NOT_IN = (github_membership.NOT_MEMBER, github_membership.INVITED)
 
@@ -139,7 +142,8 @@ class Round:
 
     started: float
     judged: dict[str, Judgement] = field(default_factory=dict)
-    github_failing: str = ""  # GitHub itself failed: nobody else is asked this round
+    unavailable: int = 0  # GitHub's answers in a row that were no answer (UNAVAILABLE)
+    github_failing: str = ""  # GitHub is failing: nobody else is asked this round
 
 
 class AccessCheck:
@@ -185,9 +189,11 @@ class AccessCheck:
             if answer.state == github_membership.MEMBER:
                 break
             if answer.state == github_membership.UNAVAILABLE:
-                if answer.detail.startswith("GitHub failed"):
+                self.round.unavailable += 1
+                if self.round.unavailable >= FAILING_AFTER:
                     self.round.github_failing = answer.detail
                 break
+            self.round.unavailable = 0
         return answers
 
     async def judge_user(self, user, rules: Rules) -> Judgement:
