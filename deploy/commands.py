@@ -198,7 +198,13 @@ def roster(config: Config, log: Log) -> None:
         where = config.config_file or "the settings"
         raise DeployError(f"GPUHUB_ROSTER is empty in {where}; name the roster file there")
     steps.ensure_roster(config, log)
-    log("the hub uses it from the next login on")
+    log(
+        "the hub uses it from the next login on; whoever is no longer on it (nor in "
+        f"GPUHUB_ALLOWED_ORGS) is logged out and their server stopped within "
+        f"{config.access_check_interval} s"
+        if config.access_check_interval
+        else "the hub uses it from the next login on"
+    )
 
 
 def images(config: Config, log: Log) -> None:

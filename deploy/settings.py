@@ -127,6 +127,7 @@ WHOLE_NUMBERS: dict[str, tuple[int, int | None]] = {
     "GPUHUB_HUB_CPU_SHARES": (0, 262144),
     "GPUHUB_IDLE_TIMEOUT": (0, None),
     "GPUHUB_CULL_EVERY": (1, None),
+    "GPUHUB_ACCESS_CHECK_INTERVAL": (0, 3600),
     "GPUHUB_MAX_AGE": (0, None),
     "GPUHUB_TUTORIAL_POLL": (1, None),
     "GPUHUB_TUTORIAL_SYNC_REPLICAS": (0, 1),  # filled by the deploy
@@ -688,6 +689,7 @@ class Config:
     github_url: str = field(init=False)
     allowed_orgs: list[str] = field(init=False)
     roster: str = field(init=False)
+    access_check_interval: int = field(init=False)
     hostname: str = field(init=False)
     tls: str = field(init=False)
     tls_cert: str = field(init=False)

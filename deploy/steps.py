@@ -36,7 +36,9 @@ LOCAL_BASE = "gpu-jupyterhub/base:bookworm"
 LOCAL_PREFIX = "gpu-jupyterhub/"
 #: The generated secrets (GPUHUB_STATE_DIR): the proxy's API token, the operations token for
 #: scripts and tests, the participants' shared password and the admins' own (JupyterHub's
-#: shared-password login wants one of 32 characters or more), the tutorial webhook's secret.
+#: shared-password login wants one of 32 characters or more), the tutorial webhook's secret, the
+#: metrics token, and the key the hub encrypts stored GitHub tokens with (auth_state's crypt key,
+#: 32 bytes: 64 hex digits).
 GENERATED = (
     "proxy_token",
     "ops_token",
@@ -44,7 +46,10 @@ GENERATED = (
     "admin_password",
     "webhook_secret",
     "metrics_token",
+    "crypt_key",
 )
+#: Random bytes of a generated secret (16 unless named here).
+GENERATED_BYTES = {"crypt_key": 32}
 #: The shared folders' id (contract.SHARE_MARKER in each holds it), made once per stack.
 SHARE_ID = "share_id"
 #: Where the hub's container reads the roster (the state directory's roster/, mounted read-only).
@@ -325,7 +330,7 @@ def ensure_secrets(config: Config, log: Log) -> list[str]:
         path = state / name
         if path.is_file() and path.stat().st_size:
             continue
-        private_file(path, secrets.token_hex(16) + "\n")
+        private_file(path, secrets.token_hex(GENERATED_BYTES.get(name, 16)) + "\n")
         made.append(name)
     if made:
         log(f"secrets generated in {state}: {', '.join(made)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import docker
@@ -507,6 +508,90 @@ def test_an_admin_sees_the_admin_page_and_a_participant_does_not(production, pag
     participant.wait_for_url("**/user/alice/**", timeout=60_000)
     response = participant.goto(f"{production.url}/hub/admin")
     assert response.status == 403
+
+
+def removed_within_a_minute(production, page, login: str, remove, reasons: tuple) -> None:
+    """``login`` logs in, starts a server and writes a file in her home; ``remove()`` is the
+    organizer taking her off; within 60 s her server is stopped (its home kept), her browser's
+    login no longer works, the hub's log says why, and logging in again is refused."""
+    github_login(page, production.url, login)
+    start_from_spawn_page(page, "PyTorch")
+    page.wait_for_selector(".jp-LabShell", timeout=180_000)
+    container = container_of(f"jy-{login}")
+    wrote = container.exec_run(["sh", "-c", "echo kept > ~/notes.txt"], user="jovyan")
+    assert wrote.exit_code == 0, wrote.output
+    (home,) = [m["Name"] for m in container.attrs["Mounts"] if m["Destination"] == "/home/jovyan"]
+    engine, image = container.client, container.image.id  # the machine that ran it
+
+    remove()
+    removed = time.monotonic()
+    production.hub.wait_stopped(login, timeout=60)
+    took = time.monotonic() - removed
+    (ARTIFACTS / f"access-ended-{login}.txt").write_text(f"server stopped {took:.1f} s after\n")
+    print(f"{login}: server stopped {took:.1f} s after the removal")
+
+    hub_log = container_of(f"{production.hub.stack}_hub").logs(tail=500).decode(errors="replace")
+    # the reason names what let her in, once a check has seen her in (every 30 s)
+    said = [f"Access of {login} ended: {reason}; logins ended" in hub_log for reason in reasons]
+    assert any(said), hub_log[-3000:]
+    # the browser's login is over: the hub asks for a login, her server's address too
+    page.goto(f"{production.url}/hub/home")
+    assert "/hub/login" in page.url, page.url
+    page.goto(f"{production.url}/user/{login}/lab")
+    assert "/hub/login" in page.url, page.url
+    # the home is kept, with her file, on the machine that ran her server
+    read = engine.containers.run(
+        image, ["cat", "/home/jovyan/notes.txt"], volumes={home: {"bind": "/home/jovyan"}},
+        remove=True, user="root", entrypoint=[],
+    )  # fmt: skip
+    assert read.decode().strip() == "kept"
+    # logging in again: the participant list's refusal
+    github_login(page, production.url, login)
+    page.wait_for_load_state()
+    assert "not on this workshop's participant list" in page.inner_text("body")
+    page.screenshot(path=str(ARTIFACTS / f"access-ended-{login}.png"))
+
+
+def test_a_participant_taken_off_the_roster_is_stopped_within_a_minute(production, page):
+    before = production.roster.read_text()
+
+    def remove():
+        production.roster.write_text(before.replace("rosa\n", "ruth\n"))  # never empty
+        make("roster", production.config)
+
+    try:
+        removed_within_a_minute(
+            production,
+            page,
+            "rosa",
+            remove,
+            (
+                "not on the roster any more, nor a member of gpu-school:tutors or gpu-workshop",
+                "not a member of gpu-school:tutors or gpu-workshop, nor on the roster",
+            ),
+        )
+    finally:
+        production.roster.write_text(before)
+        make("roster", production.config)
+        production.hub.stop("rosa")
+
+
+def test_a_participant_taken_off_the_team_is_stopped_within_a_minute(production, page):
+    team = production.github.teams["gpu-school:tutors"]
+    try:
+        removed_within_a_minute(
+            production,
+            page,
+            "tom",
+            lambda: team.discard("tom"),
+            (
+                "no longer a member of gpu-school:tutors, nor of gpu-workshop, nor on the roster",
+                "not a member of gpu-school:tutors or gpu-workshop, nor on the roster",
+            ),
+        )
+    finally:
+        team.add("tom")
+        production.hub.stop("tom")
 
 
 def test_the_hub_database_and_cookie_secret_survive_down_and_up(production, page):

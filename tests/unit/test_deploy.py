@@ -282,7 +282,8 @@ def test_secrets_are_generated_once(tmp_path, said):
     assert state.stat().st_mode & 0o777 == 0o700
     first = {name: (state / name).read_text() for name in made}
     for name, text in first.items():
-        assert re.fullmatch(r"[0-9a-f]{32}\n", text)
+        digits = 64 if name == "crypt_key" else 32  # auth_state's key: 32 bytes, in hex
+        assert re.fullmatch(rf"[0-9a-f]{{{digits}}}\n", text), name
         assert (state / name).stat().st_mode & 0o777 == 0o600
     assert len(set(first.values())) == len(first)
     assert steps.ensure_secrets(config, said.log) == []
