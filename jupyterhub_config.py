@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from deploy.settings import from_environment
-from gpu_swarm_spawner import HUB_TEMPLATES, contract, gate, hubdb, internals
+from gpu_swarm_spawner import HUB_TEMPLATES, access, contract, gate, hubdb, internals
 from gpu_swarm_spawner.keeper import FreshResolver
 from gpu_swarm_spawner.priority import CPUPriority
 
@@ -65,6 +65,13 @@ if cfg.auth == "github":
     # read:org lets the hub see private organization and team memberships
     c.WorkshopGitHubOAuthenticator.scope = ["read:org"]
     c.WorkshopGitHubOAuthenticator.roster_file = cfg.roster_file
+    # access ends when the organizer says so: every GPUHUB_ACCESS_CHECK_INTERVAL seconds the hub
+    # checks who may still be here, asking GitHub with each participant's own token, kept
+    # encrypted in their auth_state with the generated key (access.py)
+    c.WorkshopGitHubOAuthenticator.enable_auth_state = True
+    c.CryptKeeper.keys = [secret("crypt_key")]
+    c.WorkshopGitHubOAuthenticator.access_check_interval = cfg.access_check_interval
+    access.install()
 else:
     # the demo: JupyterHub's shared-password login. Any username with the generated demo
     # password; the admins (GPUHUB_ADMIN_USERS) only with the admin password, which participants
@@ -203,6 +210,8 @@ else:
     if cfg.pids_limit is not None:
         c.GPUSwarmSpawner.pids_limit = cfg.pids_limit  # 0: no limit
     c.GPUSwarmSpawner.service_labels = {contract.STACK_LABEL: cfg.stack}
+    # what the servers may reach: each applies its own firewall before JupyterLab starts
+    c.GPUSwarmSpawner.egress = cfg.egress.written()
     # the home: a folder per participant on shared storage (GPUHUB_HOMES_DIR, which the hub
     # sees at the same path and makes their folder in), else a volume on the machine that runs
     # the server; the published tutorials and the dataset cache (shared storage at the same

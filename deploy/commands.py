@@ -127,6 +127,7 @@ def demo(config: Config, log: Log, environ: Mapping[str, str] = os.environ) -> N
     steps.ensure_swarm(client, log, environ)
     steps.ensure_ports_free(client, config, ["GPUHUB_HTTP_PORT"], log)
     steps.ensure_images(client, config, log)
+    steps.ensure_host_firewall(config, log, environ)
     steps.ensure_secrets(config, log)
     with deploy_started(STOPPED_DEMO):
         deployed = deploy_and_wait(client, config, log, environ)
@@ -151,6 +152,7 @@ def up(config: Config, log: Log, environ: Mapping[str, str] = os.environ) -> Non
     steps.ensure_ports_free(client, config, ports, log)
     steps.ensure_images(client, config, log)
     steps.ensure_environment_images(client, config, log)
+    steps.ensure_host_firewall(config, log, environ)
     steps.ensure_secrets(config, log)
     # GPU machines pull the servers' images from the registry this stack runs on the manager
     published = registry.publication(config, f"{addr}:{config.registry_port}")
@@ -165,6 +167,7 @@ def deploy(config: Config, log: Log, environ: Mapping[str, str] = os.environ) ->
     """`python -m deploy stack`: the secrets, the port free, the stack deployed and the hub
     answering, on an engine and swarm that are there (the tests' and the bench's stacks)."""
     client = steps.connect()
+    steps.ensure_host_firewall(config, log, environ)
     steps.ensure_secrets(config, log)
     steps.ensure_ports_free(client, config, ["GPUHUB_HTTP_PORT"], log)
     deploy_and_wait(client, config, log, environ)
@@ -181,6 +184,7 @@ def down(config: Config, log: Log, purge: bool = False) -> None:
         log("no swarm on this machine: nothing deployed to remove")
         return
     stack.remove_stack(client, config, log)
+    steps.remove_host_firewall(log)
     if purge:
         stack.purge_stack_data(client, config, log)
     else:
@@ -194,7 +198,13 @@ def roster(config: Config, log: Log) -> None:
         where = config.config_file or "the settings"
         raise DeployError(f"GPUHUB_ROSTER is empty in {where}; name the roster file there")
     steps.ensure_roster(config, log)
-    log("the hub uses it from the next login on")
+    log(
+        "the hub uses it from the next login on; whoever is no longer on it (nor in "
+        f"GPUHUB_ALLOWED_ORGS) is logged out and their server stopped within "
+        f"{config.access_check_interval} s"
+        if config.access_check_interval
+        else "the hub uses it from the next login on"
+    )
 
 
 def images(config: Config, log: Log) -> None:

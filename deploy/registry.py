@@ -7,15 +7,17 @@ their names in the registry out. The deploy passes it on; nothing is rewritten i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from docker.errors import APIError, ImageNotFound
+from docker.errors import APIError, ImageNotFound, NotFound
 from docker.utils import parse_repository_tag
 
+from gpu_swarm_spawner import contract
 from gpu_swarm_spawner.contract import image_in_registry
 from worker_setup import engine
 
@@ -89,9 +91,10 @@ def publish_images(
     environ: Mapping[str, str] = os.environ,
     timeout: float = 60,
 ) -> None:
-    """Push each image of ``published`` to the stack's registry, by its local address
-    (GPUHUB_ENGINE_ADDR, default 127.0.0.1), which Docker trusts without TLS; the GPU machines
-    pull them by the manager's."""
+    """Push each image of ``published`` into the stack's registry, whose service is read-only
+    (images/hub/registry.yml): through a writer on the manager's loopback (``writer``), which
+    Docker trusts without TLS and nothing off the manager reaches; the GPU machines pull them
+    from the read-only one by the manager's address."""
     base = f"http://{engine.published_addr(environ)}:{config.registry_port}"
     for _ in waits(timeout):
         if registry_answers(f"{base}/v2/"):
@@ -101,24 +104,95 @@ def publish_images(
             f"the registry did not answer on port {config.registry_port} within {timeout:g} s; "
             f"see: docker service logs {config.stack}_registry"
         )
-    for image in published.images:
-        push = image_in_registry(f"127.0.0.1:{config.registry_port}", image)
-        repository, version = parse_repository_tag(push)
-        version = version or "latest"
-        path = repository.split("/", 1)[1]
-        held = registry_digest(base, path, version)
-        if held and f"{repository}@{held}" in local_digests(client, image):
+    missing = [image for image in published.images if not held_already(client, base, config, image)]
+    if not missing:
+        for image in published.images:
             log(f"{image}: in the registry already")
-            continue
-        log(f"pushing {image} to the registry (a new image takes a minute or two)")
-        tag(client, image, push)
-        try:
-            for event in client.images.push(repository, version, stream=True, decode=True):
-                if "error" in event:
-                    detail = event.get("errorDetail", {}).get("message") or event["error"]
-                    raise DeployError(f"docker push {push} failed: {detail}")
-        except APIError as e:
-            raise DeployError(f"docker push {push} failed: {e.explanation}") from None
+        return
+    with writer(client, config, log, timeout) as address:
+        for image in missing:
+            push_image(client, image, image_in_registry(address, image), log)
+
+
+def held_already(client, base: str, config: Config, image: str) -> bool:
+    """The registry holds this engine's ``image`` (a push of it from here has its digest)."""
+    repository, version = parse_repository_tag(
+        image_in_registry(f"127.0.0.1:{config.registry_port}", image)
+    )
+    held = registry_digest(base, repository.split("/", 1)[1], version or "latest")
+    return bool(held) and any(d.endswith(f"@{held}") for d in local_digests(client, image))
+
+
+#: the writer's name on the manager's engine, and its port on the manager's loopback (the
+#: registry's port plus this)
+WRITER = "{stack}-registry-push"
+WRITER_PORT_OFFSET = 1
+
+
+@contextlib.contextmanager
+def writer(client, config: Config, log: Log, timeout: float = 60):
+    """A writable registry over the read-only one's storage, on the manager's loopback only
+    (the engine's own network; images/hub/registry-push.yml), for the pushes of one deploy:
+    yields its address (127.0.0.1:PORT) and is removed afterwards, whatever happened."""
+    port = config.registry_port + WRITER_PORT_OFFSET
+    name = WRITER.format(stack=config.stack)
+    _remove_container(client, name)
+    try:
+        container = client.containers.run(
+            config.hub_image,
+            ["docker-registry", "serve", "/etc/gpu-jupyterhub/registry-push.yml"],
+            name=name,
+            detach=True,
+            network_mode="host",
+            environment={"REGISTRY_HTTP_ADDR": f"127.0.0.1:{port}"},
+            volumes={f"{config.stack}_registry-data": {"bind": "/var/lib/registry"}},
+            labels={contract.STACK_LABEL: config.stack},
+        )
+    except APIError as e:
+        raise DeployError(f"the registry's writer did not start: {e.explanation}") from None
+    try:
+        for _ in waits(timeout):
+            container.reload()
+            if container.status != "running":
+                raise DeployError(
+                    f"the registry's writer stopped on 127.0.0.1:{port} (is that port taken on "
+                    f"the manager?): {container.logs(tail=5).decode(errors='replace').strip()}"
+                )
+            if _writer_answers(container, port):
+                break
+        else:
+            raise DeployError(f"the registry's writer did not answer within {timeout:g} s")
+        log(f"pushing through the registry's writer on 127.0.0.1:{port} (the manager only)")
+        yield f"127.0.0.1:{port}"
+    finally:
+        _remove_container(client, name)
+
+
+def _writer_answers(container, port: int) -> bool:
+    """The writer answers on the manager's loopback (asked from inside it: the deploy may run
+    elsewhere than the engine's network, as on the test bed)."""
+    probe = f"import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/v2/', timeout=2)"
+    return container.exec_run(["python3", "-c", probe]).exit_code == 0
+
+
+def _remove_container(client, name: str) -> None:
+    with contextlib.suppress(NotFound):
+        client.api.remove_container(name, force=True)
+
+
+def push_image(client, image: str, push: str, log: Log) -> None:
+    """``docker push`` of ``image`` as ``push`` (REGISTRY/NAME:TAG)."""
+    repository, version = parse_repository_tag(push)
+    version = version or "latest"
+    log(f"pushing {image} to the registry (a new image takes a minute or two)")
+    tag(client, image, push)
+    try:
+        for event in client.images.push(repository, version, stream=True, decode=True):
+            if "error" in event:
+                detail = event.get("errorDetail", {}).get("message") or event["error"]
+                raise DeployError(f"docker push {push} failed: {detail}")
+    except APIError as e:
+        raise DeployError(f"docker push {push} failed: {e.explanation}") from None
 
 
 def local_digests(client, image: str) -> list[str]:

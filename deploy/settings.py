@@ -37,6 +37,7 @@ from typing import Callable
 from deploy import values as typed
 from gpu_swarm_spawner import roster
 from gpu_swarm_spawner.contract import GUARD_KEYS, MAX_SLICES_PER_GPU, GuardSettings, guard_number
+from gpu_swarm_spawner.egress import Egress, EgressError, read_egress
 from tutorial_sync import credentials
 from tutorial_sync.repos import Repo, ReposError, parse_repos, redact
 
@@ -126,6 +127,7 @@ WHOLE_NUMBERS: dict[str, tuple[int, int | None]] = {
     "GPUHUB_HUB_CPU_SHARES": (0, 262144),
     "GPUHUB_IDLE_TIMEOUT": (0, None),
     "GPUHUB_CULL_EVERY": (1, None),
+    "GPUHUB_ACCESS_CHECK_INTERVAL": (0, 3600),
     "GPUHUB_MAX_AGE": (0, None),
     "GPUHUB_TUTORIAL_POLL": (1, None),
     "GPUHUB_TUTORIAL_SYNC_REPLICAS": (0, 1),  # filled by the deploy
@@ -264,6 +266,10 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     errors += _choice(settings, "GPUHUB_FULL_GPU", ("admins", "all", "off"))
     errors += _choice(settings, "GPUHUB_WAITING_LINE", ("offer", "auto", "off"))
     errors += _choice(settings, "GPUHUB_CPU_ONLY", ("on", "off"))
+    try:  # the servers' own reader (the spawner's egress trait)
+        read_egress(settings.get("GPUHUB_EGRESS", ""))
+    except EgressError as e:
+        errors.append(f"GPUHUB_EGRESS: {e}")
     errors += _environments(settings.get("GPUHUB_ENVIRONMENTS", ""))
     errors += _choice(settings, "GPUHUB_DATASETS_MODE", ("ro", "rw"))
     errors += _shared_folders(settings)
@@ -628,6 +634,7 @@ CONVERTERS: dict[str, Callable[[str], object]] = {
     "GPUHUB_PIDS_LIMIT": typed.tasks,
     "GPUHUB_TUTORIAL_REPOS": parse_repos,  # [Repo]: the sync service's reader, once
     "GPUHUB_ENVIRONMENTS": environments,
+    "GPUHUB_EGRESS": read_egress,
 }
 
 #: The one written form of each value that has more than one: what Config keeps in ``values``,
@@ -640,6 +647,7 @@ WRITTEN: dict[str, Callable[[object], str]] = {
     "GPUHUB_CPU_LIMIT": typed.cores_written,
     "GPUHUB_MEM_LIMIT": typed.memory_written,
     "GPUHUB_PIDS_LIMIT": lambda n: "" if n is None else str(n),
+    "GPUHUB_EGRESS": lambda e: e.written(),
 }
 
 
@@ -681,6 +689,7 @@ class Config:
     github_url: str = field(init=False)
     allowed_orgs: list[str] = field(init=False)
     roster: str = field(init=False)
+    access_check_interval: int = field(init=False)
     hostname: str = field(init=False)
     tls: str = field(init=False)
     tls_cert: str = field(init=False)
@@ -699,6 +708,7 @@ class Config:
     mem_limit: int | None = field(init=False)  # bytes; None: no limit
     pids_limit: int | None = field(init=False)  # tasks; 0 or None: no limit
     log_level: str = field(init=False)
+    egress: Egress = field(init=False)  # what the servers may reach (gpu_swarm_spawner.egress)
     state_dir: str = field(init=False)
     tutorial_repos: list[Repo] = field(init=False)
     tutorial_token_file: str = field(init=False)

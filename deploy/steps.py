@@ -23,8 +23,9 @@ from typing import Callable
 import docker
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound, NotFound
 
-from gpu_swarm_spawner import contract, roster
-from worker_setup import advertise, engine
+from gpu_swarm_spawner import contract, egress, roster
+from worker_setup import advertise, engine, host_firewall
+from worker_setup.docker_cli import DockerCLI
 
 from .console import DeployError, Log, run
 from .settings import REPO, Config, read_roster
@@ -35,7 +36,9 @@ LOCAL_BASE = "gpu-jupyterhub/base:bookworm"
 LOCAL_PREFIX = "gpu-jupyterhub/"
 #: The generated secrets (GPUHUB_STATE_DIR): the proxy's API token, the operations token for
 #: scripts and tests, the participants' shared password and the admins' own (JupyterHub's
-#: shared-password login wants one of 32 characters or more), the tutorial webhook's secret.
+#: shared-password login wants one of 32 characters or more), the tutorial webhook's secret, the
+#: metrics token, and the key the hub encrypts stored GitHub tokens with (auth_state's crypt key,
+#: 32 bytes: 64 hex digits).
 GENERATED = (
     "proxy_token",
     "ops_token",
@@ -43,7 +46,10 @@ GENERATED = (
     "admin_password",
     "webhook_secret",
     "metrics_token",
+    "crypt_key",
 )
+#: Random bytes of a generated secret (16 unless named here).
+GENERATED_BYTES = {"crypt_key": 32}
 #: The shared folders' id (contract.SHARE_MARKER in each holds it), made once per stack.
 SHARE_ID = "share_id"
 #: Where the hub's container reads the roster (the state directory's roster/, mounted read-only).
@@ -87,6 +93,35 @@ def advertise_arguments(config: Config, optional: bool, environ: Mapping[str, st
     if environ.get("GPUHUB_DAEMON_JSON"):
         argv += ["--daemon-json", environ["GPUHUB_DAEMON_JSON"]]
     return argv
+
+
+def ensure_host_firewall(config: Config, log: Log, environ: Mapping[str, str] = os.environ):
+    """This machine's own rules for the containers it runs (worker_setup/host_firewall.py, as
+    the join keeps them on a GPU machine): the manager runs servers too in a demo, and the
+    stack's containers need neither the metadata address nor the machine's ports but the GPU
+    guard's. With GPUHUB_EGRESS=off (an image without gpuhub-firewall), none."""
+    docker_cli = DockerCLI(environ)
+    try:
+        if config.egress.mode == egress.OFF:
+            _, said = host_firewall.remove(docker_cli)
+            said += " (GPUHUB_EGRESS=off)"
+        else:
+            _, said = host_firewall.ensure(
+                docker_cli, config.singleuser_image, [], config.guard_metrics_port
+            )
+    except host_firewall.FirewallError as e:
+        raise DeployError(str(e)) from None
+    log(f"firewall: {said}")
+
+
+def remove_host_firewall(log: Log, environ: Mapping[str, str] = os.environ) -> None:
+    """`make down`: no servers run here any more; the keeper and its rules go."""
+    try:
+        changed, said = host_firewall.remove(DockerCLI(environ))
+    except host_firewall.FirewallError as e:
+        raise DeployError(str(e)) from None
+    if changed:
+        log(f"firewall: {said}")
 
 
 def ensure_gpu_slices(
@@ -295,7 +330,7 @@ def ensure_secrets(config: Config, log: Log) -> list[str]:
         path = state / name
         if path.is_file() and path.stat().st_size:
             continue
-        private_file(path, secrets.token_hex(16) + "\n")
+        private_file(path, secrets.token_hex(GENERATED_BYTES.get(name, 16)) + "\n")
         made.append(name)
     if made:
         log(f"secrets generated in {state}: {', '.join(made)}")
@@ -449,6 +484,7 @@ def join_command(
     registry: str = "",
     guard: str = "",
     shared: str = "",
+    firewall: bool = True,
 ) -> str:
     """The lines an organizer runs on each GPU machine: the swarm's address and worker token,
     with ``registry`` (`make up`) where the machine pulls the servers' images, ``guard``
@@ -468,6 +504,8 @@ def join_command(
         extra = ""
     if image != contract.SINGLEUSER_IMAGE:
         extra += f" --image {image}"
+    if not firewall:  # GPUHUB_EGRESS=off: an image without gpuhub-firewall
+        extra += " --no-firewall"
     line = (
         f"sudo ./worker_setup/setup.sh --manager {addr}:2377 --token {token} "
         f"--slices-per-gpu {slices_per_gpu}{extra}{shared}{guard}"
@@ -501,6 +539,7 @@ def print_join_command(client, config: Config, log: Log | None = None) -> None:
             registry,
             guard_options(config),
             shared_folder_options(marked),
+            firewall=config.egress.mode != egress.OFF,
         )
     )
 

@@ -68,6 +68,18 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
             raise TraitError(f"{type(self).__name__}.allowed_organizations: " + "; ".join(wrong))
         return names
 
+    access_check_interval = Float(
+        30.0,
+        help="""
+        Seconds between the hub's checks that everyone with a running server or a recent login
+        may still be here (on the roster, or a member of `allowed_organizations`, asked of
+        GitHub with their own stored token); the access of those nothing lets in any more is
+        ended: their logins end and their servers stop, their files kept (access.py). 30 stops
+        a removed participant's server well within a minute. 0: only at their next login.
+        Needs `enable_auth_state` (and a crypt key) for the organization checks.
+        """,
+    ).tag(config=True)
+
     @default("custom_403_message")
     def _default_custom_403_message(self):
         return (
@@ -102,6 +114,24 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
             if version not in (self._roster_version, self._roster_refused_version):
                 await self._reload_roster(version)
         return self._roster
+
+    async def current_roster(self) -> frozenset[str] | None:
+        """The roster's usernames as ``roster_usernames`` reads them, or None when no reading
+        of the file in use succeeded (it is missing, or it never could be read): nobody then
+        knows who is on it."""
+        names = await self.roster_usernames()
+        if not os.path.exists(self.roster_file) or self._roster_version is None:
+            return None
+        return names
+
+    async def refresh_user(self, user, handler=None):
+        """Whether ``user``'s login still holds (JupyterHub asks every ``auth_refresh_age``
+        seconds on their requests, and before a spawn): the access check's judgement (access.py;
+        never a "no" GitHub did not give). Without the check, a login holds until its cookie
+        expires (oauthenticator's refresh would ask GitHub's ``/user`` instead, and turn its
+        failures into error pages)."""
+        check = getattr(self, "access_check", None)
+        return True if check is None else await check.refresh(user)
 
     async def _reload_roster(self, version: tuple) -> None:
         """Read the roster off the event loop; a file that cannot be read keeps the names."""

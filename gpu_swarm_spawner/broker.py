@@ -94,6 +94,11 @@ class GPUBroker:
         self._read_started = 0.0
         self._polled: tuple | None = None  # (the read, its tasks by service, its nodes by ID)
         self._usage: tuple | None = None  # (the tasks of a read, what they hold)
+        #: network name -> its address ranges, read once (a network's ranges never change;
+        #: `make down` removes it with the hub)
+        self.network_ranges: dict[str, list[str]] = {}
+        #: the swarm's nodes as the latest read gave them (None before the first)
+        self.last_nodes: list[dict] | None = None
         # the waiting line
         self.line_interval = 2.0  # seconds between reads of the swarm while anyone waits
         self._line: list[line.Entry] = []
@@ -140,7 +145,9 @@ class GPUBroker:
             shared = self._read = asyncio.ensure_future(read())
             self._read_started = loop.time()
         # shielded: a spawn cancelled while waiting does not cancel the read others share
-        return await asyncio.shield(shared)
+        result = await asyncio.shield(shared)
+        self.last_nodes = result[0]
+        return result
 
     def forget_read(self) -> None:
         """The swarm changed in a way the next reservation must see (a service removed and

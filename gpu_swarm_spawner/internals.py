@@ -32,6 +32,7 @@ from dockerspawner import SwarmSpawner
 from jupyterhub import apihandlers, handlers, orm
 from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.user import User
+from jupyterhub.utils import new_token
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from tornado.tcpserver import TCPServer
@@ -72,6 +73,11 @@ RELIES_ON = {
     "and DockerSpawner.client, the property that makes it",
     "database rows": "orm.APIToken.find(db, token), Spawner.orm_spawner (its user_options and "
     "state columns) and Spawner.user.db, the hub's database session",
+    "login sessions": "orm.User.cookie_id, which a browser's hub login cookie holds and "
+    "BaseHandler._user_for_cookie looks the user up by (a new value, from "
+    "jupyterhub.utils.new_token, makes every such cookie of the user invalid), and "
+    "orm.User.api_tokens, every API and OAuth token of the user (their servers' and the "
+    "tokens their browsers hold for their servers)",
 }
 
 #: the attribute a process-wide change carries: which change it is
@@ -241,18 +247,22 @@ def deepen_listen_backlog(backlog: int) -> None:
 
 
 def after_hub_start(then: Callable[[object], None]) -> None:
-    """``then(hub)`` once JupyterHub has started (it has no hook for that). Idempotent: the
-    first ``then`` stays."""
+    """``then(hub)`` once JupyterHub has started (it has no hook for that), after those given
+    before. Idempotent: a ``then`` given again (an equal one) is not added twice."""
     from jupyterhub.app import JupyterHub
 
     def make(start):
         async def start_then(hub):
             await start(hub)
-            then(hub)
+            for each in list(start_then.gpuhub_then):
+                each(hub)
 
         return start_then
 
     _replace(JupyterHub, "start", "after start", make)
+    thens = JupyterHub.start.__dict__.setdefault("gpuhub_then", [])
+    if then not in thens:
+        thens.append(then)
 
 
 def _after_start() -> bool:
@@ -361,3 +371,21 @@ class SpawnerInternals(SwarmSpawner):
         if found is not None:
             db.delete(found)
             db.commit()
+
+
+# ---- a user's logins ------------------------------------------------------------------------
+
+
+def end_sessions(user) -> int:
+    """Every login of JupyterHub's ``user`` ended: the hub cookie of each of their browsers no
+    longer names them (JupyterHub clears it and sends them to the login page), and every API
+    and OAuth token of theirs is removed (their server's, and those their browsers hold for
+    it). Returns how many tokens were removed. The user and their servers' state are kept."""
+    orm_user = user.orm_user
+    db = user.db
+    orm_user.cookie_id = new_token()
+    tokens = list(orm_user.api_tokens)
+    for token in tokens:
+        db.delete(token)
+    db.commit()
+    return len(tokens)

@@ -69,23 +69,45 @@ class Server:
     extra_placement_spec: dict = field(default_factory=dict)
     extra_endpoint_spec: dict = field(default_factory=dict)
     extra_create_kwargs: dict = field(default_factory=dict)
+    #: the server's own firewall (egress.server_rules), applied by the image's gpuhub-firewall
+    #: before it becomes the participant's user; "": none
+    firewall: str = ""
+
+
+#: the container's first command when it has a firewall to apply: the image's init, then
+#: gpuhub-firewall, which runs the server's command (the service's args) as jovyan
+FIREWALL_COMMAND = ["/usr/bin/tini", "--", "gpuhub-firewall", "server", "--"]
+
+
+def fenced(container: dict, rules: str) -> dict:
+    """``container`` (ContainerSpec's arguments) started by gpuhub-firewall: as root with
+    CAP_NET_ADMIN, which it keeps only until the rules are applied (it then becomes jovyan
+    with no capabilities at all), and the rules in GPUHUB_FIREWALL."""
+    return {
+        **container,
+        "command": FIREWALL_COMMAND,
+        "user": "0",
+        "cap_add": ["CAP_NET_ADMIN"],
+        # HOME for `docker exec` too, which now enters as root
+        "env": {**container["env"], "HOME": HOME_PATH, "GPUHUB_FIREWALL": rules},
+    }
 
 
 def create_kwargs(server: Server) -> dict:
     """``create_service``'s keyword arguments for ``server``."""
-    container = ContainerSpec(
-        **{
-            "image": server.image,
-            "env": server.env,
-            "labels": container_labels(server.user, server.holding),
-            "args": server.args,
-            "mounts": server.mounts,
-            **server.extra_container_spec,
-        }
-    )
+    container = {
+        "image": server.image,
+        "env": server.env,
+        "labels": container_labels(server.user, server.holding),
+        "args": server.args,
+        "mounts": server.mounts,
+        **server.extra_container_spec,
+    }
+    if server.firewall:
+        container = fenced(container, server.firewall)
     task_template = TaskTemplate(
         **{
-            "container_spec": container,
+            "container_spec": ContainerSpec(**container),
             "resources": resources(server.limits, server.extra_resources_spec, server.holding),
             "networks": [server.network] if server.network else [],
             "placement": placement(server.extra_placement_spec, server.holding),

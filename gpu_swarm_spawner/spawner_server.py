@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+from urllib.parse import urlsplit
 
 from docker.types import Resources
 from traitlets import HasTraits
 
 from . import (
     contract,
+    egress,
     naming,
     service_spec,
     tasks,
@@ -24,6 +26,11 @@ from .tasks import Phase
 #: refused connection costs the hub about 0.05 ms, and a server answers on average half this
 #: later than it could
 PORT_PROBE_S = 0.05
+
+
+def subnets_of(network: dict) -> list[str]:
+    """The address ranges of a network as the Engine API inspects it."""
+    return [c["Subnet"] for c in network.get("IPAM", {}).get("Config") or [] if c.get("Subnet")]
 
 
 class ServerSpec(HasTraits):
@@ -83,7 +90,38 @@ class ServerSpec(HasTraits):
             extra_placement_spec=self.extra_placement_spec,
             extra_endpoint_spec=self.extra_endpoint_spec,
             extra_create_kwargs=self.extra_create_kwargs,
+            firewall=await self.firewall_rules(),
         )
+
+    async def firewall_rules(self) -> str:
+        """The server's own firewall (``egress.server_rules``): the servers' network's ranges,
+        the proxy's port there (``hub_connect_url``'s), this server's port and the swarm's
+        machines as the latest read of the swarm has them; "" with ``egress`` off."""
+        policy = egress.read_egress(self.egress)
+        if policy.mode == egress.OFF:
+            return ""
+        net = egress.ServerNetwork(
+            subnets=tuple(await self._servers_subnets()),
+            proxy_port=urlsplit(self.hub_connect_url or "http://proxy:8000").port or 80,
+            server_port=self.port,
+            machines=egress.machine_addresses(await self._known_nodes()),
+        )
+        return egress.server_rules(policy, net)
+
+    async def _known_nodes(self) -> list[dict]:
+        """The swarm's nodes as the broker last read them (the reservation's read), without a
+        call of this server's own unless there was no read yet."""
+        if self.broker.last_nodes is None:
+            return await self.docker_read("nodes")
+        return self.broker.last_nodes
+
+    async def _servers_subnets(self) -> list[str]:
+        """The address ranges of the servers' network, read once per hub (the broker's)."""
+        known = self.broker.network_ranges.get(self.network_name)
+        if known is None:
+            network = await self.docker("inspect_network", self.network_name)
+            known = self.broker.network_ranges[self.network_name] = subnets_of(network)
+        return known
 
     def service_resources(self) -> Resources:
         return service_spec.resources(self.limits(), self.extra_resources_spec, self.holding())
@@ -188,10 +226,7 @@ class ServerSpec(HasTraits):
         (Swarm leaves it "new", without an error, when the network is out of addresses): fail
         with the organizer's fix when no address is left, else go on waiting (the manager may
         only be busy)."""
-        network = await self.docker("inspect_network", self.network_name)
-        subnets = [
-            c["Subnet"] for c in network.get("IPAM", {}).get("Config") or [] if c.get("Subnet")
-        ]
+        subnets = await self._servers_subnets()
         if not subnets:
             return
         nodes, all_tasks = await self.broker.read_swarm(self._read_swarm)

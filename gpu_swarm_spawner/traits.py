@@ -24,6 +24,7 @@ from traitlets import (
 )
 
 from . import contract, naming, placement, profiles
+from .egress import INTERNET, EgressError, read_egress
 from .internals import SpawnerInternals
 
 
@@ -138,6 +139,30 @@ class GPUSwarmSpawnerTraits(SpawnerInternals):
                 f"/srv/homes, got {value!r}"
             )
         return os.path.normpath(value) if value else ""
+
+    egress = Unicode(
+        INTERNET,
+        config=True,
+        help="""
+        What a participant's server may reach beyond the hub (gpu_swarm_spawner/egress.py,
+        docs/participants.md): ``internet`` (default: every public address, no private or
+        link-local one, so no cloud metadata service), ``none`` (nothing), or a list of host
+        names, IPv4 addresses or ranges, each with an optional TCP port, separated by spaces,
+        e.g. ``pypi.org files.pythonhosted.org:443 10.2.0.0/16``. Whatever it says, a server
+        reaches on the servers' network only the proxy's public port, takes connections only
+        on its own port, and never reaches the swarm's machines or 169.254.0.0/16. The server's
+        container applies these rules to itself before JupyterLab starts (``gpuhub-firewall``
+        in the single-user image). ``off``: no firewall in the servers, for an image without
+        ``gpuhub-firewall`` only.
+        """,
+    )
+
+    @validate("egress")
+    def _validate_egress(self, proposal):
+        try:
+            return read_egress(proposal.value).written()
+        except EgressError as e:
+            raise TraitError(f"GPUSwarmSpawner.egress: {e}") from None
 
     gpu_kind_prefixes = List(
         Unicode(),

@@ -80,6 +80,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="stop participants' servers here (engine restart, --leave) instead of refusing",
     )
+    parser.add_argument(
+        "--no-firewall",
+        action="store_true",
+        help="keep no rules for this machine's containers (worker_setup/host_firewall.py; "
+        "removed if kept before): only with GPUHUB_EGRESS=off, for an image without "
+        "gpuhub-firewall (make join-command adds it then)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     # what only the manager's own advertising uses (python -m worker_setup.advertise)
     parser.set_defaults(simulate_if_no_gpu=0, none_if_no_gpu=False)

@@ -83,6 +83,11 @@ class DockerCLI:
         """``sha256:...`` of a local image, "" when it is not here."""
         return self._json("image", "inspect", "--format", "{{json .Id}}", image) or ""
 
+    def container(self, name: str) -> dict | None:
+        """``docker container inspect NAME`` (``Config.Labels``, ``Config.Image``,
+        ``State.Running``), None when there is no such container."""
+        return self._json("container", "inspect", "--format", "{{json .}}", name)
+
     def service_containers(self) -> list[str]:
         """The Swarm service of each running task container here."""
         label = f'{{{{json (.Label "{DOCKER_SERVICE_LABEL}")}}}}'
@@ -99,6 +104,13 @@ class DockerCLI:
 
     def swarm_leave(self) -> str:
         return self._error("swarm", "leave", "--force")
+
+    def run_container(self, *args: str) -> str:
+        """``docker run ARGS``."""
+        return self._error("run", *args)
+
+    def remove_container(self, name: str) -> str:
+        return self._error("rm", "--force", name)
 
     def load(self, tar: str) -> str:
         return self._error("load", "-q", "-i", tar)

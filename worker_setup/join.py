@@ -15,11 +15,13 @@ Joining is a checklist of idempotent steps; a second run changes nothing and say
   restart      the engine restarts only when daemon.json changed
   guard        the GPU guard runs with the --guard-* settings (worker_setup/guard.py), as a
                systemd unit or a process of its own; restarted only when they changed
+  firewall     the machine's own rules for its containers kept by a container of the engine
+               (host_firewall.py): no metadata address, no manager, nothing of this machine
 
 With --registry (`make up` runs one on the manager) the images are pulled after the restart that
 makes the engine trust it. --leave waits for (--wait) or stops (--force) the participants'
-servers here, leaves the swarm, stops and removes the GPU guard and takes the GPU settings out
-of daemon.json again.
+servers here, leaves the swarm, stops and removes the GPU guard and the firewall's keeper (and
+its rules) and takes the GPU settings out of daemon.json again.
 
 For engines set up differently (the test bed's machines): DOCKER_HOST, GPUHUB_DAEMON_JSON,
 GPUHUB_DOCKERD_CMD (how to start dockerd), GPUHUB_DOCKERD_PIDFILE, GPUHUB_DOCKERD_LOG.
@@ -42,7 +44,7 @@ from pathlib import Path
 
 from gpu_swarm_spawner import contract
 
-from . import advertise, guard_service, shared_folders
+from . import advertise, guard_service, host_firewall, shared_folders
 from .docker_cli import DockerCLI
 from .engine import EngineError
 
@@ -413,6 +415,7 @@ def join(m: Machine) -> None:
         ensure_image(m)
         ensure_gpu_settings(m, plan)
     ensure_guard(m, plan)
+    ensure_host_firewall(m)
     for line in m.checklist.table():
         print(line)
     if m.args.dry_run:
@@ -484,6 +487,33 @@ def ensure_guard_stopped(m: Machine, reason: str) -> None:
         m.checklist.changed("guard", f"stopped and removed ({reason})")
 
 
+def ensure_host_firewall(m: Machine) -> None:
+    """The machine's own rules for its containers are kept here (host_firewall.py): no
+    metadata address, no manager, nothing of this machine. With --no-firewall, none."""
+    if m.args.no_firewall:
+        ensure_host_firewall_removed(m, " (--no-firewall)")
+        return
+    try:
+        changed, said = host_firewall.ensure(
+            m.docker,
+            m.image,
+            [m.manager] if m.manager else [],
+            m.args.guard_metrics_port,
+            m.args.dry_run,
+        )
+    except host_firewall.FirewallError as e:
+        raise Stop(str(e)) from None
+    (m.checklist.changed if changed else m.checklist.row)("firewall", said)
+
+
+def ensure_host_firewall_removed(m: Machine, why: str = "") -> None:
+    try:
+        changed, said = host_firewall.remove(m.docker, m.args.dry_run)
+    except host_firewall.FirewallError as e:
+        raise Stop(str(e)) from None
+    (m.checklist.changed if changed else m.checklist.row)("firewall", said + why)
+
+
 # ---- leaving ------------------------------------------------------------------------------
 
 
@@ -548,6 +578,7 @@ def leave(m: Machine) -> None:
         )
     ensure_left(m, users)
     ensure_guard_stopped(m, "leaving")
+    ensure_host_firewall_removed(m)
     ensure_gpu_settings_removed(m)
     for line in m.checklist.table():
         print(line)

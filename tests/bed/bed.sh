@@ -281,7 +281,8 @@ join_worker() {
       --advertise-addr "$(worker_addr "$w")" --simulate-gpus "$GPUS" \
       --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" --machine-id "bed-$w" \
       --image "$GPUHUB_SINGLEUSER_IMAGE" \
-      ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} "$@" )
+      ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} \
+      $([ "${GPUHUB_EGRESS:-}" != off ] || echo --no-firewall) "$@" )
 }
 
 needs_image() {

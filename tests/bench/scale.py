@@ -51,6 +51,8 @@ SCALE = {
     "PIDS_LIMIT": "256",
     "START_TIMEOUT": "300",
     "IDLE_TIMEOUT": "0",
+    # busybox only: no gpuhub-firewall to start the servers with (scale.sh, the machines too)
+    "EGRESS": "off",
 }
 bench.VARIANTS["scale-gpu"] = {
     **SCALE,

@@ -10,6 +10,8 @@ export GPUHUB_BED_GPUS=5 GPUHUB_SLICES_PER_GPU=10 GPUHUB_SIMULATE_IF_NO_GPU=0
 # the stock baseline reserves named slots (the original workshop's form): advertise them too
 export GPUHUB_NAMED_SLOTS=NVIDIA-GPU
 export GPUHUB_CONFIG=none
+# the stand-in server (busybox) has no gpuhub-firewall: no firewall in the servers or the machines
+export GPUHUB_EGRESS=off
 eval "$(bash tests/bed/bed.sh env | sed 's/^/export /')"
 trap 'bash tests/bed/bed.sh down >/dev/null 2>&1 || true' EXIT
 bash tests/bed/bed.sh up 0

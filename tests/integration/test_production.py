@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import docker
@@ -194,6 +195,34 @@ def test_gpu_machines_joined_with_registry_pull_the_image_from_it(production):
             assert engine.images.get(name).id == image_id, (worker, name)
         daemon_json = json.loads(Path(BED["BED_DATA"], worker, "daemon.json").read_text())
         assert f"{BED_MANAGER}:{REGISTRY_PORT}" in daemon_json["insecure-registries"]
+
+
+def test_the_registry_takes_no_push_or_delete_from_the_network(production):
+    """Issue 39: the registry the GPU machines pull from is read-only to everyone who reaches
+    it: a GPU machine's engine (root there) cannot push a replacement for the servers' image,
+    and a DELETE of its manifest is refused; the pulls above still work. `make up` pushed
+    through its writer on the manager's loopback, which is gone afterwards."""
+    registry = f"{BED_MANAGER}:{REGISTRY_PORT}"
+    worker = next(iter(production.joins))
+    engine = docker.DockerClient(base_url=f"unix://{BED_RUN / worker}.sock")
+    image = engine.images.get(f"{registry}/gpu-jupyterhub/singleuser:latest")
+    image.tag(f"{registry}/gpu-jupyterhub/singleuser", "replaced")
+    said = list(engine.images.push(f"{registry}/gpu-jupyterhub/singleuser", "replaced",
+                                   stream=True, decode=True))  # fmt: skip
+    assert any("error" in event for event in said), said
+    base = f"http://{registry}/v2/gpu-jupyterhub/singleuser"
+    accept = {"Accept": "application/vnd.docker.distribution.manifest.v2+json"}
+    head = requests.head(f"{base}/manifests/latest", headers=accept, timeout=10)
+    assert head.status_code == 200
+    digest = head.headers["Docker-Content-Digest"]
+    deleted = requests.delete(f"{base}/manifests/{digest}", timeout=10)
+    assert deleted.status_code >= 400, deleted.status_code
+    assert requests.head(f"{base}/manifests/latest", headers=accept, timeout=10).status_code == 200
+    assert (
+        requests.head(f"{base}/manifests/replaced", headers=accept, timeout=10).status_code == 404
+    )
+    writer = f"{production.settings['GPUHUB_STACK']}-registry-push"
+    assert not docker.from_env().containers.list(all=True, filters={"name": writer})
 
 
 def test_https_with_the_generated_certificate_and_http_redirects(production):
@@ -504,6 +533,90 @@ def test_an_admin_sees_the_admin_page_and_a_participant_does_not(production, pag
     participant.wait_for_url("**/user/alice/**", timeout=60_000)
     response = participant.goto(f"{production.url}/hub/admin")
     assert response.status == 403
+
+
+def removed_within_a_minute(production, page, login: str, remove, reasons: tuple) -> None:
+    """``login`` logs in, starts a server and writes a file in her home; ``remove()`` is the
+    organizer taking her off; within 60 s her server is stopped (its home kept), her browser's
+    login no longer works, the hub's log says why, and logging in again is refused."""
+    github_login(page, production.url, login)
+    start_from_spawn_page(page, "PyTorch")
+    page.wait_for_selector(".jp-LabShell", timeout=180_000)
+    container = container_of(f"jy-{login}")
+    wrote = container.exec_run(["sh", "-c", "echo kept > ~/notes.txt"], user="jovyan")
+    assert wrote.exit_code == 0, wrote.output
+    (home,) = [m["Name"] for m in container.attrs["Mounts"] if m["Destination"] == "/home/jovyan"]
+    engine, image = container.client, container.image.id  # the machine that ran it
+
+    remove()
+    removed = time.monotonic()
+    production.hub.wait_stopped(login, timeout=60)
+    took = time.monotonic() - removed
+    (ARTIFACTS / f"access-ended-{login}.txt").write_text(f"server stopped {took:.1f} s after\n")
+    print(f"{login}: server stopped {took:.1f} s after the removal")
+
+    hub_log = container_of(f"{production.hub.stack}_hub").logs(tail=500).decode(errors="replace")
+    # the reason names what let her in, once a check has seen her in (every 30 s)
+    said = [f"Access of {login} ended: {reason}; logins ended" in hub_log for reason in reasons]
+    assert any(said), hub_log[-3000:]
+    # the browser's login is over: the hub asks for a login, her server's address too
+    page.goto(f"{production.url}/hub/home")
+    assert "/hub/login" in page.url, page.url
+    page.goto(f"{production.url}/user/{login}/lab")
+    assert "/hub/login" in page.url, page.url
+    # the home is kept, with her file, on the machine that ran her server
+    read = engine.containers.run(
+        image, ["cat", "/home/jovyan/notes.txt"], volumes={home: {"bind": "/home/jovyan"}},
+        remove=True, user="root", entrypoint=[],
+    )  # fmt: skip
+    assert read.decode().strip() == "kept"
+    # logging in again: the participant list's refusal
+    github_login(page, production.url, login)
+    page.wait_for_load_state()
+    assert "not on this workshop's participant list" in page.inner_text("body")
+    page.screenshot(path=str(ARTIFACTS / f"access-ended-{login}.png"))
+
+
+def test_a_participant_taken_off_the_roster_is_stopped_within_a_minute(production, page):
+    before = production.roster.read_text()
+
+    def remove():
+        production.roster.write_text(before.replace("rosa\n", "ruth\n"))  # never empty
+        make("roster", production.config)
+
+    try:
+        removed_within_a_minute(
+            production,
+            page,
+            "rosa",
+            remove,
+            (
+                "not on the roster any more, nor a member of gpu-school:tutors or gpu-workshop",
+                "not a member of gpu-school:tutors or gpu-workshop, nor on the roster",
+            ),
+        )
+    finally:
+        production.roster.write_text(before)
+        make("roster", production.config)
+        production.hub.stop("rosa")
+
+
+def test_a_participant_taken_off_the_team_is_stopped_within_a_minute(production, page):
+    team = production.github.teams["gpu-school:tutors"]
+    try:
+        removed_within_a_minute(
+            production,
+            page,
+            "tom",
+            lambda: team.discard("tom"),
+            (
+                "no longer a member of gpu-school:tutors, nor of gpu-workshop, nor on the roster",
+                "not a member of gpu-school:tutors or gpu-workshop, nor on the roster",
+            ),
+        )
+    finally:
+        team.add("tom")
+        production.hub.stop("tom")
 
 
 def test_the_hub_database_and_cookie_secret_survive_down_and_up(production, page):

@@ -189,8 +189,21 @@ def test_join_with_the_printed_line_makes_the_slices_usable(machine, image_tar):
     assert labels["gpu-jupyterhub.slices-per-gpu"] == "3"
     assert labels["gpu-jupyterhub.simulated"] == "true"
     assert all(labels[MEMORY_LABEL + g.uuid] == "16384" for g in gpus)
-    for step in ("checks", "engine", "swarm", "image", "daemon.json", "restart"):
+    for step in ("checks", "engine", "swarm", "image", "daemon.json", "restart", "firewall"):
         assert f"\n  {step} " in result.stdout, f"summary row {step} missing:\n{result.stdout}"
+    # the machine's own rules for its containers (issue 39), in its own iptables: kept by a
+    # container of its engine that comes back with it
+    keeper = on_machine(
+        "docker inspect -f '{{.State.Running}} {{.HostConfig.RestartPolicy.Name}}' gpuhub-firewall"
+    )
+    assert keeper.stdout.split() == ["true", "always"], keeper.stdout + keeper.stderr
+    deadline = time.monotonic() + 30
+    while "GPUHUB-FORWARD" not in (rules := on_machine("iptables -S DOCKER-USER").stdout):
+        assert time.monotonic() < deadline, rules
+        time.sleep(1)
+    forward = on_machine("iptables -S GPUHUB-FORWARD").stdout
+    assert "-d 169.254.0.0/16 -j REJECT" in forward, forward
+    assert f"-d {BED_MANAGER}/32 -j REJECT" in forward, forward
     # the GPU step ran in a venv of its own holding nvidia-ml-py (and the guard's
     # prometheus-client) only
     packages = on_machine("/opt/gpu-jupyterhub/worker-venv/bin/pip list --format=freeze")
@@ -266,6 +279,10 @@ def test_leave_takes_the_machine_out_and_removes_the_gpu_settings(machine):
     while time.monotonic() < deadline and machine_gpus():
         time.sleep(0.5)
     assert machine_gpus() == [], "the spawner must not see the machine's GPUs any more"
+    # the firewall's keeper and its rules are gone too
+    assert "removed gpuhub-firewall and its rules" in result.stdout
+    assert on_machine("docker inspect gpuhub-firewall").returncode != 0
+    assert "GPUHUB" not in on_machine("iptables -S").stdout
     again = setup("--leave")
     assert again.returncode == 0 and "not in a swarm" in again.stdout
 

@@ -106,12 +106,49 @@ class FakeImages:
             yield {"status": "Preparing"}
             yield {"error": "denied", "errorDetail": {"message": "denied: not allowed"}}
             return
+        host = repository.split("/", 1)[0]
+        if host not in self.engine.registry_writers:
+            yield {"error": "denied", "errorDetail": {"message": f"{host}: read-only registry"}}
+            return
         image = self.engine.tags[name]
         digest = "sha256:" + hashlib.sha256(image.id.encode()).hexdigest()
-        self.engine.registry[name] = digest
+        self.engine.registry[name.split("/", 1)[1]] = digest  # its storage: NAME:TAG
         image.attrs["RepoDigests"].append(f"{repository}@{digest}")
         yield {"status": "Pushed"}
         yield {"aux": {"Tag": tag, "Digest": digest}}
+
+
+class FakeContainer:
+    """A container ``containers.run`` started (the registry's writer): it runs, answers and is
+    removed with ``api.remove_container``."""
+
+    def __init__(self, engine: FakeDocker, name: str, kwargs: dict):
+        self.engine, self.name, self.kwargs = engine, name, kwargs
+        self.status = "running"
+
+    def reload(self) -> None:
+        pass
+
+    def logs(self, **kwargs) -> bytes:
+        return b""
+
+    def exec_run(self, command, **kwargs):
+        return SimpleNamespace(exit_code=0, output=b"")
+
+
+class FakeContainers:
+    def __init__(self, engine: FakeDocker):
+        self.engine = engine
+
+    def run(self, image, command=None, name=None, detach=False, **kwargs):
+        assert detach and name, "only detached, named containers here"
+        self.engine.changes.append(("run", name))
+        self.engine.runs.append((name, kwargs))
+        self.engine.containers_running[name] = FakeContainer(self.engine, name, kwargs)
+        address = (kwargs.get("environment") or {}).get("REGISTRY_HTTP_ADDR")
+        if address:
+            self.engine.registry_writers.add(address)
+        return self.engine.containers_running[name]
 
 
 class FakeNode:
@@ -240,6 +277,14 @@ class FakeAPI:
     def volumes(self, filters=None):
         return {"Volumes": copy.deepcopy(_labelled(self.engine.volumes, filters)), "Warnings": []}
 
+    def remove_container(self, name: str, force=False):
+        container = self.engine.containers_running.pop(name, None)
+        if container is None:
+            raise _not_found(f"container {name}")
+        self.engine.changes.append(("remove container", name))
+        address = (container.kwargs.get("environment") or {}).get("REGISTRY_HTTP_ADDR")
+        self.engine.registry_writers.discard(address)
+
     def remove_volume(self, name: str, force=False):
         volume = next((v for v in self.engine.volumes if v["Name"] == name), None)
         if volume is None:
@@ -279,7 +324,11 @@ class FakeDocker:
         self.push_fails: set[str] = set()
         self.context_version = 1  # change it: the next build gives a new image
         self.builds: list[dict] = []
-        self.registry: dict[str, str] = {}  # pushed name -> digest
+        self.registry: dict[str, str] = {}  # the registry's storage: NAME:TAG -> digest
+        #: the addresses that take pushes (a writer the deploy runs)
+        self.registry_writers: set[str] = set()
+        self.containers_running: dict[str, FakeContainer] = {}
+        self.runs: list[tuple[str, dict]] = []  # containers.run: (name, its keyword arguments)
         self.node_list: list[dict] = [node("vm", ["GPU-simulated-0035969e-0=3"])]
         self.services: dict[str, dict] = {}  # the stack's, by name
         self.user_services: list[dict] = []
@@ -296,6 +345,7 @@ class FakeDocker:
         self.api = FakeAPI(self)
         self.swarm = FakeSwarm(self)
         self.images = FakeImages(self)
+        self.containers = FakeContainers(self)
         self.nodes = FakeNodes(self)
 
     # the high-level client
@@ -363,3 +413,44 @@ def node(hostname: str, kinds: list[str], availability: str = "active") -> dict:
         "Spec": {"Availability": availability, "Role": "manager", "Labels": {}},
         "Description": {"Hostname": hostname, "Resources": {"GenericResources": resources}},
     }
+
+
+class FakeDockerCLI:
+    """worker_setup's DockerCLI over the fake engine, for what the deploy runs through the
+    ``docker`` command (the firewall's keeper): ``docker run --detach --name NAME`` is a
+    container of ``engine.containers_running``."""
+
+    def __init__(self, engine: FakeDocker):
+        self.engine = engine
+
+    def __call__(self, environ=None):  # steps.DockerCLI(environ)
+        return self
+
+    def container(self, name: str) -> dict | None:
+        found = self.engine.containers_running.get(name)
+        if found is None:
+            return None
+        kw = found.kwargs
+        return {
+            "Config": {"Image": kw["image"], "Labels": kw["labels"], "Env": kw["env"]},
+            "State": {"Running": True},
+        }
+
+    def run_container(self, *args: str) -> str:
+        words = list(args)
+
+        def values(flag):
+            return [words[i + 1] for i, w in enumerate(words) if w == flag]
+
+        name = (values("--name") or ["(one-off)"])[0]
+        self.engine.changes.append(("docker run", name, words[-1]))
+        if "--detach" in words:
+            labels = dict(v.split("=", 1) for v in values("--label"))
+            kwargs = {"image": words[-2], "labels": labels, "env": values("--env")}
+            self.engine.containers_running[name] = FakeContainer(self.engine, name, kwargs)
+        return ""
+
+    def remove_container(self, name: str) -> str:
+        self.engine.changes.append(("docker rm", name))
+        self.engine.containers_running.pop(name, None)
+        return ""

@@ -27,7 +27,7 @@ from gpu_swarm_spawner import contract
 from worker_setup import advertise, engine
 
 from .config_lines import CORPUS, SECRET, Refused, expected, key_of
-from .fake_engine import FakeDocker, node, running_task
+from .fake_engine import FakeDocker, FakeDockerCLI, node, running_task
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -282,7 +282,8 @@ def test_secrets_are_generated_once(tmp_path, said):
     assert state.stat().st_mode & 0o777 == 0o700
     first = {name: (state / name).read_text() for name in made}
     for name, text in first.items():
-        assert re.fullmatch(r"[0-9a-f]{32}\n", text)
+        digits = 64 if name == "crypt_key" else 32  # auth_state's key: 32 bytes, in hex
+        assert re.fullmatch(rf"[0-9a-f]{{{digits}}}\n", text), name
         assert (state / name).stat().st_mode & 0o777 == 0o600
     assert len(set(first.values())) == len(first)
     assert steps.ensure_secrets(config, said.log) == []
@@ -706,9 +707,10 @@ def machine(fake, monkeypatch):
     monkeypatch.setattr(advertise, "main", Advertiser([0] * 10))
     monkeypatch.setattr(stack, "hub_answers", lambda config, environ: True)
     monkeypatch.setattr(registry, "registry_answers", lambda url: True)
+    monkeypatch.setattr(steps, "DockerCLI", FakeDockerCLI(fake))
 
     def digest(base, repository, version):
-        return fake.registry.get(f"127.0.0.1:5000/{repository}:{version}", "")
+        return fake.registry.get(f"{repository}:{version}", "")
 
     monkeypatch.setattr(registry, "registry_digest", digest)
     return fake
@@ -742,6 +744,9 @@ def test_make_demo_twice(tmp_path, machine, capsys):
     assert f"hub answers at http://127.0.0.1:{port}" in out
     changed = list(machine.changes)
     assert ("swarm init", "10.0.0.5") in changed
+    # the manager's own rules for its containers, as a GPU machine's join keeps them
+    assert ("docker run", "gpuhub-firewall", "host") in changed
+    assert "firewall: started gpuhub-firewall" in out
     assert cli.main(["demo"], environ) == 0
     again = capsys.readouterr().out
     assert machine.changes == changed  # nothing changed the second time
@@ -751,6 +756,7 @@ def test_make_demo_twice(tmp_path, machine, capsys):
         f"ports: {port} free",
         "unchanged: gpuhub_hub",
         "secrets: kept those",
+        "firewall: kept (",
     ]:
         assert says in again
 
@@ -800,11 +806,18 @@ def test_make_up_publishes_the_images_under_the_registrys_names(tmp_path, machin
         deploy["env"]["GPUHUB_ENVIRONMENTS"]
         == "Standin=10.0.0.5:5000/gpu-jupyterhub/standin:latest"
     )
-    pushed = [c[1] for c in machine.changes if c[0] == "push"]
+    pushed = [c for c in machine.changes if c[0] in ("push", "run", "remove container")]
+    # through the registry's writer on the manager's loopback (the registry itself is read-only)
     assert pushed == [
-        "127.0.0.1:5000/gpu-jupyterhub/singleuser:latest",
-        "127.0.0.1:5000/gpu-jupyterhub/standin:latest",
+        ("run", "gpuhub-registry-push"),
+        ("push", "127.0.0.1:5001/gpu-jupyterhub/singleuser:latest"),
+        ("push", "127.0.0.1:5001/gpu-jupyterhub/standin:latest"),
+        ("remove container", "gpuhub-registry-push"),
     ]
+    (run,) = [kw for name, kw in machine.runs if name == "gpuhub-registry-push"]
+    assert run["network_mode"] == "host"
+    assert run["environment"] == {"REGISTRY_HTTP_ADDR": "127.0.0.1:5001"}
+    assert machine.registry_writers == set()  # nothing takes pushes afterwards
     assert machine.images.get("10.0.0.5:5000/gpu-jupyterhub/singleuser:latest")  # tagged here
     assert f"settings checked: {config_file}" in out
     assert "GPU JupyterHub is up: http://10.0.0.5:" in out
@@ -827,14 +840,14 @@ def test_a_failed_push_after_the_deploy_says_how_to_remove_it(tmp_path, machine,
         "GPUHUB_HOSTNAME=10.0.0.5\nGPUHUB_TLS=off\nGPUHUB_AUTH=local\nGPUHUB_ADMIN_USERS=ada\n"
         "GPUHUB_CPU_LIMIT=1\nGPUHUB_MEM_LIMIT=1G\nGPUHUB_PIDS_LIMIT=1024\n"
     )
-    machine.push_fails.add("127.0.0.1:5000/gpu-jupyterhub/singleuser:latest")
+    machine.push_fails.add("127.0.0.1:5001/gpu-jupyterhub/singleuser:latest")
     environ = environ_for(
         tmp_path, GPUHUB_CONFIG=str(config_file), GPUHUB_ADVERTISE_ADDR="10.0.0.5"
     )
     assert cli.main(["up"], environ) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        "error: docker push 127.0.0.1:5000/gpu-jupyterhub/singleuser:latest failed: "
+        "error: docker push 127.0.0.1:5001/gpu-jupyterhub/singleuser:latest failed: "
         "denied: not allowed",
         commands.STOPPED_UP,
     ]
@@ -848,6 +861,10 @@ def test_make_down_twice_and_with_purge(tmp_path, machine, capsys, monkeypatch):
     assert cli.main(["down"], environ) == 0
     out = capsys.readouterr().out
     assert "removing stack gpuhub" in out
+    # no servers run here any more: the firewall's keeper and its rules go too
+    assert "firewall: removed gpuhub-firewall and its rules" in out
+    assert ("docker run", "(one-off)", "host-remove") in machine.changes
+    assert "gpuhub-firewall" not in machine.containers_running
     assert (
         "kept the hub database and user homes (volumes); remove them too with: make down PURGE=1"
         in out
@@ -881,6 +898,12 @@ def test_make_down_without_an_engine_has_nothing_to_remove(tmp_path, monkeypatch
 
 
 # ---- machines: join line, pause, image file -----------------------------------------------------
+
+
+def test_the_join_line_keeps_no_firewall_only_when_the_servers_have_none():
+    line = steps.join_command("10.0.0.5", "T", 3, contract.SINGLEUSER_IMAGE, firewall=False)
+    assert line.endswith("--slices-per-gpu 3 --no-firewall")
+    assert "--no-firewall" not in steps.join_command("10.0.0.5", "T", 3, contract.SINGLEUSER_IMAGE)
 
 
 def test_the_join_line_names_the_registry_when_the_stack_runs_one():
@@ -999,6 +1022,7 @@ def test_each_odd_line_reaches_the_stack_as_meant_or_stops_the_deploy(
     config_file = tmp_path / "config.env"
     config_file.write_text(f"# the organizer's file\n{line}\n", newline="")
     config_file.chmod(0o600)
+    monkeypatch.setattr(steps, "DockerCLI", FakeDockerCLI(fake))
     monkeypatch.setattr(stack, "hub_answers", lambda config, environ: True)
     steps.ensure_images(fake, make_config(tmp_path), Log(out=io.StringIO()))
     # a hostname for the lines that turn HTTPS on

@@ -24,7 +24,7 @@ from deploy.limits import Machine
 from deploy.settings import SettingsError, key_of, read
 from deploy.steps import GENERATED
 from deploy.values import GIB
-from gpu_swarm_spawner import GPUSwarmSpawner, contract, internals
+from gpu_swarm_spawner import GPUSwarmSpawner, access, contract, internals
 from gpu_swarm_spawner.auth import WorkshopGitHubOAuthenticator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,6 +44,7 @@ def hub_config(tmp_path, monkeypatch):
         "metrics_token": "m" * 32,
         "demo_password": DEMO_PASSWORD,
         "admin_password": ADMIN_PASSWORD,
+        "crypt_key": "c" * 64,  # 32 bytes, hex
     }.items():
         (secrets / name).write_text(value + "\n")  # openssl rand -hex 16 ends with a newline
     monkeypatch.setenv("GPUHUB_SECRETS_DIR", str(secrets))
@@ -94,6 +95,12 @@ def test_github_login_does_not_use_the_shared_passwords(hub_config, tmp_path):
     config = hub_config(AUTH="github", GITHUB_CLIENT_ID="Iv1.abc")
     assert config.JupyterHub.authenticator_class.endswith("WorkshopGitHubOAuthenticator")
     assert "SharedPasswordAuthenticator" not in config
+    # the participants' GitHub tokens are kept, encrypted with the generated key, for the
+    # access check (access.py), which starts with the hub
+    assert config.WorkshopGitHubOAuthenticator.enable_auth_state is True
+    assert config.CryptKeeper["keys"] == ["c" * 64]
+    assert config.WorkshopGitHubOAuthenticator.access_check_interval == 30
+    assert access.start in JupyterHub.start.gpuhub_then
     import_item(config.JupyterHub.authenticator_class)  # importable as written
 
 

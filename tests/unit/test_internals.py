@@ -13,6 +13,7 @@ import inspect
 import re
 import sqlite3
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from dockerspawner import DockerSpawner, SwarmSpawner
@@ -23,6 +24,7 @@ from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.handlers.pages import SpawnHandler
 from jupyterhub.spawner import Spawner
 from jupyterhub.user import User
+from jupyterhub.utils import new_token
 from sqlalchemy import create_engine, text
 from tornado.tcpserver import TCPServer
 
@@ -126,6 +128,13 @@ def contract_database_rows():
     assert isinstance(inspect.getattr_static(Spawner, "orm_spawner"), object)
 
 
+def contract_login_sessions():
+    column = orm.User.__table__.columns["cookie_id"]
+    assert column.unique and column.default.arg.__name__ == new_token.__name__
+    assert "orm.User.cookie_id == cookie_id" in inspect.getsource(BaseHandler._user_for_cookie)
+    assert orm.User.api_tokens.property.mapper.class_ is orm.APIToken
+
+
 CONTRACTS = {name: globals()[f"contract_{name.replace(' ', '_')}"] for name in internals.RELIES_ON}
 
 
@@ -197,10 +206,35 @@ def test_an_after_start_hook_runs_once_the_hub_has_started(monkeypatch):
         order.append("started")
 
     monkeypatch.setattr(JupyterHub, "start", start)
-    internals.after_hub_start(lambda hub: order.append(("then", hub)))
-    internals.after_hub_start(lambda hub: order.append("a second hook"))  # idempotent
+
+    def then(hub):
+        order.append(("then", hub))
+
+    internals.after_hub_start(then)
+    internals.after_hub_start(lambda hub: order.append("a second hook"))
+    internals.after_hub_start(then)  # idempotent: given again, run once
     asyncio.run(JupyterHub.start("hub"))
-    assert order == ["started", ("then", "hub")]
+    assert order == ["started", ("then", "hub"), "a second hook"]
+
+
+def test_ending_a_users_sessions_invalidates_their_cookie_and_tokens():
+    """On JupyterHub's own database: the cookie's id changes (a browser's cookie then finds
+    nobody), every token of theirs goes, and nobody else's."""
+    db = orm.new_session_factory("sqlite://")()
+    ada, bob = orm.User(name="ada"), orm.User(name="bob")
+    db.add_all([ada, bob, orm.OAuthClient(identifier="jupyterhub")])
+    db.commit()
+    cookie = ada.cookie_id
+    ada.new_api_token(note="server")
+    ada.new_api_token(note="browser")
+    kept = bob.new_api_token(note="bob's")
+
+    user = SimpleNamespace(orm_user=ada, db=db)  # what of JupyterHub's User it reads
+    assert internals.end_sessions(user) == 2
+    assert ada.cookie_id != cookie and ada.cookie_id
+    assert db.query(orm.User).filter(orm.User.cookie_id == cookie).first() is None
+    assert ada.api_tokens == [] and orm.APIToken.find(db, kept) is not None
+    assert db.query(orm.User).filter_by(name="ada").one().cookie_id == ada.cookie_id
 
 
 # ---- versions ---------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from deploy.settings import (
     typed_attributes,
 )
 from deploy.values import GIB, MIB
+from gpu_swarm_spawner.egress import Egress
 from tutorial_sync.repos import Repo
 
 from .config_lines import CORPUS, SECRET, Refused, expected, key_of
@@ -604,6 +605,7 @@ TYPES = {
     "list[str]": list,
     "list[Repo]": list,
     "dict[str, str]": dict,
+    "Egress": Egress,
 }
 
 

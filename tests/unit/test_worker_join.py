@@ -44,6 +44,7 @@ class FakeEngine:
         self.node_id = "w7node" if swarm != "inactive" else ""
         self.log = ""  # what the engine logged lately
         self.leave_errors: list[str] = []  # what its next leaves answer
+        self.containers: dict[str, dict] = {}  # name -> what `docker container inspect` says
         self.changes: list[tuple] = []
 
     def running(self):
@@ -75,6 +76,31 @@ class FakeEngine:
 
     def service_containers(self):
         return [*self.servers, "gpuhub_net-anchor"]
+
+    def container(self, name):
+        return self.containers.get(name)
+
+    def run_container(self, *args):
+        """``docker run``: a detached, named container is kept (its labels, image and
+        environment as inspect shows them); a --rm one only recorded."""
+        words = list(args)
+        self.changes.append(("run", words[-1]))
+        if "--detach" in words:
+            values = lambda flag: [words[i + 1] for i, w in enumerate(words) if w == flag]  # noqa: E731
+            self.containers[values("--name")[0]] = {
+                "Config": {
+                    "Image": words[-2],
+                    "Labels": dict(v.split("=", 1) for v in values("--label")),
+                    "Env": values("--env"),
+                },
+                "State": {"Running": True},
+            }
+        return ""
+
+    def remove_container(self, name):
+        self.changes.append(("rm", name))
+        self.containers.pop(name, None)
+        return ""
 
     def swarm_join(self, token, manager, advertise_addr=""):
         self.changes.append(("join", manager, advertise_addr))
@@ -186,7 +212,13 @@ def test_a_fresh_machine_joins_and_a_second_run_changes_nothing(daemon_json, man
     engine.pullable[IMAGE] = "sha256:" + "a" * 64
     assert setup(engine, daemon_json, manager) == 0
     out = capsys.readouterr().out
-    assert engine.changes == [("start",), ("join", manager, ""), ("pull", IMAGE), ("restart",)]
+    assert engine.changes == [
+        ("start",),
+        ("join", manager, ""),
+        ("pull", IMAGE),
+        ("restart",),
+        ("run", "host"),  # the firewall's keeper
+    ]
     assert summary(out) == {
         "checks": f"root, python3, {daemon_json}, manager {manager} answers",
         "shared": "no shared folders named in the join line",
@@ -197,6 +229,8 @@ def test_a_fresh_machine_joins_and_a_second_run_changes_nothing(daemon_json, man
         "daemon.json": "slices and labels written (backup kept)",
         "restart": "engine restarted",
         "guard": "not running (simulated GPUs: no NVML to read)",
+        "firewall": "started gpuhub-firewall (containers here reach no metadata address, "
+        "manager or port of this machine)",
     }
     assert out.endswith(
         "\n\ndone: this machine's GPU slices are available to the hub in a few seconds\n"
@@ -237,6 +271,8 @@ def test_dry_run_prints_the_plan_and_the_diff_and_changes_nothing(daemon_json, m
         "image": f"would pull {IMAGE}",
         "daemon.json": "would change (diff above)",
         "guard": "not running (simulated GPUs: no NVML to read)",
+        "firewall": "would start its keeper gpuhub-firewall (containers here reach no "
+        "metadata address, manager or port of this machine)",
     }
     assert f"      {daemon_json} would change:\n" in out
     assert '      +    "GPU-simulated-' in out and "gpu-jupyterhub.gpu-count=2" in out
@@ -483,7 +519,58 @@ def test_servers_running_here_keep_the_engine_from_restarting(daemon_json, manag
     assert "would stop the servers running here: jy-alice jy-bob--gpu; run this again" in line
     assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
     assert setup(engine, daemon_json, manager, "--force") == 0
-    assert engine.changes == [("restart",)]
+    assert engine.changes == [("restart",), ("run", "host")]
+
+
+def test_the_firewalls_keeper_holds_the_managers_address_and_is_replaced_only_on_change(
+    daemon_json, manager, capsys
+):
+    """The keeper runs the single-user image's gpuhub-firewall with the host's network, after
+    every restart of the engine (restart always), with rules that close the metadata range, the
+    manager and this machine; a second join keeps it, a new image replaces it, a leave takes
+    it and its rules out."""
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    assert setup(engine, daemon_json, manager) == 0
+    capsys.readouterr()
+    keeper = engine.containers["gpuhub-firewall"]
+    env = dict(e.split("=", 1) for e in keeper["Config"]["Env"])
+    address = manager.split(":")[0]
+    assert f"-A GPUHUB-FORWARD -d {address}/32 -j REJECT" in env["GPUHUB_HOST_RULES"]
+    assert "-A GPUHUB-FORWARD -d 169.254.0.0/16 -j REJECT" in env["GPUHUB_HOST_RULES"]
+    assert env["GPUHUB_HOST_HOOKS"].splitlines() == [
+        "DOCKER-USER -i docker_gwbridge -j GPUHUB-FORWARD",
+        "INPUT -i docker_gwbridge -j GPUHUB-INPUT",
+    ]
+    assert keeper["Config"]["Image"] == IMAGE
+
+    engine.changes = []
+    assert setup(engine, daemon_json, manager) == 0
+    assert engine.changes == []
+    assert summary(capsys.readouterr().out)["firewall"].startswith("kept (")
+
+    engine.images["example.org/su:8"] = "sha256:2"
+    assert setup(engine, daemon_json, manager, "--image", "example.org/su:8") == 0
+    assert engine.changes[-2:] == [("rm", "gpuhub-firewall"), ("run", "host")]
+    assert summary(capsys.readouterr().out)["firewall"].startswith("replaced gpuhub-firewall")
+    assert engine.containers["gpuhub-firewall"]["Config"]["Image"] == "example.org/su:8"
+
+
+def test_no_firewall_keeps_none_and_takes_out_a_kept_one(daemon_json, manager, capsys):
+    """--no-firewall (GPUHUB_EGRESS=off, an image without gpuhub-firewall): no keeper; one kept
+    before is removed with its rules."""
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    assert setup(engine, daemon_json, manager, "--no-firewall") == 0
+    assert summary(capsys.readouterr().out)["firewall"] == "no rules of ours here (--no-firewall)"
+    assert "gpuhub-firewall" not in engine.containers
+    assert setup(engine, daemon_json, manager) == 0
+    assert "gpuhub-firewall" in engine.containers
+    capsys.readouterr()
+    engine.changes = []
+    assert setup(engine, daemon_json, manager, "--no-firewall") == 0
+    assert engine.changes == [("rm", "gpuhub-firewall"), ("run", "host-remove")]
+    assert summary(capsys.readouterr().out)["firewall"] == (
+        "removed gpuhub-firewall and its rules (--no-firewall)"
+    )
 
 
 # ---- the single-user image: --image-tar, or every image of the manager's registry ------------
@@ -596,7 +683,7 @@ def test_with_a_registry_every_image_of_it_is_pulled_after_the_engine_trusts_it(
 
     assert setup(engine, daemon_json, manager, "--registry", registry) == 0
     out = capsys.readouterr().out
-    assert engine.changes == [("restart",), *(("pull", name) for name in names)]
+    assert engine.changes == [("restart",), *(("pull", name) for name in names), ("run", "host")]
     assert summary(out)["image"] == f"pulled from the manager's registry: {' '.join(names)}"
     assert json.loads(daemon_json.read_text())["insecure-registries"] == [registry]
 
@@ -632,7 +719,7 @@ def test_an_image_tar_beats_the_registry_and_keeps_its_own_name(
     tar = image_tar(tmp_path / "image.tar", engine.tar[1])
     assert setup(engine, daemon_json, manager, "--registry", registry, "--image-tar", tar) == 0
     assert summary(capsys.readouterr().out)["image"] == f"loaded {IMAGE} from {tar}"
-    assert engine.changes == [("restart",), ("load", tar)]
+    assert engine.changes == [("restart",), ("load", tar), ("run", "host")]
 
 
 # ---- leaving ------------------------------------------------------------------------------
@@ -671,7 +758,12 @@ def test_leave_waits_for_the_servers_to_stop(joined, daemon_json, capsys):
     assert leave(joined, daemon_json, "--wait", "60", sleep=sleep, clock=lambda: now[0]) == 0
     out = capsys.readouterr().out
     assert out.count("waiting for 1 server(s) to stop: jy-alice") == 2
-    assert joined.changes == [("leave",), ("restart",)]
+    assert joined.changes == [
+        ("leave",),
+        ("rm", "gpuhub-firewall"),
+        ("run", "host-remove"),
+        ("restart",),
+    ]
     rows = summary(out)
     assert rows["swarm"] == "left the swarm"
     assert rows["daemon.json"] == "GPU slices and labels taken out (backup kept)"
@@ -686,9 +778,15 @@ def test_leave_waits_for_the_servers_to_stop(joined, daemon_json, capsys):
     assert rows == {
         "swarm": "not in a swarm",
         "guard": "not running (leaving)",
+        "firewall": "no rules of ours here",
         "daemon.json": "no GPU settings left",
     }
-    assert joined.changes == [("leave",), ("restart",)]
+    assert joined.changes == [
+        ("leave",),
+        ("rm", "gpuhub-firewall"),
+        ("run", "host-remove"),
+        ("restart",),
+    ]
 
 
 def test_leave_gives_up_waiting_after_wait_seconds(joined, daemon_json, capsys):
@@ -708,7 +806,12 @@ def test_leave_with_force_stops_them(joined, daemon_json, capsys):
     joined.servers = ["jy-alice"]
     assert leave(joined, daemon_json, "--force") == 0
     assert summary(capsys.readouterr().out)["swarm"] == "left the swarm (stopped jy-alice)"
-    assert joined.changes == [("leave",), ("restart",)]
+    assert joined.changes == [
+        ("leave",),
+        ("rm", "gpuhub-firewall"),
+        ("run", "host-remove"),
+        ("restart",),
+    ]
 
 
 def test_leave_dry_run_changes_nothing(joined, daemon_json, capsys):
@@ -718,6 +821,7 @@ def test_leave_dry_run_changes_nothing(joined, daemon_json, capsys):
     assert summary(out) == {
         "swarm": "would leave the swarm",
         "guard": "not running (leaving)",
+        "firewall": "would remove gpuhub-firewall and its rules",
         "daemon.json": "would take the GPU settings out",
     }
     assert f"      {daemon_json} would change:\n" in out and '      -    "GPU-simulated-' in out
