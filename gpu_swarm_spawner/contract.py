@@ -81,6 +81,14 @@ BUDGET_LABEL = LABEL_PREFIX + "gpu-memory-limit-mb"
 #: folder from an empty local one of the same name.
 SHARE_MARKER = ".gpuhub-share"
 
+#: Where participants' containers may not go: the private and shared ranges (a cloud's own
+#: network, the machines' private addresses, a VPN), closed unless an organizer lists them
+#: (gpu_swarm_spawner/egress.py) and closed to their engines' and Swarm's ports on every machine
+#: (worker_setup/host_firewall.py); and link-local, where every cloud serves its instance
+#: metadata (and the machine's credentials) at 169.254.169.254, closed always.
+PRIVATE = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+LINK_LOCAL = "169.254.0.0/16"
+
 #: Participants' services are ``jy-<escaped user>[--<server>]``; homes ``jy-home-<user>``.
 SERVICE_PREFIX = "jy"
 

@@ -27,17 +27,12 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from .contract import LINK_LOCAL, PRIVATE
+
 INTERNET, NONE, OFF = "internet", "none", "off"
 #: the setting's example, for messages
 EXAMPLE = "internet, none, or a list such as: pypi.org files.pythonhosted.org:443 10.2.0.0/16"
 MODES = (INTERNET, NONE, OFF)
-
-#: what a server never reaches unless the organizer lists it: the private and shared ranges
-#: (a cloud's own network, the machines' private addresses, a VPN)
-PRIVATE = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
-#: never reached, whatever is listed: link-local, where every cloud serves its instance
-#: metadata (and the machine's credentials) at 169.254.169.254
-LINK_LOCAL = "169.254.0.0/16"
 
 _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 _HOST = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
@@ -58,14 +53,6 @@ class Destination:
     def written(self) -> str:
         return f"{self.host}:{self.port}" if self.port else self.host
 
-    @property
-    def is_name(self) -> bool:
-        try:
-            ipaddress.IPv4Network(self.host)
-        except ValueError:
-            return True
-        return False
-
 
 @dataclass(frozen=True)
 class Egress:
@@ -79,15 +66,6 @@ class Egress:
         if self.mode == "list":
             return " ".join(d.written() for d in self.allowed)
         return self.mode
-
-    def describe(self) -> str:
-        if self.mode == INTERNET:
-            return "the internet (no private or link-local address)"
-        if self.mode == NONE:
-            return "nothing outside the hub"
-        if self.mode == OFF:
-            return "anything (no firewall in the servers)"
-        return "only " + ", ".join(d.written() for d in self.allowed)
 
 
 def _entry(word: str) -> Destination:

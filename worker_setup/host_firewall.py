@@ -27,15 +27,13 @@ import hashlib
 import ipaddress
 from dataclasses import dataclass
 
-from gpu_swarm_spawner.contract import GUARD_METRICS_PORT, LABEL_PREFIX
+from gpu_swarm_spawner.contract import GUARD_METRICS_PORT, LABEL_PREFIX, LINK_LOCAL, PRIVATE
 
 KEEPER = "gpuhub-firewall"
 #: the keeper's label holding a digest of what it keeps (the rules and its image)
 DIGEST_LABEL = LABEL_PREFIX + "firewall"
 CHECK_EVERY_S = 30
 GWBRIDGE = "docker_gwbridge"
-LINK_LOCAL = "169.254.0.0/16"
-PRIVATE = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
 #: a Docker engine's and Swarm's ports: the engine's API (plain, TLS), Swarm's management,
 #: gossip and overlay traffic
 TCP, UDP = "2375,2376,2377,7946", "7946,4789"
