@@ -75,6 +75,19 @@ CPU_ONLY_LABEL = LABEL_PREFIX + "cpu-only"
 #: environment); absent when unknown.
 BUDGET_LABEL = LABEL_PREFIX + "gpu-memory-limit-mb"
 
+#: The disk budget of the participant's home and scratch space together, in MiB (the hub's
+#: GPUHUB_DISK_BUDGET_GB), and the safety line of the file systems they write to, in percent
+#: (GPUHUB_DISK_SAFETY_PERCENT), on every server's container: the disk watch of the machine
+#: (images/singleuser/gpuhub_disk.py, which keeps its own copies of these names: it runs from
+#: the single-user image, without this package) reads them there. Absent: no budget, no line.
+DISK_BUDGET_LABEL = LABEL_PREFIX + "disk-budget-mb"
+DISK_SAFETY_LABEL = LABEL_PREFIX + "disk-safety-percent"
+#: Where each machine's disk watch answers ``GET /disk`` with its report (the hub's disk check,
+#: gpu_swarm_spawner/disk.py, reads it): on the machine's own address, host network.
+DISK_WATCH_PORT = 9446
+#: The disk watch's container on every machine that runs servers (worker_setup/disk_watch.py).
+DISK_WATCH = "gpuhub-disk"
+
 #: The file the manager writes into each folder on shared storage that servers mount (the
 #: tutorials, the datasets, the homes): its first line is the stack's share id, which the join
 #: line (``--shared-folder PATH=ID``) names, so that a GPU machine's join can tell the manager's
