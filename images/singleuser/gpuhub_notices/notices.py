@@ -25,6 +25,9 @@ import textwrap
 import time
 
 DEFAULT_PATH = "/tmp/gpuhub-guard/notices.json"
+#: The machine's disk watch (images/singleuser/gpuhub_disk.py) writes its notices (over the disk
+#: budget, a server stopped to keep a disk from filling) in the same format, beside it.
+DISK_NOTICES = "disk-notices.json"
 LEVELS = ("info", "warning", "error")
 #: the guard keeps the last 20; more in the file are older ones, left out
 MAX_NOTICES = 20
@@ -87,10 +90,18 @@ def parse_notices(text: str | bytes) -> list[dict]:
 
 
 def read_notices(path: str | None = None) -> list[dict]:
-    """The valid notices in the file at ``path`` (default: ``notices_path()``); [] where it
-    is missing, unreadable, or larger than ``MAX_BYTES``."""
+    """The valid notices in the file at ``path`` (default: ``notices_path()``) and in the disk
+    watch's file beside it (``DISK_NOTICES``), oldest first, the last ``MAX_NOTICES``; a file
+    that is missing, unreadable, or larger than ``MAX_BYTES`` holds none."""
+    path = path or notices_path()
+    beside = os.path.join(os.path.dirname(path), DISK_NOTICES)
+    found = _read_file(path) + (_read_file(beside) if beside != path else [])
+    return sorted(found, key=lambda notice: notice["time"])[-MAX_NOTICES:]
+
+
+def _read_file(path: str) -> list[dict]:
     try:
-        with open(path or notices_path(), "rb") as file:
+        with open(path, "rb") as file:
             text = file.read(MAX_BYTES + 1)
     except (OSError, ValueError):  # ValueError: a path with a NUL byte
         return []
