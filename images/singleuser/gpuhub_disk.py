@@ -36,9 +36,10 @@ fill of the file systems holding them. It serves the last round's report as JSON
      "problems": ["..."]}
 
 It runs as the container ``gpuhub-disk`` of the machine's engine (worker_setup/disk_watch.py
-starts it; the join, `make demo` and `make up` do): root, the host's network, the engine's
-socket at ``/var/run/docker.sock`` and the machine's file system read-only at ``/host`` (the
-paths the engine names are the machine's). Standard library only; ``decide`` is pure.
+starts it; the join, `make demo` and `make up` do): root, the host's network and processes, the
+engine's socket at ``/var/run/docker.sock`` and the machine's file system read-only at ``/host``
+(the paths the engine names are the machine's; a home is read as its server sees it, ``Watch.
+where``). Standard library only; ``decide`` is pure.
 ``gpuhub-disk once`` prints one round's reading and what would be done, and does nothing.
 """
 
@@ -427,14 +428,16 @@ def _number(labels: Mapping[str, str], key: str) -> float | None:
 
 @dataclass(frozen=True)
 class Paths:
-    """A server's container as the engine describes it: its labels, and the machine's paths
-    of its home and writable layer (None: not known)."""
+    """A server's container as the engine describes it: its labels, the machine's paths of
+    its home (the volume's or the shared folder's) and writable layer (None: not known), and
+    its first process (on the machine: 0 when it runs none)."""
 
     container: str
     labels: Mapping[str, str]
     home: str | None
     scratch: str | None
     paused: bool
+    pid: int = 0
 
 
 def paths_of(inspected: Mapping) -> Paths:
@@ -451,6 +454,7 @@ def paths_of(inspected: Mapping) -> Paths:
         home,
         data.get("UpperDir") or None,
         bool(state.get("Paused")),
+        int(state.get("Pid") or 0),
     )
 
 
@@ -520,8 +524,15 @@ class _UnixConnection(http.client.HTTPConnection):
 class Watch:
     """The rounds: read, decide, act; the last report kept for ``GET /disk``."""
 
-    def __init__(self, engine: Engine, host_root: str = "/host", every_s: float = EVERY_S):
+    def __init__(
+        self,
+        engine: Engine,
+        host_root: str = "/host",
+        every_s: float = EVERY_S,
+        proc: str = "/proc",
+    ):
         self.engine, self.host_root, self.every_s = engine, host_root.rstrip("/"), every_s
+        self.proc = proc
         self.machine = socket.gethostname()
         self.state = WatchState()
         self.notices: dict[str, list[dict]] = {}
@@ -529,8 +540,14 @@ class Watch:
         self.last: dict = {}
         self.lock = threading.Lock()
 
-    def on_host(self, path: str) -> str:
-        return self.host_root + path
+    def where(self, what: str, p: Paths) -> str | None:
+        """Where this watch reads a server's ``what``: its writable layer through the machine's
+        file system (mounted at ``host_root``), its home as the server itself sees it
+        (``/proc/PID/root``; the machine's pid namespace): a shared folder mounted on the
+        machine after this watch started is not under ``host_root``, but always there."""
+        if what == "scratch":
+            return self.host_root + p.scratch if p.scratch else None
+        return f"{self.proc}/{p.pid}/root{HOME_PATH}" if p.home and p.pid else None
 
     def read(self) -> tuple[Reading, list[str]]:
         problems: list[str] = []
@@ -540,13 +557,14 @@ class Watch:
         for p in self.engine.servers():
             measured = {}
             for what, path in (("home", p.home), ("scratch", p.scratch)):
-                if path is None:
+                read_at = self.where(what, p)
+                if path is None or read_at is None:
                     continue
                 try:
-                    size, device = measure(self.on_host(path))
+                    size, device = measure(read_at)
                     if device not in filesystems:
                         shown = root if path.startswith(root) else os.path.dirname(path)
-                        filesystems[device] = filesystem_of(self.on_host(path), shown, device)
+                        filesystems[device] = filesystem_of(read_at, shown, device)
                     measured[what] = (size, device)
                 except OSError as e:
                     problems.append(f"{p.container[:12]}: its {what} {path}: {e}")
@@ -675,8 +693,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=EVERY_S, metavar="S")
     parser.add_argument("--host-root", default="/host", metavar="PATH")
     parser.add_argument("--engine", default="/var/run/docker.sock", metavar="SOCKET")
+    parser.add_argument("--proc", default="/proc", metavar="PATH", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    watch = Watch(Engine(args.engine), args.host_root, args.every)
+    watch = Watch(Engine(args.engine), args.host_root, args.every, args.proc)
     if args.what == "once":
         reading, problems = watch.read()
         actions, _ = decide(reading)

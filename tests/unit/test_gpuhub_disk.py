@@ -346,7 +346,12 @@ def engine_at(tmp_path, containers: dict[str, dict], root: str, pause_status=204
     return server, path, calls
 
 
+PIDS = {"alice": 101, "bob": 102}
+
+
 def container(name, home, scratch, budget_mb="20000", line="90"):
+    """An inspected container; its home, as the watch reads it, is ``proc/PID/root/home/jovyan``
+    (``homes_as_seen``)."""
     return {
         "Id": f"{name}-container-0123456789",
         "Config": {
@@ -357,10 +362,17 @@ def container(name, home, scratch, budget_mb="20000", line="90"):
                 contract.DISK_SAFETY_LABEL: line,
             }
         },
-        "State": {"Paused": False},
+        "State": {"Paused": False, "Pid": PIDS[name]},
         "GraphDriver": {"Data": {"UpperDir": scratch}},
         "Mounts": [{"Destination": "/home/jovyan", "Source": home}],
     }
+
+
+def homes_as_seen(tmp_path) -> str:
+    """Each server's home as the watch reads it: ``PROC/PID/root/home/jovyan``."""
+    for pid in PIDS.values():
+        (tmp_path / "proc" / str(pid) / "root/home/jovyan").mkdir(parents=True)
+    return str(tmp_path / "proc")
 
 
 def test_a_round_measures_under_the_host_root_pauses_the_writer_and_serves_its_report(tmp_path):
@@ -376,7 +388,7 @@ def test_a_round_measures_under_the_host_root_pauses_the_writer_and_serves_its_r
     }
     engine, path, calls = engine_at(tmp_path, containers, "/docker")
     try:
-        watch = disk.Watch(disk.Engine(path), str(host), every_s=10)
+        watch = disk.Watch(disk.Engine(path), str(host), 10, homes_as_seen(tmp_path))
         first = watch.round()
         assert [s["service"] for s in first["servers"]] == ["jy-alice", "jy-bob"]
         assert first["filesystems"][0]["path"] == "/docker" and first["filesystems"][0]["past"]
@@ -385,6 +397,7 @@ def test_a_round_measures_under_the_host_root_pauses_the_writer_and_serves_its_r
         second = watch.round()
         bob = second["servers"][1]
         assert bob["scratch"] >= 4 * 1024 * 1024 and bob["over"]
+        assert bob["home"] is not None and second["problems"] == []
         assert "wrote" not in bob["stopped"]["reason"]
         assert "writing to it the most: 4 MB in the last 10 seconds" in bob["stopped"]["reason"]
         assert second["servers"][0]["stopped"] is None
@@ -430,7 +443,7 @@ def test_a_pause_the_engine_refused_is_tried_again_next_round(tmp_path):
     }
     engine, path, calls = engine_at(tmp_path, containers, "/docker", pause_status=409)
     try:
-        watch = disk.Watch(disk.Engine(path), str(host), every_s=10)
+        watch = disk.Watch(disk.Engine(path), str(host), 10, homes_as_seen(tmp_path))
         watch.round()
         for n in range(2):
             (host / f"docker/overlay2/b/f{n}").write_bytes(os.urandom(2 * 1024 * 1024))
