@@ -382,9 +382,10 @@ def test_a_round_measures_under_the_host_root_pauses_the_writer_and_serves_its_r
     containers = {
         "alice-container-0123456789": container("alice", "/docker/volumes/a", "/docker/overlay2/a"),
         # a budget of 1 MiB (over it at once) and a line of 1%: any file system is past it
+        # bob's home on shared storage that the watch's /host does not show: read as he sees it
         "bob-container-0123456789": container(
-            "bob", "/docker/volumes/b", "/docker/overlay2/b", budget_mb="1", line="1"
-        ),  # fmt: skip
+            "bob", "/srv/homes/bob", "/docker/overlay2/b", budget_mb="1", line="1"
+        ),
     }
     engine, path, calls = engine_at(tmp_path, containers, "/docker")
     try:
