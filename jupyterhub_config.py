@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from deploy.settings import from_environment
-from gpu_swarm_spawner import HUB_TEMPLATES, access, contract, gate, hubdb, internals
+from gpu_swarm_spawner import HUB_TEMPLATES, access, contract, disk, gate, hubdb, internals
 from gpu_swarm_spawner.keeper import FreshResolver
 from gpu_swarm_spawner.priority import CPUPriority
 
@@ -241,6 +241,13 @@ else:
     c.GPUSwarmSpawner.line_max_wait = cfg.line_max_wait
     c.GPUSwarmSpawner.cpu_only_servers = cfg.cpu_only
     c.GPUSwarmSpawner.cpu_only_max_servers = cfg.cpu_only_max
+    # the disk: every server's container carries its participant's budget and the safety line
+    # for its machine's disk watch; past the line the watch stops the biggest writer, and the
+    # hub (every 10 s) stops that server too and tells its participant why (disk.py)
+    c.GPUSwarmSpawner.disk_budget_gb = cfg.disk_budget_gb
+    c.GPUSwarmSpawner.disk_safety_percent = cfg.disk_safety_percent
+    if cfg.disk_safety_percent:
+        disk.install()
     # what the organizer's dashboard reads: spawn events and the waiting line (events.py)
     c.GPUSwarmSpawner.dashboard_dir = str(DATA / "dashboard")
     # starts are refused with a clear message while the hub's data volume is (nearly) full

@@ -36,7 +36,14 @@ from typing import Callable
 
 from deploy import values as typed
 from gpu_swarm_spawner import roster
-from gpu_swarm_spawner.contract import GUARD_KEYS, MAX_SLICES_PER_GPU, GuardSettings, guard_number
+from gpu_swarm_spawner.contract import (
+    DISK_BUDGET_MAX_GB,
+    DISK_SAFETY_RANGE,
+    GUARD_KEYS,
+    MAX_SLICES_PER_GPU,
+    GuardSettings,
+    guard_number,
+)
 from gpu_swarm_spawner.egress import Egress, EgressError, read_egress
 from tutorial_sync import credentials
 from tutorial_sync.repos import Repo, ReposError, parse_repos, redact
@@ -274,6 +281,8 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     errors += _choice(settings, "GPUHUB_DATASETS_MODE", ("ro", "rw"))
     errors += _shared_folders(settings)
     errors += _guard(settings)
+    for key in ("GPUHUB_DISK_BUDGET_GB", "GPUHUB_DISK_SAFETY_PERCENT"):
+        errors += _typed(settings, key)[1]
     for key in ("GPUHUB_METRICS_INTERVAL", "GPUHUB_METRICS_RETENTION"):
         if not _DURATION.match(settings.get(key, "")):
             errors.append(
@@ -604,6 +613,36 @@ def _on(value: str) -> bool:
     return value == "on"
 
 
+def disk_budget(value: str) -> float:
+    """GPUHUB_DISK_BUDGET_GB in GiB (0: no budget)."""
+    try:
+        gb = float(value)
+    except ValueError:
+        gb = math.nan
+    if not 0 <= gb <= DISK_BUDGET_MAX_GB:  # nan and inf too
+        raise ValueError(
+            f"write the GB each participant may use, from 0 (no budget) to {DISK_BUDGET_MAX_GB}, "
+            "e.g. 20 or 2.5"
+        )
+    return gb
+
+
+def disk_safety(value: str) -> int:
+    """GPUHUB_DISK_SAFETY_PERCENT as a whole percentage (0: no safety line); it may end in %,
+    as the guard's percentages may."""
+    low, high = DISK_SAFETY_RANGE
+    try:
+        percent = int(value.strip().removesuffix("%"))
+    except ValueError:
+        percent = -1
+    if percent != 0 and not low <= percent <= high:
+        raise ValueError(
+            f"write a whole percentage from {low} to {high}, e.g. 90 (a file system fuller "
+            "than that has its biggest writer stopped), or 0 for no safety line"
+        )
+    return percent
+
+
 def environments(value: str) -> dict[str, str]:
     """GPUHUB_ENVIRONMENTS as {name: image}, in the order written (the first is the default)."""
     out: dict[str, str] = {}
@@ -635,6 +674,8 @@ CONVERTERS: dict[str, Callable[[str], object]] = {
     "GPUHUB_TUTORIAL_REPOS": parse_repos,  # [Repo]: the sync service's reader, once
     "GPUHUB_ENVIRONMENTS": environments,
     "GPUHUB_EGRESS": read_egress,
+    "GPUHUB_DISK_BUDGET_GB": disk_budget,
+    "GPUHUB_DISK_SAFETY_PERCENT": disk_safety,
 }
 
 #: The one written form of each value that has more than one: what Config keeps in ``values``,
@@ -725,6 +766,8 @@ class Config:
     guard_stop_percent: float = field(init=False)
     guard_grace_seconds: float = field(init=False)
     guard_metrics_port: int = field(init=False)
+    disk_budget_gb: float = field(init=False)  # GiB; 0: no budget
+    disk_safety_percent: int = field(init=False)  # 0: no safety line
     metrics_interval: str = field(init=False)
     metrics_retention: str = field(init=False)
     # filled in while deploying (FILLED_BY_DEPLOY)

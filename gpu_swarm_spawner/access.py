@@ -28,7 +28,7 @@ from datetime import datetime, timedelta, timezone
 
 from jupyterhub import orm
 
-from . import github_membership, internals
+from . import github_membership, internals, periodic
 from .github_membership import Membership
 
 KEEP = "keep"
@@ -159,7 +159,6 @@ class AccessCheck:
         self.ended: dict[str, datetime] = {}  # name: when their access was ended
         self.let_in: dict[str, str] = {}  # name: what let them in at the last check
         self._said_unsure: frozenset[str] = frozenset()  # who the last such line named
-        self._failing = ""
 
     # ---- the rules and GitHub's answers ----------------------------------------------------
 
@@ -273,21 +272,8 @@ class AccessCheck:
         )
 
     async def keep(self) -> None:
-        """The check at once, then every ``interval`` seconds; a failing round is said once and
-        does not stop the next."""
-        while True:
-            try:
-                await self.check()
-            except Exception as e:
-                failing = f"{type(e).__name__}: {e}"
-                if failing != self._failing:
-                    self.log.exception("The access check failed; trying again")
-                self._failing = failing
-            else:
-                if self._failing:
-                    self.log.info("The access check works again")
-                self._failing = ""
-            await asyncio.sleep(self.interval)
+        """The check at once, then every ``interval`` seconds (``periodic.keep``)."""
+        await periodic.keep(lambda: self.check(), self.interval, self.log, "access check")
 
     # ---- a request of the user's -------------------------------------------------------------
 

@@ -87,6 +87,18 @@ DISK_SAFETY_LABEL = LABEL_PREFIX + "disk-safety-percent"
 DISK_WATCH_PORT = 9446
 #: The disk watch's container on every machine that runs servers (worker_setup/disk_watch.py).
 DISK_WATCH = "gpuhub-disk"
+#: GPUHUB_DISK_BUDGET_GB's largest value (a typo's extra zeros are refused, not taken as no
+#: budget), and GPUHUB_DISK_SAFETY_PERCENT's range besides 0 (off): below 50 a machine's own
+#: files alone could cross the line and stop servers for nothing; 100 would come too late.
+DISK_BUDGET_MAX_GB = 100_000
+DISK_SAFETY_RANGE = (50, 99)
+
+
+def disk_budget_mib(gb: float) -> int:
+    """DISK_BUDGET_LABEL's value for a budget of ``gb`` GiB (GPUHUB_DISK_BUDGET_GB counts in
+    powers of 1024, as GPUHUB_MEM_LIMIT does): ``disk_budget_mib(2.5)`` is 2560."""
+    return round(gb * 1024)
+
 
 #: The file the manager writes into each folder on shared storage that servers mount (the
 #: tutorials, the datasets, the homes): its first line is the stack's share id, which the join

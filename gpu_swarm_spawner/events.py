@@ -6,7 +6,8 @@ Two files in one folder (``GPUSwarmSpawner.dashboard_dir``):
 - ``events.jsonl``: one JSON object per line, appended: a server started (with how long the
   start took and how long its participant waited in line), refused (no GPU had room), failed,
   stopped, or a participant joined or left the line, or the hub healed a divergence between its
-  view, Swarm's and the proxy's (``healing.py``). ``read_events`` is the one reader: it
+  view, Swarm's and the proxy's (``healing.py``), or stopped a server for its machine's disk
+  (``disk.py``). ``read_events`` is the one reader: it
   skips lines it cannot use (a line cut short by a crash, an unknown kind from a newer
   version) instead of failing the page. The file is rotated to ``events.jsonl.1`` past
   ``MAX_BYTES``.
@@ -25,8 +26,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+#: A server the hub stopped because the disk of its machine passed the safety line (disk.py):
+#: ``node`` is the machine, ``reason`` what its participant was told.
+DISK_STOP = "disk stop"
 #: The kinds of event, in the words the dashboard shows.
-KINDS = frozenset({"started", "refused", "failed", "stopped", "joined line", "left line", "healed"})
+KINDS = frozenset(
+    {"started", "refused", "failed", "stopped", "joined line", "left line", "healed", DISK_STOP}
+)
 EVENTS_FILE = "events.jsonl"
 LINE_FILE = "line.json"
 #: events.jsonl is rotated past this size (about 200 000 events; the dashboard reads the tail)
@@ -43,7 +49,8 @@ class Event:
     waited: float | None = None  # started: seconds in the waiting line before it
     gpu: str = ""
     node: str = ""
-    reason: str = ""  # refused, failed: what the participant was told; healed: what was done
+    reason: str = ""  # refused, failed, disk stop: what the participant was told; healed: what
+    # was done
     action: str = ""  # healed: which action (healing.ACTIONS)
     #: started: seconds from the spawner's start to each of its PHASES it saw (where the
     #: start's time went; the bench adds the hub's part before and after)

@@ -48,6 +48,16 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Disk:
+    """What the disk watch of the server's machine holds it to: its participant's home and
+    scratch space together at most ``budget_mb`` MiB (0: no budget), and its machine's file
+    systems stopped short of ``safety_percent`` full (0: no safety line)."""
+
+    budget_mb: int = 0
+    safety_percent: int = 0
+
+
+@dataclass(frozen=True)
 class Server:
     """Everything a server's service is made from."""
 
@@ -72,6 +82,7 @@ class Server:
     #: the server's own firewall (egress.server_rules), applied by the image's gpuhub-firewall
     #: before it becomes the participant's user; "": none
     firewall: str = ""
+    disk: Disk = Disk()
 
 
 #: the container's first command when it has a firewall to apply: the image's init, then
@@ -98,7 +109,7 @@ def create_kwargs(server: Server) -> dict:
     container = {
         "image": server.image,
         "env": server.env,
-        "labels": container_labels(server.user, server.holding),
+        "labels": container_labels(server.user, server.holding, server.disk),
         "args": server.args,
         "mounts": server.mounts,
         **server.extra_container_spec,
@@ -195,18 +206,25 @@ def service_labels(server: Server) -> dict:
     }
 
 
-def container_labels(user: str, holding: Holding) -> dict:
-    """Labels of the server's container, for the GPU guard on its machine: whose it is, which
-    GPU, how many slices and the budget in MiB; none without a GPU."""
-    if not holding.gpu:
-        return {}
-    labels = {
-        contract.USER_LABEL: user,
-        contract.GPU_LABEL: holding.gpu,
-        contract.SLICES_LABEL: str(holding.slices),
-    }
-    if holding.memory_mb:
-        labels[contract.BUDGET_LABEL] = str(holding.memory_mb)
+def container_labels(user: str, holding: Holding, disk: Disk = Disk()) -> dict:
+    """Labels of the server's container, for the watches on its machine (a worker cannot read
+    services). The GPU guard's: whose it is, which GPU, how many slices and the GPU memory
+    budget in MiB; none without a GPU. The disk watch's, on every server, with a GPU or
+    without: whose it is, the disk budget in MiB and the safety line, each left out when 0;
+    none when both are."""
+    labels = {}
+    if holding.gpu:
+        labels[contract.USER_LABEL] = user
+        labels[contract.GPU_LABEL] = holding.gpu
+        labels[contract.SLICES_LABEL] = str(holding.slices)
+        if holding.memory_mb:
+            labels[contract.BUDGET_LABEL] = str(holding.memory_mb)
+    if disk.budget_mb or disk.safety_percent:
+        labels[contract.USER_LABEL] = user
+    if disk.budget_mb:
+        labels[contract.DISK_BUDGET_LABEL] = str(disk.budget_mb)
+    if disk.safety_percent:
+        labels[contract.DISK_SAFETY_LABEL] = str(disk.safety_percent)
     return labels
 
 

@@ -75,6 +75,9 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
     task_ip = Unicode("")  # the server's address on the network, once its task has one
     line_joined = Float(0)  # when (epoch s) this spawn joined the waiting line; 0: not in it
     line_lost = Float(0)  # loaded from the database: waiting since then when the hub stopped
+    # why the hub stopped the server for the disk of its machine (disk.py), as its participant
+    # reads it on their page until their next start; persisted
+    disk_stopped = Unicode("")
     _configured_start_timeout = None  # start_timeout as configured (the server's own start)
     _cancelled_in_line = False  # this spawn ended in the line, cancelled (left, or hub stopping)
     _waited = None  # seconds this spawn waited in line before its slices (None: it did not)
@@ -192,6 +195,7 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         """Reserve slices of one GPU, then start the service there (module docstring)."""
         self._progress_events = []  # this spawn's stages (progress() reads them)
         self.line_lost = 0  # a new start: the message about a line lost to a restart goes
+        self.disk_stopped = ""  # ... and the one about a stop for the disk
         self._cancelled_in_line = False
         self._waited = None
         self._refused = False
@@ -430,6 +434,8 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
             # kept through the stop JupyterHub makes at its start for a spawn that was pending
             # ("appears to have stopped while the Hub was down"), until the next start
             state["line_lost"] = self.line_lost
+        if self.disk_stopped:
+            state["disk_stopped"] = self.disk_stopped  # kept through the stop, as line_lost
         if self.gpu_uuid:
             state.update(
                 gpu_uuid=self.gpu_uuid,
@@ -448,6 +454,7 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         self.home_node = state.get("home_node", "")
         # only a hub that stopped while this spawn waited finds it in the database
         self.line_lost = state.get("line_joined") or state.get("line_lost", 0)
+        self.disk_stopped = state.get("disk_stopped", "")
 
     def clear_gpu(self):
         self.gpu_uuid = ""

@@ -129,7 +129,11 @@ class SpawnPage(HasTraits):
     @property
     def failure_message(self) -> str:
         """What the participant was told when this server's latest start failed; "" when it
-        did not fail (or a new start began). The hub's home page shows it (templates/hub)."""
+        did not fail (or a new start began), or why the hub stopped it for the disk of its
+        machine (``disk.py``) until the next start. The hub's home page shows it
+        (templates/hub)."""
+        if self.disk_stopped and not self.active:
+            return self.disk_stopped
         if self.line_lost and not self.active:
             since = time.strftime("%H:%M", time.localtime(self.line_lost))
             return (
@@ -142,6 +146,13 @@ class SpawnPage(HasTraits):
             return ""
         message, _ = format_exception(error, only_jupyterhub=True)
         return message or f"The server could not start: {error}"
+
+    def stopped_for_disk(self, reason: str, machine: str) -> None:
+        """The hub is stopping this server for the disk of ``machine`` (``disk.py``): its
+        participant reads ``reason`` on their page until their next start, and the dashboard
+        lists the stop."""
+        self.disk_stopped = reason
+        self._record(events.DISK_STOP, node=machine, reason=reason)
 
     # ---- what the organizer's dashboard reads (events.py) ------------------------------------
 

@@ -51,6 +51,13 @@ class ServerSpec(HasTraits):
             node_cores=self.node_cores,
         )
 
+    def disk(self) -> service_spec.Disk:
+        """What the disk watch of the server's machine holds it to (its container's labels)."""
+        return service_spec.Disk(
+            budget_mb=contract.disk_budget_mib(self.disk_budget_gb),
+            safety_percent=self.disk_safety_percent,
+        )
+
     def limits(self) -> service_spec.Limits:
         return service_spec.Limits(
             mem_limit=self.mem_limit,
@@ -91,6 +98,7 @@ class ServerSpec(HasTraits):
             extra_endpoint_spec=self.extra_endpoint_spec,
             extra_create_kwargs=self.extra_create_kwargs,
             firewall=await self.firewall_rules(),
+            disk=self.disk(),
         )
 
     async def firewall_rules(self) -> str:
@@ -127,7 +135,7 @@ class ServerSpec(HasTraits):
         return service_spec.resources(self.limits(), self.extra_resources_spec, self.holding())
 
     def container_labels(self) -> dict:
-        return service_spec.container_labels(self.user.name, self.holding())
+        return service_spec.container_labels(self.user.name, self.holding(), self.disk())
 
     def get_env(self):
         return {**super().get_env(), **service_spec.gpu_env(self.holding())}

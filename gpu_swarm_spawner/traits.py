@@ -356,6 +356,53 @@ class GPUSwarmSpawnerTraits(SpawnerInternals):
         """,
     )
 
+    disk_budget_gb = Float(
+        0.0,
+        config=True,
+        help="""
+        GiB each participant's home and scratch space (what their server writes outside the
+        home: its container's writable layer) may hold together, e.g. 20 or 2.5. Every server's
+        container carries it (``contract.DISK_BUDGET_LABEL``, in MiB) for the disk watch of its
+        machine, which warns the participant in JupyterLab past it; nothing is stopped for
+        that. 0 (default): no budget.
+        """,
+    )
+
+    @validate("disk_budget_gb")
+    def _validate_disk_budget_gb(self, proposal):
+        value = proposal.value
+        if not 0 <= value <= contract.DISK_BUDGET_MAX_GB:
+            raise TraitError(
+                f"GPUSwarmSpawner.disk_budget_gb is {value!r}; write the GiB each participant "
+                f"may use, from 0 (no budget) to {contract.DISK_BUDGET_MAX_GB}, e.g. 20"
+            )
+        return value
+
+    disk_safety_percent = Integer(
+        0,
+        config=True,
+        help="""
+        The safety line of the file systems holding homes and servers' scratch space, in
+        percent of each one's size, e.g. 90: every server's container carries it
+        (``contract.DISK_SAFETY_LABEL``), and the disk watch of a machine whose file system is
+        fuller than that stops the server that wrote the most there (its files kept). The hub
+        then tells its participant why on their page (``failure_message``) and lists the stop
+        on the dashboard (gpu_swarm_spawner/disk.py, which jupyterhub_config.py starts when
+        this is not 0). 50 to 99, or 0 (default): no safety line.
+        """,
+    )
+
+    @validate("disk_safety_percent")
+    def _validate_disk_safety_percent(self, proposal):
+        value = proposal.value
+        low, high = contract.DISK_SAFETY_RANGE
+        if value != 0 and not low <= value <= high:
+            raise TraitError(
+                f"GPUSwarmSpawner.disk_safety_percent is {value!r}; write a percentage from "
+                f"{low} to {high}, e.g. 90, or 0 for no safety line"
+            )
+        return value
+
     waiting_line = Enum(
         ["off", "offer", "auto"],
         default_value="offer",

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from ..contract import SERVICE_PREFIX, USER_LABEL, is_mig, is_simulated
-from ..events import Event, Waiting
+from ..events import DISK_STOP, Event, Waiting
 from ..guards import GuardFigures
 from ..inventory import gpu_kinds, task_reservations, used_slices
 from ..tasks import is_live
@@ -141,7 +141,8 @@ def build(
 ) -> dict:
     """The dashboard's state: machines with their GPUs and each GPU's participants, the
     waiting line, recent starts, refusals and failures, what the hub healed (``healing.py``),
-    and the guard's warnings and stops.
+    the servers stopped for their machine's disk (``disk.py``), and the guard's warnings and
+    stops.
     ``guard_expected(node)``: whether a guard should answer there (``guards.guarded``)."""
     servers = _servers(tasks, services, prefix)
     used_on = used_slices(tasks)
@@ -187,6 +188,7 @@ def build(
             :RECENT
         ],
         "healed": [_event(e) for e in reversed(events) if e.kind == "healed"][:RECENT],
+        "disk_stops": [_event(e) for e in reversed(events) if e.kind == DISK_STOP][:RECENT],
         "guard": [
             {
                 "user": user,

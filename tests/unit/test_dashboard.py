@@ -126,6 +126,7 @@ def test_the_line_recent_starts_problems_and_the_guards_counts():
         Event(9_400.0, "stopped", "alice"),
         Event(9_500.0, "healed", "-", action="routes restored", reason="put back: /user/a/"),
         Event(9_600.0, "healed", "eve", action="orphan removed", reason="jy-eve removed"),
+        Event(9_700.0, "disk stop", "dan", node="gpu-2", reason="Stopped: the disk was full."),
     ]
     line = [Waiting("w1", "", 9_940.0, 1), Waiting("admin", "big", 9_970.0, None, "GPU-b0")]
     state = build(events=events, line=line)
@@ -142,6 +143,9 @@ def test_the_line_recent_starts_problems_and_the_guards_counts():
     assert [(e["action"], e["user"], e["reason"]) for e in state["healed"]] == [
         ("orphan removed", "eve", "jy-eve removed"),
         ("routes restored", "-", "put back: /user/a/"),
+    ]
+    assert [(e["user"], e["node"], e["reason"]) for e in state["disk_stops"]] == [
+        ("dan", "gpu-2", "Stopped: the disk was full.")
     ]
     totals = state["totals"]
     assert (totals["spawn_p50"], totals["starts_counted"], totals["waiting"]) == (4.0, 2, 2)

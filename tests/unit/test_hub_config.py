@@ -24,7 +24,7 @@ from deploy.limits import Machine
 from deploy.settings import SettingsError, key_of, read
 from deploy.steps import GENERATED
 from deploy.values import GIB
-from gpu_swarm_spawner import GPUSwarmSpawner, access, contract, internals
+from gpu_swarm_spawner import GPUSwarmSpawner, access, contract, disk, internals
 from gpu_swarm_spawner.auth import WorkshopGitHubOAuthenticator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -227,6 +227,23 @@ def test_settings_left_out_take_deploy_settings_env_defaults(hub_config):
     assert services == ["ops", "dashboard", "prometheus", "idle-culler"]
     assert "--timeout=5400" in config.JupyterHub.services[3]["command"]
     assert "template_vars" not in config.JupyterHub  # real GPUs: no banner
+
+
+def test_the_disk_settings_reach_the_spawner_and_the_check_starts_with_a_safety_line(
+    hub_config, monkeypatch
+):
+    config = hub_config()  # the defaults: 20 GB, 90 %
+    assert (config.GPUSwarmSpawner.disk_budget_gb, config.GPUSwarmSpawner.disk_safety_percent) == (
+        20.0, 90)  # fmt: skip
+    assert disk.start in JupyterHub.start.gpuhub_then
+    installed = []
+    monkeypatch.setattr(disk, "install", lambda: installed.append(1))
+    config = hub_config(DISK_BUDGET_GB="2.5", DISK_SAFETY_PERCENT="0")
+    assert (config.GPUSwarmSpawner.disk_budget_gb, config.GPUSwarmSpawner.disk_safety_percent) == (
+        2.5, 0)  # fmt: skip
+    assert installed == []  # no safety line: nothing to stop, no check
+    hub_config(DISK_SAFETY_PERCENT="95")
+    assert installed == [1]
 
 
 def test_homes_on_shared_storage_take_the_place_of_the_home_volume(hub_config):

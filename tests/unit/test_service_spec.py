@@ -3,6 +3,7 @@ spawner, no hub, no Docker."""
 
 from gpu_swarm_spawner import contract
 from gpu_swarm_spawner.service_spec import (
+    Disk,
     Holding,
     Limits,
     Server,
@@ -95,6 +96,48 @@ def test_a_server_without_a_gpu_stays_on_its_machine_and_sees_no_device():
         "GPU_MODE=none",
     ]
     assert spec["labels"][contract.CPU_ONLY_LABEL] == "1"
+
+
+def test_every_server_carries_the_disk_watchs_labels_with_a_gpu_or_without():
+    disk = Disk(budget_mb=20480, safety_percent=90)
+    on_gpu = create_kwargs(server(disk=disk))["task_template"]["ContainerSpec"]["Labels"]
+    assert on_gpu == {
+        contract.USER_LABEL: "ada",
+        contract.GPU_LABEL: UUID,
+        contract.SLICES_LABEL: "1",
+        contract.BUDGET_LABEL: "4096",
+        contract.DISK_BUDGET_LABEL: "20480",
+        contract.DISK_SAFETY_LABEL: "90",
+    }
+    cpu_only = Holding(cpu_only=True, cpu_node="gpu-2")
+    spec = create_kwargs(server(holding=cpu_only, disk=disk))
+    # whose it is, so the watch can name the participant; no GPU label: the guard leaves it be
+    assert spec["task_template"]["ContainerSpec"]["Labels"] == {
+        contract.USER_LABEL: "ada",
+        contract.DISK_BUDGET_LABEL: "20480",
+        contract.DISK_SAFETY_LABEL: "90",
+    }
+
+
+def test_a_disk_setting_of_0_leaves_its_label_out():
+    def labels(disk, holding=None):
+        holding = holding or Holding(cpu_only=True)
+        return create_kwargs(server(holding=holding, disk=disk))["task_template"]["ContainerSpec"][
+            "Labels"
+        ]
+
+    assert labels(Disk(budget_mb=0, safety_percent=90)) == {
+        contract.USER_LABEL: "ada",
+        contract.DISK_SAFETY_LABEL: "90",
+    }
+    assert labels(Disk(budget_mb=2560, safety_percent=0)) == {
+        contract.USER_LABEL: "ada",
+        contract.DISK_BUDGET_LABEL: "2560",
+    }
+    assert labels(Disk()) == {}
+    with_gpu = labels(Disk(), Holding(gpu=UUID, slices=1))
+    assert contract.DISK_BUDGET_LABEL not in with_gpu and contract.DISK_SAFETY_LABEL not in with_gpu
+    assert contract.disk_budget_mib(2.5) == 2560 and contract.disk_budget_mib(20) == 20480
 
 
 def test_the_gpu_environment_names_the_device_its_budget_and_its_share():

@@ -714,6 +714,48 @@ def test_the_guards_numbers_are_typed_as_the_guard_reads_them(key, value, read_a
         assert getattr(config, key.removeprefix("GPUHUB_").lower()) == read_as
 
 
+@pytest.mark.parametrize(
+    "key, value, read_as",
+    [
+        ("GPUHUB_DISK_BUDGET_GB", "20", 20.0),
+        ("GPUHUB_DISK_BUDGET_GB", "2.5", 2.5),
+        ("GPUHUB_DISK_BUDGET_GB", "0", 0.0),  # no budget
+        ("GPUHUB_DISK_BUDGET_GB", "100000", 100000.0),
+        ("GPUHUB_DISK_SAFETY_PERCENT", "90", 90),
+        ("GPUHUB_DISK_SAFETY_PERCENT", "95%", 95),
+        ("GPUHUB_DISK_SAFETY_PERCENT", "50", 50),
+        ("GPUHUB_DISK_SAFETY_PERCENT", "99", 99),
+        ("GPUHUB_DISK_SAFETY_PERCENT", "0", 0),  # no safety line
+    ],
+)
+def test_the_disk_settings_are_typed(key, value, read_as):
+    config = read(environ={key: value}, config="", machine=MACHINE)
+    assert getattr(config, key.removeprefix("GPUHUB_").lower()) == read_as
+    assert from_environment({key: config.values[key]}, machine=MACHINE).values[key] == value
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("GPUHUB_DISK_BUDGET_GB", "-1", "from 0 (no budget) to 100000, e.g. 20 or 2.5"),
+        ("GPUHUB_DISK_BUDGET_GB", "100001", "from 0 (no budget) to 100000"),
+        ("GPUHUB_DISK_BUDGET_GB", "20G", "write the GB each participant may use"),
+        ("GPUHUB_DISK_BUDGET_GB", "nan", "write the GB"),
+        ("GPUHUB_DISK_BUDGET_GB", "", "write the GB"),
+        ("GPUHUB_DISK_SAFETY_PERCENT", "49", "from 50 to 99, e.g. 90"),
+        ("GPUHUB_DISK_SAFETY_PERCENT", "100", "from 50 to 99"),
+        ("GPUHUB_DISK_SAFETY_PERCENT", "90.5", "write a whole percentage"),
+        ("GPUHUB_DISK_SAFETY_PERCENT", "-5", "or 0 for no safety line"),
+    ],
+)
+def test_a_disk_setting_out_of_range_is_refused_with_what_to_write(base, key, value, says):
+    found = problems(github(base, **{key: value}), exists=lambda path: path == "/k")
+    assert found == [f"{key} is {value!r}; {found[0].split('; ', 1)[1]}"]
+    assert says in found[0]
+    with pytest.raises(SettingsError, match=re.escape(f"{key} is {value!r}; write")):
+        read(environ={key: value}, config="", machine=MACHINE)
+
+
 def test_environments_that_do_not_convert_are_named():
     with pytest.raises(SettingsError, match=r"the environment: GPUHUB_ENVIRONMENTS is 'A=x A=y'"):
         from_environment({"GPUHUB_ENVIRONMENTS": "A=x A=y"})

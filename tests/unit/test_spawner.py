@@ -36,6 +36,10 @@ def make_spawner(**kwargs):
         ("placement_attempts", 0, "placement_attempts must be 1 or more"),
         ("docker_api_threads", 0, "docker_api_threads must be 1 or more"),
         ("inventory_max_age", -1, "0 or more seconds"),
+        ("disk_budget_gb", -1, "from 0 \\(no budget\\) to 100000, e.g. 20"),
+        ("disk_budget_gb", 100001, "disk_budget_gb is 100001"),
+        ("disk_safety_percent", 49, "from 50 to 99, e.g. 90, or 0 for no safety line"),
+        ("disk_safety_percent", 100, "disk_safety_percent is 100"),
     ],
 )
 def test_bad_settings_are_refused_with_advice(trait, value, advice):
@@ -154,6 +158,40 @@ def test_container_labels_carry_the_budget_and_nothing_without_a_gpu():
     assert spawner.container_labels() == {}
     spawner.gpu_uuid, spawner.slices_held, spawner.gpu_memory_mb = "GPU-a", 2, 8192
     assert spawner.container_labels()["gpu-jupyterhub.gpu-memory-limit-mb"] == "8192"
+
+
+def test_container_labels_carry_the_disk_budget_and_the_safety_line_with_or_without_a_gpu():
+    spawner = make_spawner(disk_budget_gb=2.5, disk_safety_percent=90)
+    assert spawner.container_labels() == {
+        "gpu-jupyterhub.user": "alice-smith",
+        "gpu-jupyterhub.disk-budget-mb": "2560",
+        "gpu-jupyterhub.disk-safety-percent": "90",
+    }
+    spawner.gpu_uuid, spawner.slices_held = "GPU-a", 1
+    assert spawner.container_labels()["gpu-jupyterhub.disk-budget-mb"] == "2560"
+    assert make_spawner(disk_budget_gb=0, disk_safety_percent=0).container_labels() == {}
+
+
+async def test_a_stop_for_the_disk_is_told_until_the_next_start_and_outlives_a_restart(tmp_path):
+    from gpu_swarm_spawner import events
+
+    spawner = make_fake("alice", dashboard_dir=str(tmp_path))
+    spawner.stopped_for_disk("Stopped at 14:03 because w1's disk was full. Start again.", "w1")
+    (recorded,) = events.read_events(events.tail(tmp_path / events.EVENTS_FILE))
+    assert (recorded.kind, recorded.user, recorded.node) == ("disk stop", "alice", "w1")
+    assert recorded.reason == "Stopped at 14:03 because w1's disk was full. Start again."
+    assert spawner.failure_message == recorded.reason  # not running: their page says why
+    # JupyterHub's stop clears the state and writes it back: the reason stays, and a hub
+    # restarted since still says it
+    spawner.clear_state()
+    again = make_fake("alice")
+    again.load_state(spawner.get_state())
+    assert again.failure_message == recorded.reason
+    again.nodes, again.tasks = [node("n1", "alpha", {"GPU-a0": 3})], []
+    await asyncio.wait_for(again.start(), 3)  # a new start forgets it
+    assert "disk_stopped" not in again.get_state()
+    again._spawn_future = None
+    assert again.failure_message == ""
 
 
 def test_mounts_use_volumes_for_names_and_binds_for_paths():
