@@ -79,6 +79,7 @@ MIN_WRITE = 1024 * 1024
 #: A participant over their budget is told again when their use moved this much of it.
 RETELL_FRACTION = 0.05
 MiB = 1024 * 1024
+GiB = 1024 * MiB
 REPORT_VERSION = 1
 
 
@@ -187,8 +188,9 @@ class Past:
 
 
 def gb(size: float) -> str:
-    """Bytes for people: 21.3 GB, or 420 MB below 1 GB."""
-    return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
+    """Bytes for people, in the hub's units (GPUHUB_DISK_BUDGET_GB counts 1024 MiB a GB, as df
+    -h does): 21.3 GB, or 420 MB below 1 GB."""
+    return f"{size / GiB:.1f} GB" if size >= GiB else f"{size / MiB:.0f} MB"
 
 
 def _clock(when: float) -> str:

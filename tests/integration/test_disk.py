@@ -29,7 +29,7 @@ import requests
 from gpu_swarm_spawner import contract
 
 from .aftermath import token_of
-from .hub import BED, deploy, engine_of, log_in
+from .hub import BED, deploy, engine_of, log_in, open_dashboard
 from .spawners import wait_slices_free
 
 pytestmark = pytest.mark.integration
@@ -140,7 +140,7 @@ def test_over_the_budget_the_participant_is_warned_on_their_page(small_homes, hu
     print(f"over budget -> warning on her page: {time.monotonic() - t0:.1f} s")
     warning.first.get_by_role("button", name="Read all").click()
     text = page.locator(".gpuhub-notices-details").inner_text()
-    assert "your budget is 50 MB" in text and "home 6" in text, text
+    assert "your budget is 51 MB" in text and "home 60 MB" in text, text
     # back within it: told so
     assert container.exec_run(["rm", "/home/jovyan/dataset.bin"], user="1000").exit_code == 0
     deadline = time.monotonic() + 45
@@ -206,8 +206,11 @@ def test_a_participant_filling_the_homes_storage_is_stopped_and_told_and_the_oth
     page.context.close()
 
     # the organizer's dashboard lists it
-    r = hub.api("GET", f"/users/{BOB}")
-    assert r.status_code == 200 and r.json()["servers"] == {}
+    dashboard = open_dashboard(browser, hub)
+    row = dashboard.locator("#disk-stops-table tr", has_text=BOB).first
+    row.wait_for(timeout=30_000)
+    assert "Your server was stopped at" in row.inner_text()
+    dashboard.context.close()
 
 
 def test_a_server_filling_its_machine_disk_is_paused_and_the_machine_goes_on(hub, hub_settings):

@@ -34,7 +34,7 @@ def _load(name: str, path):
 disk = _load("gpuhub_disk", SINGLEUSER / "gpuhub_disk.py")
 notices = _load("gpuhub_notices_notices", SINGLEUSER / "gpuhub_notices" / "notices.py")
 
-GB = 10**9
+GB = 2**30  # the units the watch shows (GiB, as GPUHUB_DISK_BUDGET_GB counts)
 DOCKER, HOMES = 1, 2  # file system keys
 
 
