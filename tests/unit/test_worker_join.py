@@ -82,14 +82,16 @@ class FakeEngine:
 
     def run_container(self, *args):
         """``docker run``: a detached, named container is kept (its labels, image and
-        environment as inspect shows them); a --rm one only recorded."""
+        environment as inspect shows them); a --rm one only recorded, as ("run", what its image
+        runs: the words after it)."""
         words = list(args)
-        self.changes.append(("run", words[-1]))
+        image = next(i for i, w in enumerate(words) if w.startswith("--entrypoint=")) + 1
+        self.changes.append(("run", " ".join(words[image + 1 :])))
         if "--detach" in words:
             values = lambda flag: [words[i + 1] for i, w in enumerate(words) if w == flag]  # noqa: E731
             self.containers[values("--name")[0]] = {
                 "Config": {
-                    "Image": words[-2],
+                    "Image": words[image],
                     "Labels": dict(v.split("=", 1) for v in values("--label")),
                     "Env": values("--env"),
                 },
