@@ -24,7 +24,7 @@ import docker
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound, NotFound
 
 from gpu_swarm_spawner import contract, egress, roster
-from worker_setup import advertise, disk_watch, engine, host_firewall
+from worker_setup import advertise, disk_watch, engine, host_firewall, keepers
 from worker_setup.docker_cli import DockerCLI
 
 from .console import DeployError, Log, run
@@ -102,31 +102,19 @@ def ensure_host_firewall(config: Config, log: Log, environ: Mapping[str, str] = 
     guard's and the disk watch's (the hub reads this machine's disk report there). With
     GPUHUB_EGRESS=off (an image without gpuhub-firewall), none."""
     docker_cli = DockerCLI(environ)
-    try:
-        if config.egress.mode == egress.OFF:
-            _, said = host_firewall.remove(docker_cli)
-            said += " (GPUHUB_EGRESS=off)"
-        else:
-            _, said = host_firewall.ensure(
-                docker_cli,
-                config.singleuser_image,
-                [],
-                config.guard_metrics_port,
-                disk_port=contract.DISK_WATCH_PORT,
-            )
-    except host_firewall.FirewallError as e:
-        raise DeployError(str(e)) from None
-    log(f"firewall: {said}")
+
+    def ensure():
+        image, guard_port = config.singleuser_image, config.guard_metrics_port
+        return host_firewall.ensure(
+            docker_cli, image, [], guard_port, disk_port=contract.DISK_WATCH_PORT
+        )
+
+    _keeper(config, log, "firewall", ensure, lambda: host_firewall.remove(docker_cli))
 
 
 def remove_host_firewall(log: Log, environ: Mapping[str, str] = os.environ) -> None:
     """`make down`: no servers run here any more; the keeper and its rules go."""
-    try:
-        changed, said = host_firewall.remove(DockerCLI(environ))
-    except host_firewall.FirewallError as e:
-        raise DeployError(str(e)) from None
-    if changed:
-        log(f"firewall: {said}")
+    _removed(log, "firewall", lambda: host_firewall.remove(DockerCLI(environ)))
 
 
 def ensure_disk_watch(config: Config, log: Log, environ: Mapping[str, str] = os.environ):
@@ -134,26 +122,41 @@ def ensure_disk_watch(config: Config, log: Log, environ: Mapping[str, str] = os.
     machine): the manager runs servers too in a demo, and the hub reads its report. With
     GPUHUB_EGRESS=off (an image without our programs, gpuhub-disk among them), none."""
     docker_cli = DockerCLI(environ)
-    try:
-        if config.egress.mode == egress.OFF:
-            _, said = disk_watch.remove(docker_cli)
-            said += " (GPUHUB_EGRESS=off)"
-        else:
-            socket = disk_watch.engine_socket(environ)
-            _, said = disk_watch.ensure(docker_cli, config.singleuser_image, socket)
-    except disk_watch.DiskWatchError as e:
-        raise DeployError(str(e)) from None
-    log(f"disk watch: {said}")
+    socket = disk_watch.engine_socket(environ)
+    _keeper(
+        config,
+        log,
+        "disk watch",
+        lambda: disk_watch.ensure(docker_cli, config.singleuser_image, socket),
+        lambda: disk_watch.remove(docker_cli),
+    )
 
 
 def remove_disk_watch(log: Log, environ: Mapping[str, str] = os.environ) -> None:
     """`make down`: no servers run here any more; the disk watch goes."""
+    _removed(log, "disk watch", lambda: disk_watch.remove(DockerCLI(environ)))
+
+
+def _keeper(config: Config, log: Log, step: str, ensure: Callable, remove: Callable) -> None:
+    """A container of this machine's engine (worker_setup/keepers.py): ``ensure()``, or with
+    GPUHUB_EGRESS=off (an image without our programs) ``remove()``; what it says logged."""
     try:
-        changed, said = disk_watch.remove(DockerCLI(environ))
-    except disk_watch.DiskWatchError as e:
+        if config.egress.mode == egress.OFF:
+            said = remove()[1] + " (GPUHUB_EGRESS=off)"
+        else:
+            said = ensure()[1]
+    except keepers.KeeperError as e:
+        raise DeployError(str(e)) from None
+    log(f"{step}: {said}")
+
+
+def _removed(log: Log, step: str, remove: Callable) -> None:
+    try:
+        changed, said = remove()
+    except keepers.KeeperError as e:
         raise DeployError(str(e)) from None
     if changed:
-        log(f"disk watch: {said}")
+        log(f"{step}: {said}")
 
 
 def ensure_gpu_slices(

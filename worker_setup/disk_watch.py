@@ -29,10 +29,7 @@ DIGEST_LABEL = LABEL_PREFIX + "disk-watch"
 #: the engine's socket when DOCKER_HOST names none, and where the watch finds it
 ENGINE_SOCKET = "/var/run/docker.sock"
 WHAT = f"servers' homes and writable layers measured; its report on port {DISK_WATCH_PORT}"
-
-
-class DiskWatchError(Exception):
-    """The watch did not start, or was not removed; the message says why."""
+WATCHES = "the disk watch"
 
 
 def engine_socket(environ: Mapping[str, str]) -> str:
@@ -73,25 +70,18 @@ def watch_args(image: str, socket: str) -> list[str]:
 
 def ensure(docker, image: str, socket: str, dry_run=False) -> tuple:
     """The watch runs here from ``image`` with the engine's socket ``socket``: (changed, what it
-    says). ``docker`` is a DockerCLI (container, run_container, remove_container)."""
+    says). ``docker`` is a DockerCLI (container, run_container, remove_container). Raises
+    keepers.KeeperError."""
     args = watch_args(image, socket)
-    try:
-        done = keepers.keep(docker, WATCH, DIGEST_LABEL, digest(image, socket), args, dry_run)
-    except keepers.Failed as e:
-        raise DiskWatchError(
-            f"the disk watch did not start: {e}; see: docker logs {WATCH}"
-        ) from None
+    done = keepers.keep(docker, WATCH, DIGEST_LABEL, digest(image, socket), args, WATCHES, dry_run)
     if done == "kept":
         return False, f"kept ({WHAT})"
     return not dry_run, f"{done} {WATCH} ({WHAT})"
 
 
 def remove(docker, dry_run=False) -> tuple:
-    """No watch here: (changed, what it says)."""
-    try:
-        now = keepers.remove(docker, WATCH, dry_run)
-    except keepers.Failed as e:
-        raise DiskWatchError(f"the disk watch was not removed: {e}") from None
+    """No watch here: (changed, what it says). Raises keepers.KeeperError."""
+    now = keepers.remove(docker, WATCH, WATCHES, dry_run)
     if now is None:
         return False, "no disk watch here"
     return not dry_run, f"would remove {WATCH}" if dry_run else f"removed {WATCH}"

@@ -146,25 +146,21 @@ def remover_args(image: str, wanted: Rules) -> list[str]:
 
 
 WHAT = "containers here reach no metadata address, manager or port of this machine"
+FIREWALL = "the machine's firewall"
 
 
-class FirewallError(Exception):
-    """The keeper did not start, or the rules did not come out; the message says why."""
+class FirewallError(keepers.KeeperError):
+    """The rules did not come out; the message says why."""
 
 
 def ensure(
     docker, image: str, managers: list[str], guard_port: int, dry_run=False, disk_port: int = 0
 ) -> tuple:
     """The keeper runs here with these rules and ``image``: (changed, what it says). ``docker``
-    is a DockerCLI (container, run_container, remove_container)."""
+    is a DockerCLI (container, run_container, remove_container). Raises keepers.KeeperError."""
     wanted = rules(managers, guard_port, disk_port)
     args = keeper_args(image, wanted)
-    try:
-        done = keepers.keep(docker, KEEPER, DIGEST_LABEL, wanted.digest(image), args, dry_run)
-    except keepers.Failed as e:
-        raise FirewallError(
-            f"the machine's firewall did not start: {e}; see: docker logs {KEEPER}"
-        ) from None
+    done = keepers.keep(docker, KEEPER, DIGEST_LABEL, wanted.digest(image), args, FIREWALL, dry_run)
     if done == "kept":
         return False, f"kept ({WHAT})"
     if dry_run:
@@ -175,10 +171,7 @@ def ensure(
 def remove(docker, dry_run=False) -> tuple:
     """The keeper gone, and its rules taken out by a one-off container of its image (with the
     rules it kept): (changed, what it says)."""
-    try:
-        now = keepers.remove(docker, KEEPER, dry_run)
-    except keepers.Failed as e:
-        raise FirewallError(f"the machine's firewall's keeper was not removed: {e}") from None
+    now = keepers.remove(docker, KEEPER, FIREWALL, dry_run)
     if now is None:
         return False, "no rules of ours here"
     if dry_run:

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from gpu_swarm_spawner import contract
 
-from . import advertise, disk_watch, guard_service, host_firewall, shared_folders
+from . import advertise, disk_watch, guard_service, host_firewall, keepers, shared_folders
 from .docker_cli import DockerCLI
 from .engine import EngineError
 
@@ -498,25 +498,18 @@ def ensure_host_firewall(m: Machine) -> None:
     if m.args.no_firewall:
         ensure_host_firewall_removed(m, " (--no-firewall)")
         return
-    try:
-        changed, said = host_firewall.ensure(
-            m.docker,
-            m.image,
-            [m.manager] if m.manager else [],
-            m.args.guard_metrics_port,
-            m.args.dry_run,
-        )
-    except host_firewall.FirewallError as e:
-        raise Stop(str(e)) from None
-    (m.checklist.changed if changed else m.checklist.row)("firewall", said)
+    managers = [m.manager] if m.manager else []
+    keeper_step(
+        m,
+        "firewall",
+        lambda: host_firewall.ensure(
+            m.docker, m.image, managers, m.args.guard_metrics_port, m.args.dry_run
+        ),
+    )
 
 
 def ensure_host_firewall_removed(m: Machine, why: str = "") -> None:
-    try:
-        changed, said = host_firewall.remove(m.docker, m.args.dry_run)
-    except host_firewall.FirewallError as e:
-        raise Stop(str(e)) from None
-    (m.checklist.changed if changed else m.checklist.row)("firewall", said + why)
+    keeper_step(m, "firewall", lambda: host_firewall.remove(m.docker, m.args.dry_run), why)
 
 
 def ensure_disk_watch(m: Machine) -> None:
@@ -526,19 +519,21 @@ def ensure_disk_watch(m: Machine) -> None:
         ensure_disk_watch_removed(m, " (--no-disk-watch)")
         return
     socket = disk_watch.engine_socket(m.environ)
-    try:
-        changed, said = disk_watch.ensure(m.docker, m.image, socket, m.args.dry_run)
-    except disk_watch.DiskWatchError as e:
-        raise Stop(str(e)) from None
-    (m.checklist.changed if changed else m.checklist.row)("disk", said)
+    keeper_step(m, "disk", lambda: disk_watch.ensure(m.docker, m.image, socket, m.args.dry_run))
 
 
 def ensure_disk_watch_removed(m: Machine, why: str = "") -> None:
+    keeper_step(m, "disk", lambda: disk_watch.remove(m.docker, m.args.dry_run), why)
+
+
+def keeper_step(m: Machine, step: str, call: Callable[[], tuple], why: str = "") -> None:
+    """A container the machine keeps (keepers.py): ``call``'s (changed, what it says) as the
+    row of ``step``, with ``why`` after it; its failure stops the setup."""
     try:
-        changed, said = disk_watch.remove(m.docker, m.args.dry_run)
-    except disk_watch.DiskWatchError as e:
+        changed, said = call()
+    except keepers.KeeperError as e:
         raise Stop(str(e)) from None
-    (m.checklist.changed if changed else m.checklist.row)("disk", said + why)
+    (m.checklist.changed if changed else m.checklist.row)(step, said + why)
 
 
 # ---- leaving ------------------------------------------------------------------------------
