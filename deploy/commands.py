@@ -128,6 +128,7 @@ def demo(config: Config, log: Log, environ: Mapping[str, str] = os.environ) -> N
     steps.ensure_ports_free(client, config, ["GPUHUB_HTTP_PORT"], log)
     steps.ensure_images(client, config, log)
     steps.ensure_host_firewall(config, log, environ)
+    steps.ensure_disk_watch(config, log, environ)
     steps.ensure_secrets(config, log)
     with deploy_started(STOPPED_DEMO):
         deployed = deploy_and_wait(client, config, log, environ)
@@ -153,6 +154,7 @@ def up(config: Config, log: Log, environ: Mapping[str, str] = os.environ) -> Non
     steps.ensure_images(client, config, log)
     steps.ensure_environment_images(client, config, log)
     steps.ensure_host_firewall(config, log, environ)
+    steps.ensure_disk_watch(config, log, environ)
     steps.ensure_secrets(config, log)
     # GPU machines pull the servers' images from the registry this stack runs on the manager
     published = registry.publication(config, f"{addr}:{config.registry_port}")
@@ -168,6 +170,7 @@ def deploy(config: Config, log: Log, environ: Mapping[str, str] = os.environ) ->
     answering, on an engine and swarm that are there (the tests' and the bench's stacks)."""
     client = steps.connect()
     steps.ensure_host_firewall(config, log, environ)
+    steps.ensure_disk_watch(config, log, environ)
     steps.ensure_secrets(config, log)
     steps.ensure_ports_free(client, config, ["GPUHUB_HTTP_PORT"], log)
     deploy_and_wait(client, config, log, environ)
@@ -185,6 +188,7 @@ def down(config: Config, log: Log, purge: bool = False) -> None:
         return
     stack.remove_stack(client, config, log)
     steps.remove_host_firewall(log)
+    steps.remove_disk_watch(log)
     if purge:
         stack.purge_stack_data(client, config, log)
     else:

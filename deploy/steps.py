@@ -24,7 +24,7 @@ import docker
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound, NotFound
 
 from gpu_swarm_spawner import contract, egress, roster
-from worker_setup import advertise, engine, host_firewall
+from worker_setup import advertise, disk_watch, engine, host_firewall, keepers
 from worker_setup.docker_cli import DockerCLI
 
 from .console import DeployError, Log, run
@@ -99,29 +99,64 @@ def ensure_host_firewall(config: Config, log: Log, environ: Mapping[str, str] = 
     """This machine's own rules for the containers it runs (worker_setup/host_firewall.py, as
     the join keeps them on a GPU machine): the manager runs servers too in a demo, and the
     stack's containers need neither the metadata address nor the machine's ports but the GPU
-    guard's. With GPUHUB_EGRESS=off (an image without gpuhub-firewall), none."""
+    guard's and the disk watch's (the hub reads this machine's disk report there). With
+    GPUHUB_EGRESS=off (an image without gpuhub-firewall), none."""
     docker_cli = DockerCLI(environ)
-    try:
-        if config.egress.mode == egress.OFF:
-            _, said = host_firewall.remove(docker_cli)
-            said += " (GPUHUB_EGRESS=off)"
-        else:
-            _, said = host_firewall.ensure(
-                docker_cli, config.singleuser_image, [], config.guard_metrics_port
-            )
-    except host_firewall.FirewallError as e:
-        raise DeployError(str(e)) from None
-    log(f"firewall: {said}")
+
+    def ensure():
+        image, guard_port = config.singleuser_image, config.guard_metrics_port
+        return host_firewall.ensure(
+            docker_cli, image, [], guard_port, disk_port=contract.DISK_WATCH_PORT
+        )
+
+    _keeper(config, log, "firewall", ensure, lambda: host_firewall.remove(docker_cli))
 
 
 def remove_host_firewall(log: Log, environ: Mapping[str, str] = os.environ) -> None:
     """`make down`: no servers run here any more; the keeper and its rules go."""
+    _removed(log, "firewall", lambda: host_firewall.remove(DockerCLI(environ)))
+
+
+def ensure_disk_watch(config: Config, log: Log, environ: Mapping[str, str] = os.environ):
+    """This machine's disk watch (worker_setup/disk_watch.py, as the join runs it on a GPU
+    machine): the manager runs servers too in a demo, and the hub reads its report. With
+    GPUHUB_EGRESS=off (an image without our programs, gpuhub-disk among them), none."""
+    docker_cli = DockerCLI(environ)
+    socket = disk_watch.engine_socket(environ)
+    _keeper(
+        config,
+        log,
+        "disk watch",
+        lambda: disk_watch.ensure(docker_cli, config.singleuser_image, socket),
+        lambda: disk_watch.remove(docker_cli),
+    )
+
+
+def remove_disk_watch(log: Log, environ: Mapping[str, str] = os.environ) -> None:
+    """`make down`: no servers run here any more; the disk watch goes."""
+    _removed(log, "disk watch", lambda: disk_watch.remove(DockerCLI(environ)))
+
+
+def _keeper(config: Config, log: Log, step: str, ensure: Callable, remove: Callable) -> None:
+    """A container of this machine's engine (worker_setup/keepers.py): ``ensure()``, or with
+    GPUHUB_EGRESS=off (an image without our programs) ``remove()``; what it says logged."""
     try:
-        changed, said = host_firewall.remove(DockerCLI(environ))
-    except host_firewall.FirewallError as e:
+        if config.egress.mode == egress.OFF:
+            said = remove()[1] + " (GPUHUB_EGRESS=off)"
+        else:
+            said = ensure()[1]
+    except keepers.KeeperError as e:
+        raise DeployError(str(e)) from None
+    log(f"{step}: {said}")
+
+
+def _removed(log: Log, step: str, remove: Callable) -> None:
+    try:
+        changed, said = remove()
+    except keepers.KeeperError as e:
         raise DeployError(str(e)) from None
     if changed:
-        log(f"firewall: {said}")
+        log(f"{step}: {said}")
 
 
 def ensure_gpu_slices(
@@ -488,7 +523,9 @@ def join_command(
 ) -> str:
     """The lines an organizer runs on each GPU machine: the swarm's address and worker token,
     with ``registry`` (`make up`) where the machine pulls the servers' images, ``guard``
-    the GPU guard's options and ``shared`` the shared folders it must have."""
+    the GPU guard's options and ``shared`` the shared folders it must have. ``firewall`` False
+    (GPUHUB_EGRESS=off: an image without our programs): neither the machine's firewall nor
+    its disk watch, which run from the image."""
     if registry:
         comment = (
             "# On each GPU machine, as root, in a checkout of this repository (it pulls the\n"
@@ -505,7 +542,7 @@ def join_command(
     if image != contract.SINGLEUSER_IMAGE:
         extra += f" --image {image}"
     if not firewall:  # GPUHUB_EGRESS=off: an image without gpuhub-firewall
-        extra += " --no-firewall"
+        extra += " --no-firewall --no-disk-watch"
     line = (
         f"sudo ./worker_setup/setup.sh --manager {addr}:2377 --token {token} "
         f"--slices-per-gpu {slices_per_gpu}{extra}{shared}{guard}"

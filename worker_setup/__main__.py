@@ -87,6 +87,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "removed if kept before): only with GPUHUB_EGRESS=off, for an image without "
         "gpuhub-firewall (make join-command adds it then)",
     )
+    parser.add_argument(
+        "--no-disk-watch",
+        action="store_true",
+        help="run no disk watch here (worker_setup/disk_watch.py; removed if run before): only "
+        "with GPUHUB_EGRESS=off, for an image without gpuhub-disk (make join-command adds it "
+        "then)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     # what only the manager's own advertising uses (python -m worker_setup.advertise)
     parser.set_defaults(simulate_if_no_gpu=0, none_if_no_gpu=False)
@@ -118,6 +125,7 @@ def main(
         docker=docker or DockerCLI(environ),
         daemon_json=Path(environ.get("GPUHUB_DAEMON_JSON") or DAEMON_JSON),
         guard=guard_service.Service(environ),
+        environ=environ,
     )
     return join.run(machine)
 

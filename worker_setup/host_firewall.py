@@ -9,7 +9,9 @@ not reach:
 - the swarm's manager (``--manager``'s address: its engine, Swarm's ports, SSH), and the
   engine's and Swarm's ports of any machine on a private network (the other GPU machines);
 - this machine itself (``GPUHUB-INPUT``, hooked in INPUT): nothing but name look-ups and, on the
-  manager, the GPU guard's metrics port, which the stack's Prometheus scrapes from there.
+  manager, the GPU guard's metrics port, which the stack's Prometheus scrapes from there, and
+  the disk watch's port (``DISK_WATCH_PORT``), where the hub reads the manager's own disk report
+  (disk_watch.py; a participant's server on the manager can read it too: server names, sizes).
 
 Each participant's server also fences itself in (gpu_swarm_spawner/egress.py); these rules hold
 for every container of the machine, whatever its image, and so also for a server that did not.
@@ -18,7 +20,8 @@ They are kept by a container of the machine's engine (``KEEPER``: the single-use
 ``gpuhub-firewall host``, with the host's network and CAP_NET_ADMIN, restart policy
 ``always``): the engine starts it again after its own restarts and the machine's reboots, and
 it puts the rules back within ``CHECK_EVERY_S`` when something (a firewall reload) removed them.
-``rules`` is pure; the join and `make demo` run ``ensure``/``remove`` through the engine.
+``rules`` is pure; the join and `make demo` run ``ensure``/``remove`` through the engine (the
+container's part shared with the disk watch: keepers.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import ipaddress
 from dataclasses import dataclass
 
 from gpu_swarm_spawner.contract import GUARD_METRICS_PORT, LABEL_PREFIX, LINK_LOCAL, PRIVATE
+
+from . import keepers
 
 KEEPER = "gpuhub-firewall"
 #: the keeper's label holding a digest of what it keeps (the rules and its image)
@@ -60,10 +65,11 @@ def _host(address: str) -> str:
         return ""
 
 
-def rules(managers: list[str], guard_port: int = GUARD_METRICS_PORT) -> Rules:
+def rules(managers: list[str], guard_port: int = GUARD_METRICS_PORT, disk_port: int = 0) -> Rules:
     """The rules of a machine whose swarm's managers are at ``managers`` (ADDR or ADDR:PORT;
     none on the manager itself); ``guard_port`` (0: none) stays open to its containers, for the
-    Prometheus of a stack on this machine."""
+    Prometheus of a stack on this machine, and ``disk_port`` (0: none) for its hub, which reads
+    this machine's disk watch (disk_watch.py) there."""
     forward = [
         ":GPUHUB-FORWARD - [0:0]",
         "-A GPUHUB-FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN",
@@ -85,7 +91,11 @@ def rules(managers: list[str], guard_port: int = GUARD_METRICS_PORT) -> Rules:
         "-A GPUHUB-INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN",
         "-A GPUHUB-INPUT -p udp --dport 53 -j RETURN",
         "-A GPUHUB-INPUT -p tcp --dport 53 -j RETURN",
-        *([f"-A GPUHUB-INPUT -p tcp --dport {guard_port} -j RETURN"] if guard_port else []),
+        *(
+            f"-A GPUHUB-INPUT -p tcp --dport {port} -j RETURN"
+            for port in (guard_port, disk_port)
+            if port
+        ),
         "-A GPUHUB-INPUT -j REJECT",
     ]
     text = "\n".join(["*filter", *forward, *into, "COMMIT", ""])
@@ -136,44 +146,36 @@ def remover_args(image: str, wanted: Rules) -> list[str]:
 
 
 WHAT = "containers here reach no metadata address, manager or port of this machine"
+FIREWALL = "the machine's firewall"
 
 
-class FirewallError(Exception):
-    """The keeper did not start, or the rules did not come out; the message says why."""
+class FirewallError(keepers.KeeperError):
+    """The rules did not come out; the message says why."""
 
 
-def ensure(docker, image: str, managers: list[str], guard_port: int, dry_run=False) -> tuple:
+def ensure(
+    docker, image: str, managers: list[str], guard_port: int, dry_run=False, disk_port: int = 0
+) -> tuple:
     """The keeper runs here with these rules and ``image``: (changed, what it says). ``docker``
-    is a DockerCLI (container, run_container, remove_container)."""
-    wanted = rules(managers, guard_port)
-    now = docker.container(KEEPER)
-    labels = ((now or {}).get("Config") or {}).get("Labels") or {}
-    if ((now or {}).get("State") or {}).get("Running") and labels.get(
-        DIGEST_LABEL
-    ) == wanted.digest(image):
+    is a DockerCLI (container, run_container, remove_container). Raises keepers.KeeperError."""
+    wanted = rules(managers, guard_port, disk_port)
+    args = keeper_args(image, wanted)
+    done = keepers.keep(docker, KEEPER, DIGEST_LABEL, wanted.digest(image), args, FIREWALL, dry_run)
+    if done == "kept":
         return False, f"kept ({WHAT})"
-    verb, done = ("replace", "replaced") if now else ("start", "started")
     if dry_run:
-        return False, f"would {verb} its keeper {KEEPER} ({WHAT})"
-    if now:
-        docker.remove_container(KEEPER)
-    error = docker.run_container(*keeper_args(image, wanted))
-    if error:
-        raise FirewallError(
-            f"the machine's firewall did not start: {error}; see: docker logs {KEEPER}"
-        )
+        return False, f"{done} its keeper {KEEPER} ({WHAT})"
     return True, f"{done} {KEEPER} ({WHAT})"
 
 
 def remove(docker, dry_run=False) -> tuple:
     """The keeper gone, and its rules taken out by a one-off container of its image (with the
     rules it kept): (changed, what it says)."""
-    now = docker.container(KEEPER)
+    now = keepers.remove(docker, KEEPER, FIREWALL, dry_run)
     if now is None:
         return False, "no rules of ours here"
     if dry_run:
         return False, f"would remove {KEEPER} and its rules"
-    docker.remove_container(KEEPER)
     config = now.get("Config") or {}
     env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
     kept = Rules(

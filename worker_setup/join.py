@@ -17,11 +17,13 @@ Joining is a checklist of idempotent steps; a second run changes nothing and say
                systemd unit or a process of its own; restarted only when they changed
   firewall     the machine's own rules for its containers kept by a container of the engine
                (host_firewall.py): no metadata address, no manager, nothing of this machine
+  disk         the disk watch runs as a container of the engine (disk_watch.py): the servers'
+               homes and writable layers measured, the hub's report on port 9446
 
 With --registry (`make up` runs one on the manager) the images are pulled after the restart that
 makes the engine trust it. --leave waits for (--wait) or stops (--force) the participants'
-servers here, leaves the swarm, stops and removes the GPU guard and the firewall's keeper (and
-its rules) and takes the GPU settings out of daemon.json again.
+servers here, leaves the swarm, stops and removes the GPU guard, the firewall's keeper (and
+its rules) and the disk watch, and takes the GPU settings out of daemon.json again.
 
 For engines set up differently (the test bed's machines): DOCKER_HOST, GPUHUB_DAEMON_JSON,
 GPUHUB_DOCKERD_CMD (how to start dockerd), GPUHUB_DOCKERD_PIDFILE, GPUHUB_DOCKERD_LOG.
@@ -38,13 +40,13 @@ import sys
 import tarfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_swarm_spawner import contract
 
-from . import advertise, guard_service, host_firewall, shared_folders
+from . import advertise, disk_watch, guard_service, host_firewall, keepers, shared_folders
 from .docker_cli import DockerCLI
 from .engine import EngineError
 
@@ -100,6 +102,8 @@ class Machine:
     #: machine gets it under; both set by ``join``.
     manager: str = ""
     image: str = ""
+    #: The environment the setup runs in (DOCKER_HOST: the engine's socket, for the disk watch).
+    environ: Mapping[str, str] = field(default_factory=dict)
 
 
 def with_port(address: str) -> str:
@@ -416,6 +420,7 @@ def join(m: Machine) -> None:
         ensure_gpu_settings(m, plan)
     ensure_guard(m, plan)
     ensure_host_firewall(m)
+    ensure_disk_watch(m)
     for line in m.checklist.table():
         print(line)
     if m.args.dry_run:
@@ -493,25 +498,42 @@ def ensure_host_firewall(m: Machine) -> None:
     if m.args.no_firewall:
         ensure_host_firewall_removed(m, " (--no-firewall)")
         return
-    try:
-        changed, said = host_firewall.ensure(
-            m.docker,
-            m.image,
-            [m.manager] if m.manager else [],
-            m.args.guard_metrics_port,
-            m.args.dry_run,
-        )
-    except host_firewall.FirewallError as e:
-        raise Stop(str(e)) from None
-    (m.checklist.changed if changed else m.checklist.row)("firewall", said)
+    managers = [m.manager] if m.manager else []
+    keeper_step(
+        m,
+        "firewall",
+        lambda: host_firewall.ensure(
+            m.docker, m.image, managers, m.args.guard_metrics_port, m.args.dry_run
+        ),
+    )
 
 
 def ensure_host_firewall_removed(m: Machine, why: str = "") -> None:
+    keeper_step(m, "firewall", lambda: host_firewall.remove(m.docker, m.args.dry_run), why)
+
+
+def ensure_disk_watch(m: Machine) -> None:
+    """The disk watch runs here (disk_watch.py) from the single-user image. With
+    --no-disk-watch, none."""
+    if m.args.no_disk_watch:
+        ensure_disk_watch_removed(m, " (--no-disk-watch)")
+        return
+    socket = disk_watch.engine_socket(m.environ)
+    keeper_step(m, "disk", lambda: disk_watch.ensure(m.docker, m.image, socket, m.args.dry_run))
+
+
+def ensure_disk_watch_removed(m: Machine, why: str = "") -> None:
+    keeper_step(m, "disk", lambda: disk_watch.remove(m.docker, m.args.dry_run), why)
+
+
+def keeper_step(m: Machine, step: str, call: Callable[[], tuple], why: str = "") -> None:
+    """A container the machine keeps (keepers.py): ``call``'s (changed, what it says) as the
+    row of ``step``, with ``why`` after it; its failure stops the setup."""
     try:
-        changed, said = host_firewall.remove(m.docker, m.args.dry_run)
-    except host_firewall.FirewallError as e:
+        changed, said = call()
+    except keepers.KeeperError as e:
         raise Stop(str(e)) from None
-    (m.checklist.changed if changed else m.checklist.row)("firewall", said + why)
+    (m.checklist.changed if changed else m.checklist.row)(step, said + why)
 
 
 # ---- leaving ------------------------------------------------------------------------------
@@ -579,6 +601,7 @@ def leave(m: Machine) -> None:
     ensure_left(m, users)
     ensure_guard_stopped(m, "leaving")
     ensure_host_firewall_removed(m)
+    ensure_disk_watch_removed(m)
     ensure_gpu_settings_removed(m)
     for line in m.checklist.table():
         print(line)

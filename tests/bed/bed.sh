@@ -282,7 +282,7 @@ join_worker() {
       --slices-per-gpu "$GPUHUB_SLICES_PER_GPU" --machine-id "bed-$w" \
       --image "$GPUHUB_SINGLEUSER_IMAGE" \
       ${GPUHUB_NAMED_SLOTS:+--named-kind "$GPUHUB_NAMED_SLOTS"} \
-      $([ "${GPUHUB_EGRESS:-}" != off ] || echo --no-firewall) "$@" )
+      $([ "${GPUHUB_EGRESS:-}" != off ] || echo --no-firewall --no-disk-watch) "$@" )
 }
 
 needs_image() {

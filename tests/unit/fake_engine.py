@@ -417,8 +417,9 @@ def node(hostname: str, kinds: list[str], availability: str = "active") -> dict:
 
 class FakeDockerCLI:
     """worker_setup's DockerCLI over the fake engine, for what the deploy runs through the
-    ``docker`` command (the firewall's keeper): ``docker run --detach --name NAME`` is a
-    container of ``engine.containers_running``."""
+    ``docker`` command (the firewall's keeper, the disk watch): ``docker run --detach --name
+    NAME`` is a container of ``engine.containers_running``, its image the word after
+    ``--entrypoint=``; ``changes`` has ("docker run", NAME, what the image runs)."""
 
     def __init__(self, engine: FakeDocker):
         self.engine = engine
@@ -443,10 +444,11 @@ class FakeDockerCLI:
             return [words[i + 1] for i, w in enumerate(words) if w == flag]
 
         name = (values("--name") or ["(one-off)"])[0]
-        self.engine.changes.append(("docker run", name, words[-1]))
+        image = next(i for i, w in enumerate(words) if w.startswith("--entrypoint=")) + 1
+        self.engine.changes.append(("docker run", name, " ".join(words[image + 1 :])))
         if "--detach" in words:
             labels = dict(v.split("=", 1) for v in values("--label"))
-            kwargs = {"image": words[-2], "labels": labels, "env": values("--env")}
+            kwargs = {"image": words[image], "labels": labels, "env": values("--env")}
             self.engine.containers_running[name] = FakeContainer(self.engine, name, kwargs)
         return ""
 

@@ -747,6 +747,12 @@ def test_make_demo_twice(tmp_path, machine, capsys):
     # the manager's own rules for its containers, as a GPU machine's join keeps them
     assert ("docker run", "gpuhub-firewall", "host") in changed
     assert "firewall: started gpuhub-firewall" in out
+    # its hub reads the manager's own disk watch, through the manager's rules
+    assert ("docker run", "gpuhub-disk", "watch --port 9446") in changed
+    assert "disk watch: started gpuhub-disk (" in out
+    keeper = machine.containers_running["gpuhub-firewall"].kwargs
+    rules = dict(e.split("=", 1) for e in keeper["env"])["GPUHUB_HOST_RULES"]
+    assert "-A GPUHUB-INPUT -p tcp --dport 9446 -j RETURN" in rules
     assert cli.main(["demo"], environ) == 0
     again = capsys.readouterr().out
     assert machine.changes == changed  # nothing changed the second time
@@ -757,8 +763,25 @@ def test_make_demo_twice(tmp_path, machine, capsys):
         "unchanged: gpuhub_hub",
         "secrets: kept those",
         "firewall: kept (",
+        "disk watch: kept (",
     ]:
         assert says in again
+
+
+def test_egress_off_runs_no_firewall_or_disk_watch_on_the_manager(tmp_path, machine, capsys):
+    """GPUHUB_EGRESS=off: the servers' image has neither gpuhub-firewall nor gpuhub-disk (the
+    bench's stand-in); what ran before goes."""
+    environ = environ_for(tmp_path, GPUHUB_ADVERTISE_ADDR="10.0.0.5")
+    assert cli.main(["demo"], environ) == 0
+    assert "gpuhub-disk" in machine.containers_running
+    capsys.readouterr()
+    assert cli.main(["demo"], {**environ, "GPUHUB_EGRESS": "off"}) == 0
+    out = capsys.readouterr().out
+    assert "disk watch: removed gpuhub-disk (GPUHUB_EGRESS=off)" in out
+    assert "firewall: removed gpuhub-firewall and its rules (GPUHUB_EGRESS=off)" in out
+    assert not {"gpuhub-disk", "gpuhub-firewall"} & set(machine.containers_running)
+    assert cli.main(["demo"], {**environ, "GPUHUB_EGRESS": "off"}) == 0
+    assert "disk watch: no disk watch here (GPUHUB_EGRESS=off)" in capsys.readouterr().out
 
 
 def test_a_network_subnet_setting_deploys_the_subnet_overlay(tmp_path, machine):
@@ -865,6 +888,9 @@ def test_make_down_twice_and_with_purge(tmp_path, machine, capsys, monkeypatch):
     assert "firewall: removed gpuhub-firewall and its rules" in out
     assert ("docker run", "(one-off)", "host-remove") in machine.changes
     assert "gpuhub-firewall" not in machine.containers_running
+    assert "disk watch: removed gpuhub-disk" in out
+    assert ("docker rm", "gpuhub-disk") in machine.changes
+    assert "gpuhub-disk" not in machine.containers_running
     assert (
         "kept the hub database and user homes (volumes); remove them too with: make down PURGE=1"
         in out
@@ -900,10 +926,12 @@ def test_make_down_without_an_engine_has_nothing_to_remove(tmp_path, monkeypatch
 # ---- machines: join line, pause, image file -----------------------------------------------------
 
 
-def test_the_join_line_keeps_no_firewall_only_when_the_servers_have_none():
+def test_the_join_line_keeps_no_firewall_or_disk_watch_only_when_the_servers_have_none():
+    """GPUHUB_EGRESS=off: an image without our programs, gpuhub-firewall and gpuhub-disk."""
     line = steps.join_command("10.0.0.5", "T", 3, contract.SINGLEUSER_IMAGE, firewall=False)
-    assert line.endswith("--slices-per-gpu 3 --no-firewall")
-    assert "--no-firewall" not in steps.join_command("10.0.0.5", "T", 3, contract.SINGLEUSER_IMAGE)
+    assert line.endswith("--slices-per-gpu 3 --no-firewall --no-disk-watch")
+    line = steps.join_command("10.0.0.5", "T", 3, contract.SINGLEUSER_IMAGE)
+    assert "--no-firewall" not in line and "--no-disk-watch" not in line
 
 
 def test_the_join_line_names_the_registry_when_the_stack_runs_one():

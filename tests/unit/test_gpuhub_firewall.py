@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from gpu_swarm_spawner import contract
 from worker_setup import host_firewall
 
 from .iptables_model import Packet, verdict
@@ -168,6 +169,22 @@ def test_a_machines_rules_close_metadata_the_manager_and_itself_to_its_container
     assert _hooked(rules, "INPUT", Packet(dst="10.0.0.11", dport=22, state="ESTABLISHED")) == (
         "ACCEPT"
     )
+
+
+def test_the_managers_containers_reach_its_disk_watch_and_no_other_port():
+    """The hub, a container on the manager, reads the manager's own disk report; a GPU
+    machine's rules (no disk_port: the join's) keep it closed to its containers."""
+    port = contract.DISK_WATCH_PORT
+    manager = host_firewall.rules([], guard_port=9445, disk_port=port)
+    assert _hooked(manager, "INPUT", Packet(dst="10.0.0.5", dport=port)) == "ACCEPT"
+    assert _hooked(manager, "INPUT", Packet(dst="10.0.0.5", dport=9445)) == "ACCEPT"
+    assert _hooked(manager, "INPUT", Packet(dst="10.0.0.5", dport=port, proto="udp")) == "REJECT"
+    for other in (22, 2377, port + 1):
+        assert _hooked(manager, "INPUT", Packet(dst="10.0.0.5", dport=other)) == "REJECT", other
+    gpu_machine = host_firewall.rules(["10.0.0.5:2377"], guard_port=9445)
+    assert _hooked(gpu_machine, "INPUT", Packet(dst="10.0.0.11", dport=port)) == "REJECT"
+    # the manager's rules before the disk watch, and a GPU machine's, are as they were
+    assert host_firewall.rules([], 9445, disk_port=0) == host_firewall.rules([], 9445)
 
 
 def test_what_does_not_come_from_the_containers_is_left_alone():

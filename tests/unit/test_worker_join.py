@@ -19,7 +19,7 @@ import pytest
 
 from gpu_swarm_spawner import contract
 from tests.fakes.nvml import imported, shim_env
-from worker_setup import join, shared_folders
+from worker_setup import disk_watch, join, shared_folders
 from worker_setup.__main__ import main, parse_args
 from worker_setup.docker_cli import DockerCLI
 
@@ -28,6 +28,7 @@ from .nvml_failures import FIXTURES, K80X2
 TOKEN = "SWMTKN-1-3pu6hszjas19xyp7ghgosyx9k8atbfcr8p2is99znpy26u2lkl-1awxwuwd3z9j1z3puu7rcgdbx"
 IMAGE = "gpu-jupyterhub/singleuser:latest"
 OWN = {"log-driver": "json-file", "log-opts": {"max-size": "10m"}}  # the administrator's
+WATCH = ("run", "watch --port 9446")  # the disk watch
 
 
 class FakeEngine:
@@ -45,6 +46,8 @@ class FakeEngine:
         self.log = ""  # what the engine logged lately
         self.leave_errors: list[str] = []  # what its next leaves answer
         self.containers: dict[str, dict] = {}  # name -> what `docker container inspect` says
+        self.runs: list[list[str]] = []  # each `docker run`'s arguments
+        self.run_errors: dict[str, str] = {}  # what `docker run --name NAME` answers
         self.changes: list[tuple] = []
 
     def running(self):
@@ -82,14 +85,20 @@ class FakeEngine:
 
     def run_container(self, *args):
         """``docker run``: a detached, named container is kept (its labels, image and
-        environment as inspect shows them); a --rm one only recorded."""
+        environment as inspect shows them); a --rm one only recorded, as ("run", what its image
+        runs: the words after it)."""
         words = list(args)
-        self.changes.append(("run", words[-1]))
+        image = next(i for i, w in enumerate(words) if w.startswith("--entrypoint=")) + 1
+        self.changes.append(("run", " ".join(words[image + 1 :])))
+        self.runs.append(words)
+        values = lambda flag: [words[i + 1] for i, w in enumerate(words) if w == flag]  # noqa: E731
+        error = self.run_errors.get((values("--name") or [""])[0])
+        if error:
+            return error
         if "--detach" in words:
-            values = lambda flag: [words[i + 1] for i, w in enumerate(words) if w == flag]  # noqa: E731
             self.containers[values("--name")[0]] = {
                 "Config": {
-                    "Image": words[-2],
+                    "Image": words[image],
                     "Labels": dict(v.split("=", 1) for v in values("--label")),
                     "Env": values("--env"),
                 },
@@ -218,6 +227,7 @@ def test_a_fresh_machine_joins_and_a_second_run_changes_nothing(daemon_json, man
         ("pull", IMAGE),
         ("restart",),
         ("run", "host"),  # the firewall's keeper
+        WATCH,
     ]
     assert summary(out) == {
         "checks": f"root, python3, {daemon_json}, manager {manager} answers",
@@ -231,6 +241,8 @@ def test_a_fresh_machine_joins_and_a_second_run_changes_nothing(daemon_json, man
         "guard": "not running (simulated GPUs: no NVML to read)",
         "firewall": "started gpuhub-firewall (containers here reach no metadata address, "
         "manager or port of this machine)",
+        "disk": "started gpuhub-disk (servers' homes and writable layers measured; its report "
+        "on port 9446)",
     }
     assert out.endswith(
         "\n\ndone: this machine's GPU slices are available to the hub in a few seconds\n"
@@ -273,6 +285,8 @@ def test_dry_run_prints_the_plan_and_the_diff_and_changes_nothing(daemon_json, m
         "guard": "not running (simulated GPUs: no NVML to read)",
         "firewall": "would start its keeper gpuhub-firewall (containers here reach no "
         "metadata address, manager or port of this machine)",
+        "disk": "would start gpuhub-disk (servers' homes and writable layers measured; its "
+        "report on port 9446)",
     }
     assert f"      {daemon_json} would change:\n" in out
     assert '      +    "GPU-simulated-' in out and "gpu-jupyterhub.gpu-count=2" in out
@@ -519,7 +533,7 @@ def test_servers_running_here_keep_the_engine_from_restarting(daemon_json, manag
     assert "would stop the servers running here: jy-alice jy-bob--gpu; run this again" in line
     assert engine.changes == [] and json.loads(daemon_json.read_text()) == OWN
     assert setup(engine, daemon_json, manager, "--force") == 0
-    assert engine.changes == [("restart",), ("run", "host")]
+    assert engine.changes == [("restart",), ("run", "host"), WATCH]
 
 
 def test_the_firewalls_keeper_holds_the_managers_address_and_is_replaced_only_on_change(
@@ -550,7 +564,12 @@ def test_the_firewalls_keeper_holds_the_managers_address_and_is_replaced_only_on
 
     engine.images["example.org/su:8"] = "sha256:2"
     assert setup(engine, daemon_json, manager, "--image", "example.org/su:8") == 0
-    assert engine.changes[-2:] == [("rm", "gpuhub-firewall"), ("run", "host")]
+    assert engine.changes[-4:] == [
+        ("rm", "gpuhub-firewall"),
+        ("run", "host"),
+        ("rm", "gpuhub-disk"),
+        WATCH,
+    ]
     assert summary(capsys.readouterr().out)["firewall"].startswith("replaced gpuhub-firewall")
     assert engine.containers["gpuhub-firewall"]["Config"]["Image"] == "example.org/su:8"
 
@@ -571,6 +590,105 @@ def test_no_firewall_keeps_none_and_takes_out_a_kept_one(daemon_json, manager, c
     assert summary(capsys.readouterr().out)["firewall"] == (
         "removed gpuhub-firewall and its rules (--no-firewall)"
     )
+
+
+def test_the_disk_watch_sees_the_engine_and_the_host_and_is_replaced_only_on_change(
+    daemon_json, manager, capsys
+):
+    """The watch runs the single-user image's gpuhub-disk as root with the host's network, the
+    engine's socket (DOCKER_HOST's, the test bed's) and the host's root read-only; a second join
+    keeps it, a new image replaces it."""
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    socket = "/run/gpu-jupyterhub-bed/w1.sock"
+    line = ["--manager", manager, "--token", TOKEN, "--simulate-gpus", "2", "--image", IMAGE]
+    environ = {"GPUHUB_DAEMON_JSON": str(daemon_json), "DOCKER_HOST": f"unix://{socket}"}
+    assert main(line, docker=engine, environ=environ) == 0
+    (args,) = [a for a in engine.runs if "--name" in a and "gpuhub-disk" in a]
+    label = engine.containers["gpuhub-disk"]["Config"]["Labels"]["gpu-jupyterhub.disk-watch"]
+    assert args == [
+        "--detach",
+        "--name",
+        "gpuhub-disk",
+        "--restart=always",
+        "--network=host",
+        "--user=0",
+        "--memory=128m",
+        "--log-opt=max-size=1m",
+        "--label",
+        f"gpu-jupyterhub.disk-watch={label}",
+        "-v",
+        f"{socket}:/var/run/docker.sock",
+        "-v",
+        "/:/host:ro",
+        "--entrypoint=gpuhub-disk",
+        IMAGE,
+        "watch",
+        "--port",
+        str(contract.DISK_WATCH_PORT),
+    ]
+    capsys.readouterr()
+
+    engine.changes = []
+    assert main(line, docker=engine, environ=environ) == 0
+    assert engine.changes == []
+    assert summary(capsys.readouterr().out)["disk"].startswith("kept (")
+
+    engine.images["example.org/su:8"] = "sha256:2"
+    assert main([*line, "--image", "example.org/su:8"], docker=engine, environ=environ) == 0
+    assert engine.changes[-2:] == [("rm", "gpuhub-disk"), WATCH]
+    assert summary(capsys.readouterr().out)["disk"].startswith("replaced gpuhub-disk (")
+    assert engine.containers["gpuhub-disk"]["Config"]["Image"] == "example.org/su:8"
+
+    engine.changes = []  # another engine's socket: another watch
+    environ["DOCKER_HOST"] = "unix:///run/gpu-jupyterhub-bed/w2.sock"
+    assert main([*line, "--image", "example.org/su:8"], docker=engine, environ=environ) == 0
+    assert engine.changes == [("rm", "gpuhub-disk"), WATCH]
+
+
+def test_the_disk_watch_finds_dockers_own_socket_without_a_unix_docker_host():
+    for environ in ({}, {"DOCKER_HOST": "tcp://10.0.0.5:2375"}):
+        assert disk_watch.engine_socket(environ) == "/var/run/docker.sock"
+    assert disk_watch.engine_socket({"DOCKER_HOST": "unix:///run/d.sock"}) == "/run/d.sock"
+
+
+def test_a_disk_watch_that_does_not_start_stops_the_join_and_names_its_log(
+    daemon_json, manager, capsys
+):
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    engine.run_errors["gpuhub-disk"] = "docker: Error response from daemon: no space left"
+    assert setup(engine, daemon_json, manager) == 1
+    assert one_error_line(capsys) == (
+        "error: the disk watch did not start: docker: Error response from daemon: no space "
+        "left; see: docker logs gpuhub-disk"
+    )
+
+
+def test_no_disk_watch_runs_none_and_removes_a_running_one(daemon_json, manager, capsys):
+    """--no-disk-watch (GPUHUB_EGRESS=off, an image without gpuhub-disk): no watch; one that
+    ran before is removed, also in a dry run only said."""
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    assert setup(engine, daemon_json, manager, "--no-disk-watch") == 0
+    assert summary(capsys.readouterr().out)["disk"] == "no disk watch here (--no-disk-watch)"
+    assert "gpuhub-disk" not in engine.containers
+    assert setup(engine, daemon_json, manager) == 0
+    assert "gpuhub-disk" in engine.containers
+    capsys.readouterr()
+    engine.changes = []
+    assert setup(engine, daemon_json, manager, "--no-disk-watch", "--dry-run") == 0
+    assert summary(capsys.readouterr().out)["disk"] == "would remove gpuhub-disk (--no-disk-watch)"
+    assert engine.changes == []
+    assert setup(engine, daemon_json, manager, "--no-disk-watch") == 0
+    assert engine.changes == [("rm", "gpuhub-disk")]
+    assert summary(capsys.readouterr().out)["disk"] == "removed gpuhub-disk (--no-disk-watch)"
+
+
+def test_a_gpu_machines_containers_do_not_reach_its_disk_watch(daemon_json, manager, capsys):
+    """Only the manager's hub reads a machine's report from inside that machine; on a GPU
+    machine the hub comes from the manager, and the machine's own containers stay out."""
+    engine = FakeEngine(swarm="active", managers=[manager], images={IMAGE: "sha256:1"})
+    assert setup(engine, daemon_json, manager) == 0
+    env = dict(e.split("=", 1) for e in engine.containers["gpuhub-firewall"]["Config"]["Env"])
+    assert f"--dport {contract.DISK_WATCH_PORT}" not in env["GPUHUB_HOST_RULES"]
 
 
 # ---- the single-user image: --image-tar, or every image of the manager's registry ------------
@@ -683,7 +801,8 @@ def test_with_a_registry_every_image_of_it_is_pulled_after_the_engine_trusts_it(
 
     assert setup(engine, daemon_json, manager, "--registry", registry) == 0
     out = capsys.readouterr().out
-    assert engine.changes == [("restart",), *(("pull", name) for name in names), ("run", "host")]
+    pulls = [("pull", name) for name in names]
+    assert engine.changes == [("restart",), *pulls, ("run", "host"), WATCH]
     assert summary(out)["image"] == f"pulled from the manager's registry: {' '.join(names)}"
     assert json.loads(daemon_json.read_text())["insecure-registries"] == [registry]
 
@@ -719,7 +838,7 @@ def test_an_image_tar_beats_the_registry_and_keeps_its_own_name(
     tar = image_tar(tmp_path / "image.tar", engine.tar[1])
     assert setup(engine, daemon_json, manager, "--registry", registry, "--image-tar", tar) == 0
     assert summary(capsys.readouterr().out)["image"] == f"loaded {IMAGE} from {tar}"
-    assert engine.changes == [("restart",), ("load", tar), ("run", "host")]
+    assert engine.changes == [("restart",), ("load", tar), ("run", "host"), WATCH]
 
 
 # ---- leaving ------------------------------------------------------------------------------
@@ -762,6 +881,7 @@ def test_leave_waits_for_the_servers_to_stop(joined, daemon_json, capsys):
         ("leave",),
         ("rm", "gpuhub-firewall"),
         ("run", "host-remove"),
+        ("rm", "gpuhub-disk"),
         ("restart",),
     ]
     rows = summary(out)
@@ -779,12 +899,14 @@ def test_leave_waits_for_the_servers_to_stop(joined, daemon_json, capsys):
         "swarm": "not in a swarm",
         "guard": "not running (leaving)",
         "firewall": "no rules of ours here",
+        "disk": "no disk watch here",
         "daemon.json": "no GPU settings left",
     }
     assert joined.changes == [
         ("leave",),
         ("rm", "gpuhub-firewall"),
         ("run", "host-remove"),
+        ("rm", "gpuhub-disk"),
         ("restart",),
     ]
 
@@ -810,6 +932,7 @@ def test_leave_with_force_stops_them(joined, daemon_json, capsys):
         ("leave",),
         ("rm", "gpuhub-firewall"),
         ("run", "host-remove"),
+        ("rm", "gpuhub-disk"),
         ("restart",),
     ]
 
@@ -822,6 +945,7 @@ def test_leave_dry_run_changes_nothing(joined, daemon_json, capsys):
         "swarm": "would leave the swarm",
         "guard": "not running (leaving)",
         "firewall": "would remove gpuhub-firewall and its rules",
+        "disk": "would remove gpuhub-disk",
         "daemon.json": "would take the GPU settings out",
     }
     assert f"      {daemon_json} would change:\n" in out and '      -    "GPU-simulated-' in out
