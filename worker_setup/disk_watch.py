@@ -8,10 +8,11 @@ passes its safety line (the servers' labels, gpu_swarm_spawner/contract.py) and 
 hub's ``GET /disk`` on this machine's address at ``DISK_WATCH_PORT``.
 
 It runs as a container of the machine's engine (``WATCH``, restart policy ``always``, as the
-firewall's keeper: keepers.py), as root, with the host's network, the engine's socket (to find
-the servers and pause one) and the host's root file system read-only under /host (to measure
-the paths the engine names). ``watch_args`` is pure; the join and the deploy run
-``ensure``/``remove`` through the engine.
+firewall's keeper: keepers.py), as root, with the host's network and processes, the engine's
+socket (to find the servers and pause one) and the host's root file system read-only under
+/host (to measure the paths the engine names; a home is read through its server's first
+process). ``watch_args`` is pure; the join and the deploy run ``ensure``/``remove`` through the
+engine.
 """
 
 from __future__ import annotations
@@ -39,10 +40,15 @@ def engine_socket(environ: Mapping[str, str]) -> str:
     return host.removeprefix("unix://") if host.startswith("unix:///") else ENGINE_SOCKET
 
 
-#: the watch's restart policy, network, user and limits
+#: the watch's restart policy, network, user and limits; the host's processes, and the right
+#: to read a server's files through its first process (``/proc/PID/root``: a server's home as it
+#: sees it, a shared folder mounted after the watch started included)
 LIMITS = (
     "--restart=always",
     "--network=host",
+    "--pid=host",
+    "--cap-add=SYS_PTRACE",
+    "--security-opt=apparmor=unconfined",
     "--user=0",
     "--memory=128m",
     "--log-opt=max-size=1m",
