@@ -21,6 +21,8 @@ from pathlib import Path
 import docker
 import pytest
 
+from gpu_swarm_spawner.contract import DISK_WATCH_PORT
+
 from .hub import BED, container_of, engine_of
 from .spawners import make_spawner, service_of, wait_slices_free
 
@@ -173,7 +175,13 @@ def targets_of(hub_settings, servers, metadata: str) -> list[str]:
         "prometheus:9090",
         f"{BED['BED_MANAGER_ADDR']}:2377",  # the manager's Swarm port
         *(f"{addr}:7946" for addr in machine_addresses()),  # every machine's Swarm gossip
+        *watches(),  # every machine's disk watch (the hub reads it)
     ]
+
+
+def watches() -> list[str]:
+    """Every machine's disk watch, HOST:PORT (worker_setup/disk_watch.py)."""
+    return [f"{addr}:{DISK_WATCH_PORT}" for addr in machine_addresses()]
 
 
 #: what the stack's containers reach over the servers' network, where only the server's own
@@ -184,7 +192,11 @@ OVERLAY = ("8888", "hub:8081", "proxy:8001")
 def on_machine(targets: list[str]) -> list[str]:
     """The targets that leave the container through its machine (the metadata address and the
     machines' own ports), where the machine's rules stop every container."""
-    return [t for t in targets if not t.endswith(OVERLAY) and not t.startswith(("proxy", "prom"))]
+    return [
+        t
+        for t in targets
+        if not t.endswith((*OVERLAY, f":{DISK_WATCH_PORT}")) and not t.startswith(("proxy", "prom"))
+    ]
 
 
 def keeper_of(container):
@@ -216,6 +228,8 @@ def test_a_participant_reaches_the_proxy_and_nothing_else(
     for target in on_machine(targets):
         assert beside[target] != "open", (target, beside)
         assert machine[target] == "open", (target, machine)
+    # the disk watches answer the machines (the hub reads them from the manager), not her
+    assert set(probe(keeper_of(ann), watches(), "root").values()) == {"open"}
 
 
 def test_each_layer_holds_without_the_other(hub, hub_settings, servers, metadata_service):
