@@ -127,6 +127,14 @@ class SpawnPage(HasTraits):
             await asyncio.sleep(0.2)
 
     @property
+    def failure_heading(self) -> str:
+        """The heading of ``failure_message`` on the hub's home page: the server did not start,
+        or it was stopped (for its machine's disk)."""
+        if self.disk_stopped and not self.active:
+            return "Your server was stopped."
+        return "Your server did not start."
+
+    @property
     def failure_message(self) -> str:
         """What the participant was told when this server's latest start failed; "" when it
         did not fail (or a new start began), or why the hub stopped it for the disk of its

@@ -199,9 +199,10 @@ def test_a_participant_filling_the_homes_storage_is_stopped_and_told_and_the_oth
     page = browser.new_context().new_page()
     log_in(page, hub, BOB)
     page.goto(f"{hub.url}/hub/home")
-    told = page.locator("#last-start-failed, .alert-warning, .alert-danger").first
+    told = page.locator("#last-start-failed")
     told.wait_for(timeout=30_000)
     text = told.inner_text()
+    assert text.startswith("Your server was stopped."), text
     assert "Your server was stopped at" in text, text
     assert f"the shared storage of the homes ({small_homes}) was" in text, text
     assert "safety line of 60%" in text and "Your files are kept" in text, text

@@ -181,6 +181,7 @@ async def test_a_stop_for_the_disk_is_told_until_the_next_start_and_outlives_a_r
     assert (recorded.kind, recorded.user, recorded.node) == ("disk stop", "alice", "w1")
     assert recorded.reason == "Stopped at 14:03 because w1's disk was full. Start again."
     assert spawner.failure_message == recorded.reason  # not running: their page says why
+    assert spawner.failure_heading == "Your server was stopped."
     # JupyterHub's stop clears the state and writes it back: the reason stays, and a hub
     # restarted since still says it
     spawner.clear_state()
@@ -192,6 +193,7 @@ async def test_a_stop_for_the_disk_is_told_until_the_next_start_and_outlives_a_r
     assert "disk_stopped" not in again.get_state()
     again._spawn_future = None
     assert again.failure_message == ""
+    assert again.failure_heading == "Your server did not start."
 
 
 def test_mounts_use_volumes_for_names_and_binds_for_paths():
