@@ -243,7 +243,7 @@ def target_unit(ctx: Context) -> gpus.GPUInfo:
     """The GPU (or MIG instance) a participant would get first: the first the join advertises."""
     nvml = ctx.nvml()
     try:
-        screened = usable.screen(gpus._read_gpus(nvml))
+        screened = usable.screen(gpus.read_gpus(nvml))
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
