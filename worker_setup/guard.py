@@ -28,7 +28,8 @@ The guard's modules, each importing only those named before it (besides guard_po
 telemetry, engine_api and the contract): guard_attribution (whose each process is),
 guard_notices (what goes into a participant's container), this one (the loop: ``Guard``, its
 rounds and what it carries out), guard_metrics (the Prometheus collector) and guard_command
-(the command line: ``--once``, ``--help``, ``main``).
+(the command line: ``--once``, ``--help``, ``main``, which this module's ``__main__`` runs: its
+one import of a module named after it).
 """
 
 from __future__ import annotations
