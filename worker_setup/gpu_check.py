@@ -53,8 +53,8 @@ def start_nvml():
     try:
         nvml.nvmlInit()
     except Exception as e:  # pynvml's NVMLError, whatever the library's state
-        reason = gpus._reason(e)
-        fix = gpus._advice(reason, "is the NVIDIA driver installed? (nvidia-smi)")
+        reason = gpus.nvml_reason(e)
+        fix = gpus.fix_for(reason, "is the NVIDIA driver installed? (nvidia-smi)")
         raise CheckFailed(f"NVML cannot start: {reason}; {fix}") from None
     return nvml
 
@@ -67,9 +67,9 @@ def versions(nvml) -> str:
         ("NVML", nvml.nvmlSystemGetNVMLVersion),
     ):
         try:
-            found.append(f"{what} {gpus._text(call())}")
+            found.append(f"{what} {gpus.nvml_text(call())}")
         except nvml.NVMLError as e:
-            found.append(f"{what} ? ({gpus._reason(e)})")
+            found.append(f"{what} ? ({gpus.nvml_reason(e)})")
     return ", ".join(found)
 
 
@@ -78,14 +78,14 @@ def read_gpus(nvml) -> list[gpus.GPUInfo | gpus.GPUFailed]:
     try:
         count = nvml.nvmlDeviceGetCount()
     except nvml.NVMLError as e:
-        reason = gpus._reason(e)
+        reason = gpus.nvml_reason(e)
         raise CheckFailed(
-            f"NVML could not count the GPUs: {reason}; {gpus._advice(reason, gpus.GPU_FIX)}"
+            f"NVML could not count the GPUs: {reason}; {gpus.fix_for(reason, gpus.GPU_FIX)}"
         ) from None
     found: list[gpus.GPUInfo | gpus.GPUFailed] = []
     for index in range(count):
         try:
-            found.append(gpus._read_gpu(nvml, index))
+            found.append(gpus.read_gpu(nvml, index))
         except gpus.GPUFailed as e:
             found.append(e)
     return found

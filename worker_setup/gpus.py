@@ -11,6 +11,12 @@ the fix.
 A GPU in MIG mode is read with its MIG instances (``GPUInfo.mig_instances``); ``advertised``
 turns the GPUs into what Swarm is told about: each MIG instance in place of its GPU, and a
 line for each GPU in MIG mode that has no instance to offer.
+
+Its NVML helpers are public for the other readers of NVML on this machine (``telemetry``, the
+guard's reading every few seconds; ``gpu_check``, ``make gpu-check``), so all of them read
+NVML's text, errors and MIG instances the one way: ``nvml_text``, ``nvml_reason``,
+``fix_for`` (the advice for an NVML message), ``read_gpus``/``read_gpu`` (the join's reading),
+``in_mig_mode``, ``mig_handle`` and ``pci_bus_id``. It imports only the contract.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ class GPUFailed(NVMLUnavailable):
     def __init__(self, index: int, ident: str, reason: str):
         self.index, self.ident, self.reason = index, ident, reason
         named = f"GPU {index} ({ident})" if ident else f"GPU {index}"
-        super().__init__(f"{named} failed: {reason}; {_advice(reason, GPU_FIX)}")
+        super().__init__(f"{named} failed: {reason}; {fix_for(reason, GPU_FIX)}")
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,7 @@ def load_nvml():
     return pynvml
 
 
-def _text(value) -> str:
+def nvml_text(value) -> str:
     """NVML's text as str: bytes (older pynvml) decoded, bytes that are not UTF-8 replaced."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -91,9 +97,9 @@ def _read_text(call, handle) -> str:
     UnicodeDecodeError when it is not UTF-8 (a corrupted VBIOS or InfoROM): read with the bad
     bytes replaced instead."""
     try:
-        return _text(call(handle))
+        return nvml_text(call(handle))
     except UnicodeDecodeError as e:
-        return _text(e.object)
+        return nvml_text(e.object)
 
 
 def _name(text: str) -> str:
@@ -103,7 +109,7 @@ def _name(text: str) -> str:
     return cleaned or "unnamed GPU"
 
 
-def _reason(error: Exception) -> str:
+def nvml_reason(error: Exception) -> str:
     """NVML's message for an error, without its trailing full stop."""
     return str(error).strip().rstrip(".") or type(error).__name__
 
@@ -118,12 +124,12 @@ def discover(nvml) -> list[GPUInfo]:
     try:
         nvml.nvmlInit()
     except Exception as e:
-        reason = _reason(e)
+        reason = nvml_reason(e)
         raise NVMLUnavailable(
-            f"NVML did not initialise: {reason} ({_advice(reason, INIT_FIX)})"
+            f"NVML did not initialise: {reason} ({fix_for(reason, INIT_FIX)})"
         ) from e
     try:
-        found = _read_gpus(nvml)
+        found = read_gpus(nvml)
     except BaseException:
         with contextlib.suppress(Exception):  # the first failure is the one to report
             nvml.nvmlShutdown()
@@ -131,40 +137,42 @@ def discover(nvml) -> list[GPUInfo]:
     try:
         nvml.nvmlShutdown()
     except nvml.NVMLError as e:
-        reason = _reason(e)
+        reason = nvml_reason(e)
         raise NVMLUnavailable(
-            f"NVML failed while shutting down: {reason}; {_advice(reason, GPU_FIX)}"
+            f"NVML failed while shutting down: {reason}; {fix_for(reason, GPU_FIX)}"
         ) from e
     return found
 
 
-def _read_gpus(nvml) -> list[GPUInfo]:
+def read_gpus(nvml) -> list[GPUInfo]:
+    """Every GPU as the join reads it (``discover`` without starting NVML: it is started)."""
     try:
         count = nvml.nvmlDeviceGetCount()
     except nvml.NVMLError as e:
-        reason = _reason(e)
+        reason = nvml_reason(e)
         raise NVMLUnavailable(
-            f"NVML could not count the GPUs: {reason}; {_advice(reason, GPU_FIX)}"
+            f"NVML could not count the GPUs: {reason}; {fix_for(reason, GPU_FIX)}"
         ) from e
-    return [_read_gpu(nvml, index) for index in range(count)]
+    return [read_gpu(nvml, index) for index in range(count)]
 
 
-def _read_gpu(nvml, index: int) -> GPUInfo:
+def read_gpu(nvml, index: int) -> GPUInfo:
+    """The GPU at ``index`` with its MIG instances; ``GPUFailed`` naming it when NVML fails."""
     ident = ""  # how the message names the GPU besides its index: UUID, else PCI bus id
     try:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         try:
             uuid = _read_text(nvml.nvmlDeviceGetUUID, handle)
         except nvml.NVMLError:
-            ident = _pci_bus_id(nvml, handle)
+            ident = pci_bus_id(nvml, handle)
             raise
         ident = uuid
         name = _name(_read_text(nvml.nvmlDeviceGetName, handle))
         memory_mb = _memory_mb(nvml, handle)
-        mig_mode = _in_mig_mode(nvml, handle)
+        mig_mode = in_mig_mode(nvml, handle)
         instances = _read_mig_instances(nvml, index, uuid, handle) if mig_mode else ()
     except nvml.NVMLError as e:
-        raise GPUFailed(index, ident, _reason(e)) from e
+        raise GPUFailed(index, ident, nvml_reason(e)) from e
     return GPUInfo(index, uuid, name, memory_mb, mig_mode=mig_mode, mig_instances=instances)
 
 
@@ -172,7 +180,7 @@ def _memory_mb(nvml, handle) -> int:
     return int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
 
 
-def _in_mig_mode(nvml, handle) -> bool:
+def in_mig_mode(nvml, handle) -> bool:
     """Whether MIG mode is on now (a mode pending until the next GPU reset does not count).
 
     GPUs without MIG (before Ampere) answer "Not Supported", drivers before MIG have no such
@@ -188,7 +196,7 @@ def _read_mig_instances(nvml, index: int, parent_uuid: str, handle) -> tuple[GPU
     """The MIG instances of a GPU in MIG mode; an empty slot answers "Not Found"."""
     instances = []
     for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-        mig = _mig_handle(nvml, handle, slot)
+        mig = mig_handle(nvml, handle, slot)
         if mig is None:
             continue
         ident = f"{parent_uuid}, MIG instance {slot}"
@@ -198,7 +206,7 @@ def _read_mig_instances(nvml, index: int, parent_uuid: str, handle) -> tuple[GPU
             name = _name(_read_text(nvml.nvmlDeviceGetName, mig))
             memory_mb = _memory_mb(nvml, mig)
         except nvml.NVMLError as e:
-            raise GPUFailed(index, ident, _reason(e)) from e
+            raise GPUFailed(index, ident, nvml_reason(e)) from e
         # NVML names an instance after its GPU and profile: "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
         profile = name.rpartition(" MIG ")[2] if " MIG " in name else ""
         instances.append(
@@ -207,7 +215,7 @@ def _read_mig_instances(nvml, index: int, parent_uuid: str, handle) -> tuple[GPU
     return tuple(instances)
 
 
-def _mig_handle(nvml, handle, slot: int):
+def mig_handle(nvml, handle, slot: int):
     """The handle of the MIG instance in ``slot`` of a GPU in MIG mode, or None for an empty
     slot (NVML answers "Not Found"); other NVML errors are raised."""
     try:
@@ -245,10 +253,10 @@ def no_mig_instances(gpu: GPUInfo) -> str:
     )
 
 
-def _pci_bus_id(nvml, handle) -> str:
+def pci_bus_id(nvml, handle) -> str:
     """``PCI <bus id>`` of a GPU whose UUID could not be read, or "" when that fails too."""
     try:
-        return f"PCI {_text(nvml.nvmlDeviceGetPciInfo(handle).busId)}"
+        return f"PCI {nvml_text(nvml.nvmlDeviceGetPciInfo(handle).busId)}"
     except nvml.NVMLError:
         return ""
 
@@ -278,7 +286,8 @@ _ADVICE = {
 }
 
 
-def _advice(message: str, default: str) -> str:
+def fix_for(message: str, default: str) -> str:
+    """The fix for an NVML ``message`` (its reason), by a word of it; else ``default``."""
     for word, advice in _ADVICE.items():
         if word in message.lower():
             return advice

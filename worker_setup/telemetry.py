@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from .gpus import _in_mig_mode, _mig_handle, _pci_bus_id, _reason, _text
+from .gpus import in_mig_mode, mig_handle, nvml_reason, nvml_text, pci_bus_id
 
 MIB = 1024 * 1024
 #: What NVML gives for a value it cannot say (pynvml's NVML_VALUE_NOT_AVAILABLE_ulonglong).
@@ -71,7 +71,7 @@ def read(nvml) -> Snapshot:
     try:
         count = nvml.nvmlDeviceGetCount()
     except nvml.NVMLError as e:
-        return Snapshot((), (), (f"NVML could not count the GPUs: {_reason(e)}",))
+        return Snapshot((), (), (f"NVML could not count the GPUs: {nvml_reason(e)}",))
     reading = _Reading(nvml)
     for index in range(count):
         with contextlib.suppress(_LeftOut):  # its error line is written
@@ -97,7 +97,7 @@ class _Reading:
         self.errors: list[str] = []
 
     def _failed(self, named: str, what: str, error: Exception) -> None:
-        self.errors.append(f"{named}: {_reason(error)} (reading its {what})")
+        self.errors.append(f"{named}: {nvml_reason(error)} (reading its {what})")
 
     def _needed(self, named: str, what: str, call, *args):
         """``call(*args)``; a failure leaves the GPU (or instance) out."""
@@ -122,14 +122,14 @@ class _Reading:
         nvml = self.nvml
         handle = self._needed(f"GPU {index}", "handle", nvml.nvmlDeviceGetHandleByIndex, index)
         try:
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            uuid = nvml_text(nvml.nvmlDeviceGetUUID(handle))
         except nvml.NVMLError as e:
-            pci = _pci_bus_id(nvml, handle)  # names it instead, where it can
+            pci = pci_bus_id(nvml, handle)  # names it instead, where it can
             self._failed(f"GPU {index} ({pci})" if pci else f"GPU {index}", "UUID", e)
             raise _LeftOut from e
         named = f"GPU {index} ({uuid})"
         name, total_mb, used_mb = self._identity(named, handle)
-        mig_mode = self._needed(named, "MIG mode", _in_mig_mode, nvml, handle)
+        mig_mode = self._needed(named, "MIG mode", in_mig_mode, nvml, handle)
         processes = () if mig_mode else self._processes(named, handle, uuid)
         utilization = self._optional(named, "utilization", nvml.nvmlDeviceGetUtilizationRates,
                                      handle)  # fmt: skip
@@ -154,7 +154,7 @@ class _Reading:
 
     def _identity(self, named: str, handle) -> tuple[str, int, int | None]:
         """Name, total and used memory (MiB) of a GPU or MIG instance."""
-        name = _text(self._needed(named, "name", self.nvml.nvmlDeviceGetName, handle))
+        name = nvml_text(self._needed(named, "name", self.nvml.nvmlDeviceGetName, handle))
         memory = self._needed(named, "memory", self.nvml.nvmlDeviceGetMemoryInfo, handle)
         return name, int(memory.total) // MIB, _mb(memory.used)
 
@@ -168,10 +168,10 @@ class _Reading:
         for slot in range(slots):
             ident = f"GPU {index} ({parent_uuid}, MIG instance {slot}"
             try:
-                mig = self._needed(f"{ident})", "handle", _mig_handle, nvml, handle, slot)
+                mig = self._needed(f"{ident})", "handle", mig_handle, nvml, handle, slot)
                 if mig is None:
                     continue  # an empty slot
-                uuid = _text(self._needed(f"{ident})", "UUID", nvml.nvmlDeviceGetUUID, mig))
+                uuid = nvml_text(self._needed(f"{ident})", "UUID", nvml.nvmlDeviceGetUUID, mig))
                 named = f"{ident} {uuid})"
                 name, total_mb, used_mb = self._identity(named, mig)
                 processes = self._processes(named, mig, uuid)

@@ -39,7 +39,9 @@ from gpu_swarm_spawner import contract
 from tests.fakes.nvml import FakeNVML
 from worker_setup import telemetry
 from worker_setup.engine_api import EngineAPI
-from worker_setup.guard import NOTICES_FILE, Guard, Options, Proc, servers_from
+from worker_setup.guard import Guard, Options
+from worker_setup.guard_attribution import Proc, servers_from
+from worker_setup.guard_notices import NOTICES_FILE
 from worker_setup.guard_policy import GuardSettings
 
 GPUS, SLICES, PROCESSES_EACH, HOST_PROCESSES = 8, 3, 2, 3

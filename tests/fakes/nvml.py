@@ -253,7 +253,7 @@ class FakeNVML:
             if not (isinstance(gpu, dict) and {"uuid", "name", "memory_mb"} <= set(gpu)):
                 raise ValueError(f"gpus[{index}]: give each GPU a uuid, name and memory_mb")
             _check_readings(f"gpus[{index}]", gpu, _READINGS)
-            units[_gpus._text(gpu["uuid"])] = (index, None)
+            units[_gpus.nvml_text(gpu["uuid"])] = (index, None)
             for slot, mig in enumerate(gpu.get("mig_instances", [])):
                 if mig is not None and not (
                     isinstance(mig, dict) and {"uuid", "profile", "memory_mb"} <= set(mig)
@@ -265,7 +265,7 @@ class FakeNVML:
                 if mig is not None:
                     where = f"gpus[{index}].mig_instances[{slot}]"
                     _check_readings(where, mig, {"memory_used_mb": _READINGS["memory_used_mb"]})
-                    units[_gpus._text(mig["uuid"])] = (index, slot)
+                    units[_gpus.nvml_text(mig["uuid"])] = (index, slot)
         fail = fixture.get("fail", {})
         if not (isinstance(fail, dict) and all(isinstance(s, dict) for s in fail.values())):
             raise ValueError('fail: write it as {"<call>": {"error": "GpuIsLost", "gpu": 1}, ...}')

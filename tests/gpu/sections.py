@@ -42,7 +42,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gpu_swarm_spawner import contract
-from worker_setup import gpus, guard, slicing, telemetry, usable
+from worker_setup import gpus, guard, guard_attribution, slicing, telemetry, usable
 from worker_setup import guard_policy as policy
 
 from . import prove
@@ -243,7 +243,7 @@ def target_unit(ctx: Context) -> gpus.GPUInfo:
     """The GPU (or MIG instance) a participant would get first: the first the join advertises."""
     nvml = ctx.nvml()
     try:
-        screened = usable.screen(gpus._read_gpus(nvml))
+        screened = usable.screen(gpus.read_gpus(nvml))
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
@@ -406,9 +406,9 @@ def guard_reading(ctx: Context, s: prove.Section) -> None:
                 raw.get(h.pid),
                 (apps.get(h.pid) or {}).get("used_mb"),
             )
-            cgroup = guard.Proc().cgroup(h.pid) or ""
+            cgroup = guard_attribution.Proc().cgroup(h.pid) or ""
             s.findings[f"{fw}_cgroup"] = cgroup.strip().splitlines()[-1:] or [""]
-            s.findings[f"{fw}_container"] = guard.container_of(cgroup)
+            s.findings[f"{fw}_container"] = guard_attribution.container_of(cgroup)
             report = reports.get(h.pid)
             s.checks.append(
                 prove.check(
@@ -474,7 +474,7 @@ class OneServer:
         return {}
 
 
-class TargetIn(guard.Proc):
+class TargetIn(guard_attribution.Proc):
     """/proc as it is, except that process ``pid`` says it runs in ``TARGET_CONTAINER``."""
 
     def __init__(self, pid: int):

@@ -1,6 +1,7 @@
-"""The GPU guard's rounds (worker_setup/guard.py) over the fake NVML, a /proc tree of files and
-an engine that answers from a list: attribution, warnings, stops, notices, metrics, and every
-failure it must survive. The decision itself is tested in test_guard_policy.py."""
+"""The GPU guard's rounds (worker_setup/guard.py and the guard_* modules beside it) over the
+fake NVML, a /proc tree of files and an engine that answers from a list: attribution, warnings,
+stops, notices, metrics, and every failure it must survive. The decision itself is tested in
+test_guard_policy.py."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_swarm_spawner import contract
 from tests.fakes.nvml import FakeNVML
-from worker_setup import guard as guard_module
+from worker_setup import guard_command, guard_metrics, guard_notices
 from worker_setup.engine_api import EngineUnavailable
-from worker_setup.guard import Guard, Options, Proc, container_of, servers_from
+from worker_setup.guard import Guard, Options
+from worker_setup.guard_attribution import Proc, Server, container_of, servers_from
 from worker_setup.guard_policy import GuardSettings
 
 GPU0 = "GPU-9a3e0000-0000-4000-8000-00000000a101"
@@ -208,7 +210,7 @@ def test_each_participant_gets_their_own_figures_written_when_they_change(machin
     clock.now += 5
     guard.round()
     assert figures(machine, 11)["time"] == first  # unchanged: not written again
-    clock.now += guard_module.USAGE_REFRESH_S
+    clock.now += guard_notices.USAGE_REFRESH_S
     guard.round()
     assert figures(machine, 11)["time"] > first  # written again before it goes stale
     guard.nvml = FakeNVML(fixture([p for p in OVER if p["pid"] != 101]))
@@ -331,7 +333,7 @@ def test_back_within_budget_is_said_and_the_grace_starts_again(machine):
 
 def test_the_notices_file_keeps_the_last_twenty(machine):
     guard, _ = make_guard(machine)
-    server = guard_module.Server(ALICE, "jy-alice", "alice", GPU0, 1, 8192)
+    server = Server(ALICE, "jy-alice", "alice", GPU0, 1, 8192)
     for n in range(25):
         guard._notify(server, {"id": f"n{n}", "level": "info", "time": n, "message": "m"})
     guard._notify(server, {"id": "n24", "level": "info", "time": 99, "message": "again"})
@@ -346,12 +348,12 @@ def test_a_link_the_participant_planted_fails_the_write_instead_of_following_it(
     outside.mkdir()
     (root / "tmp" / "gpuhub-guard").symlink_to(outside)
     with pytest.raises(OSError):
-        guard_module.write_into(str(root), "{}")
+        guard_notices.write_into(str(root), "{}")
     assert list(outside.iterdir()) == []
     (root / "tmp" / "gpuhub-guard").unlink()
     (root / "tmp" / "gpuhub-guard").mkdir()
     (root / "tmp" / "gpuhub-guard" / "notices.json").symlink_to(outside / "passwd")
-    guard_module.write_into(str(root), '{"notices": []}')  # the link is replaced, not followed
+    guard_notices.write_into(str(root), '{"notices": []}')  # the link is replaced, not followed
     assert list(outside.iterdir()) == []
     assert (root / "tmp/gpuhub-guard/notices.json").read_text() == '{"notices": []}'
 
@@ -430,7 +432,7 @@ def scrape(guard) -> dict:
 
     class Collector:
         def collect(self):
-            return guard_module.metric_families(guard)
+            return guard_metrics.metric_families(guard)
 
     registry.register(Collector())
     text = generate_latest(registry).decode()
@@ -467,7 +469,7 @@ def test_the_metrics_are_the_last_rounds_figures(machine):
 def test_once_prints_the_reading_and_changes_nothing(machine, capsys):
     guard, _ = make_guard(machine)
     done, _ = guard.observe()
-    lines = guard_module.describe_round(done)
+    lines = guard_command.describe_round(done)
     assert any("pid     101" in line and "jy-alice (alice)" in line for line in lines)
     assert any("pid     301" in line and "no participant's" in line for line in lines)
     assert any(line.startswith("  would warn:") for line in lines)

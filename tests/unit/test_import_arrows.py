@@ -8,8 +8,11 @@ image)."""
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
+
+import pytest
 
 from .imports import imports
 
@@ -160,3 +163,125 @@ def test_the_copies_read_here_are_the_dockerfiles():
     assert REPO / "gpu_swarm_spawner" / "__init__.py" in needed
     assert REPO / "tutorial_sync" / "repos.py" in needed
     assert not [p for p in needed if p.is_relative_to(REPO / "worker_setup")]
+
+
+#: Within the GPU machine's side: the project's modules each of these may import (everything of
+#: the project it imports, the imports of its imports aside). The GPU guard's modules import one
+#: way, attribution <- notices <- the loop <- metrics <- the command (docs/architecture.md).
+WORKER_ARROWS = {
+    "worker_setup.gpus": {"gpu_swarm_spawner.contract"},
+    "worker_setup.telemetry": {"worker_setup.gpus"},
+    "worker_setup.guard_policy": {"gpu_swarm_spawner.contract"},
+    "worker_setup.guard_attribution": {
+        "gpu_swarm_spawner.contract",
+        "worker_setup.guard_policy",
+        "worker_setup.telemetry",
+    },
+    "worker_setup.guard_notices": {
+        "worker_setup.guard_attribution",
+        "worker_setup.guard_policy",
+        "worker_setup.telemetry",
+    },
+    "worker_setup.guard": {
+        "gpu_swarm_spawner.contract",
+        "worker_setup.engine_api",
+        "worker_setup.guard_attribution",
+        "worker_setup.guard_notices",
+        "worker_setup.guard_policy",
+        "worker_setup.telemetry",
+        "worker_setup.guard_command",  # its __main__ only: python -m worker_setup.guard
+    },
+    "worker_setup.guard_metrics": {"worker_setup.guard"},
+    "worker_setup.guard_command": {
+        "worker_setup.engine_api",
+        "worker_setup.gpus",
+        "worker_setup.guard",
+        "worker_setup.guard_metrics",
+        "worker_setup.guard_notices",
+        "worker_setup.guard_policy",
+        "worker_setup.guard_service",
+    },
+}
+
+
+def project_imports(module: str) -> set[str]:
+    """The project's modules that ``module``'s file imports, by their dotted names."""
+    path = project_file(module)
+    found = {project_file(m) for _, m in imported(path)} - {None}
+    return {module_of(p) for p in found}
+
+
+@pytest.mark.parametrize("module", sorted(WORKER_ARROWS))
+def test_the_gpu_machines_modules_import_only_what_their_arrows_allow(module):
+    wrong = sorted(project_imports(module) - WORKER_ARROWS[module])
+    assert not wrong, f"{module} imports {wrong}: against the arrows; move the code instead"
+
+
+def test_the_guards_modules_are_all_in_the_table_of_arrows():
+    """A new guard_*.py module gets its arrows written down, so the table cannot go stale."""
+    guard_modules = {module_of(p) for p in (REPO / "worker_setup").glob("guard*.py")}
+    assert guard_modules - {"worker_setup.guard_service"} <= set(WORKER_ARROWS)
+
+
+def test_the_arrows_are_read_as_the_sources_say():
+    """Else the tests above could pass on imports they misread."""
+    assert project_imports("worker_setup.guard_metrics") == {"worker_setup.guard"}
+    assert "worker_setup.guard_attribution" in project_imports("worker_setup.guard_notices")
+    assert "worker_setup.gpus" in project_imports("worker_setup.guard_command")  # inside main
+
+
+def private_names_taken(source: str, module: str) -> list[str]:
+    """``line: module.name`` for each name with a leading underscore that ``source`` (the file of
+    ``module``) takes from another of the project's modules: ``from .gpus import _x``, or
+    ``gpus._x`` where ``gpus`` (or its alias) is a module of the project imported there."""
+    tree = ast.parse(source)
+    aliases = {
+        (node.lineno, alias.name): alias.asname
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.asname
+    }
+    modules: dict[str, str] = {}  # a name bound to one of the project's modules -> the module
+    found = []
+    for line, name in imports(source, module.rpartition(".")[0]):
+        base, _, last = name.rpartition(".")
+        target = project_file(name)
+        if target is not None and module_of(target) == name:
+            modules[aliases.get((line, last), last)] = name
+        elif private(last) and project_file(base) is not None:
+            found.append(f"{line}: {name}")
+    return found + [
+        f"{node.lineno}: {modules[node.value.id]}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in modules
+        and private(node.attr)
+    ]
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_of_the_gpu_machines_takes_another_modules_private_name():
+    wrong = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in sources("worker_setup")
+        for line in private_names_taken(path.read_text(), module_of(path))
+    ]
+    assert not wrong, f"give these a public name in their module, or move them: {wrong}"
+
+
+def test_private_names_taken_are_found():
+    """Else the test above could pass on a name it missed."""
+    source = (
+        "from . import gpus\nfrom . import guard_policy as policy\nfrom .gpus import _ADVICE\n"
+        "print(gpus._RESET, policy._x, gpus.GPU_FIX, gpus.__name__)\n"
+    )
+    assert private_names_taken(source, "worker_setup.probe") == [
+        "3: worker_setup.gpus._ADVICE",
+        "4: worker_setup.gpus._RESET",
+        "4: worker_setup.guard_policy._x",
+    ]

@@ -21,7 +21,7 @@ from gpu_swarm_spawner.contract import MAX_SLICES_PER_GPU
 from gpu_swarm_spawner.inventory import build_inventory
 from gpu_swarm_spawner.spawner import GPUSwarmSpawner
 from tests.fakes.nvml import FakeNVML
-from worker_setup import advertise, daemon_config, gpus, guard, slicing, usable
+from worker_setup import advertise, daemon_config, gpus, guard_attribution, slicing, usable
 
 from .clusters import node_from_daemon_json
 from .nvml_failures import FIXTURES, K80X2, run
@@ -50,9 +50,9 @@ def guard_budget(gpu, slices: int) -> int | None:
         "Id": "c" * 64,
         "Labels": {**spawner.container_labels(), contract.DOCKER_SERVICE_LABEL: "jy-alice"},
     }
-    servers, problems = guard.servers_from([container])
+    servers, problems = guard_attribution.servers_from([container])
     assert problems == []
-    budget = guard.budgets_of(servers.values()).get("jy-alice")
+    budget = guard_attribution.budgets_of(servers.values()).get("jy-alice")
     return None if budget is None else budget.limit_mb
 
 
