@@ -38,6 +38,8 @@ from tornado.tcpserver import TCPServer
 
 from gpu_swarm_spawner import GPUSwarmSpawner, NoGPUSliceAvailable, gate, internals
 
+from .test_gate import Refusing
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "internals.md"
 
@@ -242,18 +244,6 @@ def test_the_spawner_is_built_on_the_door():
     assert GPUSwarmSpawner.client is internals.SpawnerInternals.client
 
 
-class Asked(LocalProcessSpawner):
-    """JupyterHub's spawner, answering the gate's question with ``answer``."""
-
-    answer = None
-
-    async def refusal_before_spawn(self, options):
-        return self.answer
-
-    def forget_early_claim(self):
-        pass
-
-
 def real_spawn_handler():
     """JupyterHub's spawn page as the gate puts it in its tables, on the least of a hub it
     reads: its users (a UserDict) and database, its authenticator's one setting."""
@@ -263,7 +253,7 @@ def real_spawn_handler():
     settings = {
         "db": db,
         "hub": SimpleNamespace(base_url="/hub/"),
-        "spawner_class": Asked,
+        "spawner_class": Refusing,  # the gate's spawner of test_gate
         "authenticator": SimpleNamespace(refresh_pre_spawn=False),
     }
     settings["users"] = UserDict(lambda: db, settings)
