@@ -278,6 +278,27 @@ def hub_answers(config: Config, environ: Mapping[str, str] = os.environ) -> bool
         return False
 
 
+class EngineConnection(http.client.HTTPConnection):
+    """An HTTP(S) connection to ``host``:``port`` (its Host header and, with ``tls``, its TLS
+    server name) made to ``engine_addr`` at that port: what http.client's own ``connect`` does
+    (no proxy tunnel), to another address."""
+
+    def __init__(self, host: str, port: int, engine_addr: str, tls: ssl.SSLContext | None):
+        super().__init__(host, port, timeout=5)
+        self.engine_addr, self.tls = engine_addr, tls
+        if tls is not None:  # the Host header leaves out HTTPS's port, as HTTPSConnection does
+            self.default_port = http.client.HTTPS_PORT
+
+    def connect(self) -> None:
+        sock = socket.create_connection(
+            (self.engine_addr, self.port), self.timeout, self.source_address
+        )
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = (
+            sock if self.tls is None else self.tls.wrap_socket(sock, server_hostname=self.host)
+        )
+
+
 def hub_get(
     config: Config, path: str, token: str = "", environ: Mapping[str, str] = os.environ
 ) -> tuple[int, bytes]:
@@ -286,21 +307,15 @@ def hub_get(
     publishes: 127.0.0.1, or the test bed's manager), the certificate unchecked (a self-signed
     one, or one ACME is still fetching). Raises OSError or HTTPException when it does not
     answer."""
-    addr = engine.published_addr(environ)
-    host, port = public_host(config), public_port(config)
+    context = None
     if tls_on(config):
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-        connection = http.client.HTTPSConnection(host, port, timeout=5, context=context)
-    else:
-        connection = http.client.HTTPConnection(host, port, timeout=5)
-
     # the name goes into the Host header and TLS's SNI; the connection goes to the engine
-    def to_engine(address, timeout, source_address=None):
-        return socket.create_connection((addr, address[1]), timeout, source_address)
-
-    connection._create_connection = to_engine
+    connection = EngineConnection(
+        public_host(config), public_port(config), engine.published_addr(environ), context
+    )
     headers = {"Authorization": f"token {token}"} if token else {}
     try:
         connection.request("GET", path, headers=headers)

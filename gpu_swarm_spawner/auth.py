@@ -11,7 +11,7 @@ from oauthenticator.github import GitHubOAuthenticator
 from tornado.httpclient import HTTPClientError, HTTPRequest, HTTPResponse
 from traitlets import Float, TraitError, Unicode, default, validate
 
-from . import contract, github_membership, roster
+from . import contract, github_membership, internals, roster
 from .github_membership import Answer, Membership
 
 
@@ -180,7 +180,7 @@ class WorkshopGitHubOAuthenticator(GitHubOAuthenticator):
             return True
         # OAuthenticator's rules (admins, allowed_users); GitHubOAuthenticator's organization
         # check is replaced by the one below, which tells a refused member what happened
-        if await super(GitHubOAuthenticator, self).check_allowed(username, auth_model):
+        if await internals.oauthenticator_check_allowed(self, username, auth_model):
             return True
         if not self.allowed_organizations:
             return False

@@ -52,13 +52,13 @@ from . import internals
 LISTEN_BACKLOG = 2048
 
 
-class RefuseFirst:
+class RefuseFirst(internals.StartHandlerInternals):
     """For a handler that starts servers: ask the spawner whether it would refuse at once."""
 
-    async def spawn_single_user(self, user, server_name="", display_name="", options=None):
+    async def spawn_asked(self, user, server_name, options, spawn):
         spawner = self._spawner_to_ask(user, server_name)
         if spawner is None:
-            return await super().spawn_single_user(user, server_name, display_name, options=options)
+            return await spawn()
         refusal = await self._ask(spawner, options)
         if refusal is not None:
             # kept as JupyterHub keeps a failed spawn (its spawn-pending page reads it)
@@ -69,7 +69,7 @@ class RefuseFirst:
             internals.set_spawn_future(spawner, failed)
             raise refusal
         try:
-            return await super().spawn_single_user(user, server_name, display_name, options=options)
+            return await spawn()
         finally:
             spawner.forget_early_claim()  # start claimed its own, or never ran
 
@@ -77,24 +77,24 @@ class RefuseFirst:
     #: or its user has been renamed or removed since (one hub per process)
     _by_name: tuple = (None, {})
 
-    def find_user(self, name):
-        """The user the hub already holds by that name, without JupyterHub's database query
-        (with its relationships: a third of each refusal's time in a burst); else JupyterHub's
-        lookup. Found through an index: going through all 500 users for each of 500 requests
-        at once was 6% of the hub's time."""
+    def held_user_named(self, name):
+        """The user the hub already holds by that name, for ``find_user`` without JupyterHub's
+        database query (with its relationships: a third of each refusal's time in a burst);
+        None: JupyterHub's lookup. Found through an index: going through all 500 users for
+        each of 500 requests at once was 6% of the hub's time."""
         users = self.users
         held, by_name = RefuseFirst._by_name
         user = by_name.get(name) if held is users else None
-        if user is None or user.name != name or dict.get(users, user.id) is not user:
+        if user is None or user.name != name or internals.held_user(users, user.id) is not user:
             by_name = {u.name: u for u in users.values()}
             RefuseFirst._by_name = (users, by_name)
             user = by_name.get(name)
-        return user if user is not None else super().find_user(name)
+        return user
 
     @staticmethod
     def _spawner_to_ask(user, server_name):
         """The spawner JupyterHub's spawn would use, if it can be asked; else None."""
-        if server_name not in user.orm_spawners:
+        if server_name not in internals.server_rows(user):
             return None  # JupyterHub's checks come first (the handler made it if it may)
         # made from its database row if need be, as JupyterHub's spawn would; one whose last
         # start failed is asked all the same (a refusal replaces that failure)

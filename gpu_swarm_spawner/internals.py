@@ -1,24 +1,70 @@
-"""The one door to JupyterHub's, dockerspawner's, tornado's and SQLAlchemy's internals.
+"""The one door to JupyterHub's, dockerspawner's, oauthenticator's, tornado's and SQLAlchemy's
+internals.
 
 Everything the hub needs that those projects offer no setting, hook or public method for goes
 through this module, and nothing else in the project touches their private names or replaces
-their methods. Each function says what it relies on; ``RELIES_ON`` lists it all, the contract
-tests (tests/unit/test_internals.py) check each item against the installed classes, and
+their methods: a unit test reads every module of the project
+(``test_no_module_but_the_door_reaches_into_a_library``) and fails on a private name of another
+object, a ``super(X, self)`` and a method or attribute named like a library's private one.
+Where a public way exists the project takes it instead: aiohttp's resolver is made at the first
+lookup rather than given a loop (``keeper.FreshResolver``), the dashboard reads tornado's
+reason phrase as tornado makes it, and the deploy tool connects through ``http.client``'s
+public ``connect``. The deploy tool and the GPU machines' code do not import this module (they
+run where the hub's packages are not installed): they reach into no library at all.
+
+Each function says what it relies on; ``RELIES_ON`` lists it all, the contract tests
+(tests/unit/test_internals.py) check each item against the installed classes, and
 docs/internals.md says what to re-check when JupyterHub or dockerspawner is upgraded.
 
-``check_versions`` runs first in ``jupyterhub_config.py``: a hub whose JupyterHub, dockerspawner,
-tornado or SQLAlchemy is not the series this module was written for stops at start-up with an
-error naming the pin, rather than losing one of these changes quietly. The policies that use the
-door stay where they belong: the gate (gate.py) decides which spawners to keep and which
-handlers to put in front, hubdb.py what to tell SQLite, priority.py what to do once the hub has
-started, the spawner what to write down.
+``check_versions`` runs first in ``jupyterhub_config.py``: a hub whose JupyterHub,
+dockerspawner, oauthenticator, tornado, SQLAlchemy or aiohttp (JupyterHub's HTTP client, which
+``keeper.FreshResolver`` plugs into) is not the series this module was written for stops at
+start-up with an error naming the pin, rather than losing one of these changes quietly. The
+policies that use the door stay where they belong: the gate (gate.py) decides which spawners to
+keep and which handlers to put in front, hubdb.py what to tell SQLite, priority.py what to do
+once the hub has started, the spawner what to write down.
 
-Two kinds of reach-in:
+The reach-ins:
 
 - process-wide changes, made once in the hub's process by ``jupyterhub_config.py`` (each is
   idempotent, marks what it put in place, and ``wired`` reports which are in place);
 - ``SpawnerInternals``, the spawner's base, naming the private attributes of JupyterHub's
-  ``Spawner`` and dockerspawner's ``DockerSpawner`` it reads or calls.
+  ``Spawner`` and dockerspawner's ``DockerSpawner`` it reads or calls, and holding the methods
+  of theirs it replaces (``ready``, ``run_pre_spawn_hook``, dockerspawner's
+  ``_object_name_default``), each handing over to a method of ours;
+- ``StartHandlerInternals``, the base of the gate's handlers, holding the two methods of
+  JupyterHub's ``BaseHandler`` the gate replaces (``spawn_single_user``, ``find_user``), each
+  handing over to a method of ours; and small readers of JupyterHub's objects
+  (``server_rows``, ``held_user``, ``oauthenticator_check_allowed``).
+
+Each entry of ``RELIES_ON`` has a contract test of the same name (``contract_<name>``) that
+checks it against the installed library; a library that changes what it relies on fails there,
+by name, before any hub runs it. Why there is no public way, per entry:
+
+- ``start handlers``: JupyterHub has no hook before a handler's spawn work; the gate must run
+  before it (gate.py). If ``spawn_single_user`` or ``find_user`` is renamed or its parameters
+  change, the gate is skipped or fails: ``contract_start_handlers`` and the real-handler test
+  ``test_the_gate_works_through_jupyterhubs_real_spawn_handler`` hold it.
+- ``held users``: ``UserDict.get`` and ``[]`` query the database for a user not held; the gate
+  wants only the held one. If ``UserDict`` stops being a dict keyed by id, the gate's index
+  finds nobody (and falls back to JupyterHub's query): ``contract_held_users``.
+- ``server rows``: ``User.spawners`` makes spawners; the gate and the keeper need the servers
+  the database holds without making any. If ``orm_spawners`` goes, both fail with an
+  AttributeError: ``contract_server_rows``.
+- ``ready``: JupyterHub reads ``Spawner.ready`` to say a server is ready and has no setting for
+  "not yet"; a spawn cancelled in the line must not be called ready. If ``ready`` stops being a
+  property, the override is read wrong: ``contract_ready``.
+- ``start timeout``: JupyterHub bounds the whole ``start`` by ``start_timeout`` and has no
+  separate bound for the server's own start; the spawner lengthens it for the line in
+  ``run_pre_spawn_hook``, relying on JupyterHub reading ``start_timeout`` after that call. If
+  the order changes, the line's waits time out at ``start_timeout``: ``contract_start_timeout``.
+- ``oauthenticator rules``: GitHubOAuthenticator's ``check_allowed`` runs its own organization
+  check, which the authenticator replaces (telling a refused member why); OAuthenticator's
+  rules (admins, allowed users) have no public entry but that method. If the class order
+  changes, the wrong check runs: ``contract_oauthenticator_rules``.
+- ``object name``: dockerspawner calls its default by the private name when the image changes,
+  so the spawner's default must have that name. If dockerspawner renames it, service names are
+  no longer fitted to Swarm's limit: ``contract_object_name``.
 """
 
 from __future__ import annotations
@@ -33,14 +79,23 @@ from jupyterhub import apihandlers, handlers, orm
 from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.user import User
 from jupyterhub.utils import new_token
+from oauthenticator.github import GitHubOAuthenticator
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from tornado.tcpserver import TCPServer
+from traitlets import default
 
 #: The series of each package this module was written for and tested with (a version matches
 #: when it starts with the series and a dot, or equals it). Pinned in images/hub/requirements.txt
 #: and pyproject.toml.
-WRITTEN_FOR = {"jupyterhub": "6.1", "dockerspawner": "14", "tornado": "6", "sqlalchemy": "2"}
+WRITTEN_FOR = {
+    "jupyterhub": "6.1",
+    "dockerspawner": "14",
+    "oauthenticator": "17",
+    "tornado": "6",
+    "sqlalchemy": "2",
+    "aiohttp": "3",
+}
 PINS = "images/hub/requirements.txt and pyproject.toml"
 
 #: what each reach-in relies on, as docs/internals.md lists it (the contract tests check each)
@@ -73,6 +128,20 @@ RELIES_ON = {
     "and DockerSpawner.client, the property that makes it",
     "database rows": "orm.APIToken.find(db, token), Spawner.orm_spawner (its user_options and "
     "state columns) and Spawner.user.db, the hub's database session",
+    "start handlers": "BaseHandler.spawn_single_user(self, user, server_name='', "
+    "display_name='', options=None), through which SpawnHandler and UserServerAPIHandler start "
+    "every server, and BaseHandler.find_user(self, name), by which they find the user; "
+    "neither overridden by those two handlers",
+    "held users": "BaseHandler.users: JupyterHub's UserDict, a dict of the users it holds by "
+    "id, whose own get and [] query the database for one it does not hold",
+    "server rows": "User.orm_spawners (orm.User's): {server name: orm.Spawner row} of every "
+    "server the user has in the database, made into a spawner or not",
+    "ready": "Spawner.ready: a property, JupyterHub's 'the server is ready to use'",
+    "start timeout": "User.spawn calls Spawner.run_pre_spawn_hook() and then bounds the whole "
+    "Spawner.start by Spawner.start_timeout, read after that call",
+    "oauthenticator rules": "GitHubOAuthenticator.check_allowed(self, username, auth_model): "
+    "OAuthenticator's check_allowed (admins, allowed users), then its organization check; "
+    "OAuthenticator's is the next in its classes' order",
     "login sessions": "orm.User.cookie_id, which a browser's hub login cookie holds and "
     "BaseHandler._user_for_cookie looks the user up by (a new value, from "
     "jupyterhub.utils.new_token, makes every such cookie of the user invalid), and "
@@ -337,6 +406,49 @@ class SpawnerInternals(SwarmSpawner):
         return log_name(self)
 
     @property
+    def ready(self):
+        """JupyterHub's ``Spawner.ready``, except while ``ready_withheld`` is true."""
+        return False if self.ready_withheld else super().ready
+
+    @property
+    def ready_withheld(self) -> bool:
+        """True: JupyterHub is told the server is not ready, whatever it would say."""
+        return False
+
+    _configured_start_timeout = None  # start_timeout as configured (the server's own start)
+
+    def run_pre_spawn_hook(self):
+        """JupyterHub's last call before ``start``, whose whole run it then bounds by
+        ``start_timeout`` (read after this call): that bound becomes the configured
+        ``start_timeout`` plus ``time_before_server_start()``; ``server_start_timeout`` keeps
+        the configured one."""
+        if self._configured_start_timeout is None:
+            self._configured_start_timeout = self.start_timeout
+        self.start_timeout = self._configured_start_timeout + self.time_before_server_start()
+        return super().run_pre_spawn_hook()
+
+    def time_before_server_start(self) -> int:
+        """Seconds a start may spend before the server's own start begins (0)."""
+        return 0
+
+    @property
+    def server_start_timeout(self) -> int:
+        """Seconds the server's own start may take (the configured ``start_timeout``)."""
+        if self._configured_start_timeout is None:
+            return self.start_timeout
+        return self._configured_start_timeout
+
+    @default("object_name")
+    def _object_name_default(self):  # this name: dockerspawner calls it again by it
+        """``object_name``'s default, which dockerspawner also calls when the image changes:
+        ``fitted_object_name()``."""
+        return self.fitted_object_name()
+
+    def fitted_object_name(self) -> str:
+        """The service's name: dockerspawner's (``dockerspawner_object_name``)."""
+        return self.dockerspawner_object_name()
+
+    @property
     def last_start_error(self) -> BaseException | None:
         """The exception of the last start, if it failed."""
         return self._failed
@@ -352,6 +464,11 @@ class SpawnerInternals(SwarmSpawner):
     def dockerspawner_object_name(self) -> str:
         """dockerspawner's default service name (``jy-<escaped user>[--<server>]``)."""
         return SwarmSpawner._object_name_default(self)
+
+    def saved_user_options(self) -> dict:
+        """The options of the last start, as this spawner's row of the hub's database keeps
+        them (JupyterHub starts with them when given none); {} outside a hub (no row)."""
+        return getattr(self.orm_spawner, "user_options", None) or {}
 
     def write_row_now(self, **fields) -> None:
         """Set ``fields`` on this spawner's row of the hub's database and commit (JupyterHub
@@ -371,6 +488,57 @@ class SpawnerInternals(SwarmSpawner):
         if found is not None:
             db.delete(found)
             db.commit()
+
+
+# ---- the handlers that start servers, and what they read --------------------------------------
+
+
+class StartHandlerInternals:
+    """The base of a subclass of JupyterHub's ``SpawnHandler`` or ``UserServerAPIHandler``
+    (put before it): the two methods of JupyterHub's ``BaseHandler`` such a handler starts a
+    server with, handing over to methods of ours (RELIES_ON "start handlers")."""
+
+    async def spawn_single_user(self, user, server_name="", display_name="", options=None):
+        """JupyterHub's start of ``user``'s server by this handler: ``spawn_asked``."""
+        jupyterhubs = functools.partial(
+            super().spawn_single_user, user, server_name, display_name, options=options
+        )
+        return await self.spawn_asked(user, server_name, options, jupyterhubs)
+
+    async def spawn_asked(self, user, server_name: str, options, spawn: Callable):
+        """A start of ``user``'s ``server_name`` with ``options``; ``await spawn()`` is
+        JupyterHub's (its limits, its spawn work). Here: JupyterHub's alone."""
+        return await spawn()
+
+    def find_user(self, name):
+        """``held_user_named(name)``, else JupyterHub's lookup (a database query)."""
+        user = self.held_user_named(name)
+        return user if user is not None else super().find_user(name)
+
+    def held_user_named(self, name):
+        """A user JupyterHub holds by that name, found without its database (here: None)."""
+        return None
+
+
+def held_user(users, user_id):
+    """The user JupyterHub's ``users`` (its UserDict) holds under ``user_id``, else None,
+    without its database query for one it does not hold."""
+    return dict.get(users, user_id)
+
+
+def server_rows(user) -> dict:
+    """{server name: database row} of every server ``user`` has, made into a spawner or not
+    (``user.spawners`` would make them)."""
+    return user.orm_spawners
+
+
+# ---- the authenticator ----------------------------------------------------------------------
+
+
+async def oauthenticator_check_allowed(authenticator, username: str, auth_model: dict) -> bool:
+    """OAuthenticator's own ``check_allowed`` for ``authenticator`` (a GitHubOAuthenticator):
+    admins and allowed users, without GitHubOAuthenticator's organization check."""
+    return await super(GitHubOAuthenticator, authenticator).check_allowed(username, auth_model)
 
 
 # ---- a user's logins ------------------------------------------------------------------------

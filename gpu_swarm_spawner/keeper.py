@@ -39,12 +39,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import docker
+from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import ThreadedResolver
 from docker.errors import NotFound
 from jupyterhub.proxy import ConfigurableHTTPProxy
 from traitlets import Dict, Float, Unicode
 
-from . import contract, events, healing, reconcile
+from . import contract, events, healing, internals, reconcile
 
 
 class KeepingProxy(ConfigurableHTTPProxy):
@@ -162,7 +163,7 @@ class KeepingProxy(ConfigurableHTTPProxy):
         """The service names of every server the hub has running, starting or stopping."""
         owned = set()
         for user in list(self._users.values()):
-            for name, orm_spawner in list(user.orm_spawners.items()):
+            for name, orm_spawner in list(internals.server_rows(user).items()):
                 spawner = user.spawners.get(name) if orm_spawner.server is None else None
                 if orm_spawner.server is not None or (spawner is not None and spawner.pending):
                     owned.add(user.spawners[name].service_name)
@@ -212,7 +213,7 @@ class KeepingProxy(ConfigurableHTTPProxy):
         return events.journal_for(self.dashboard_dir) if self.dashboard_dir else None
 
 
-class FreshResolver(ThreadedResolver):
+class FreshResolver(AbstractResolver):
     """Names looked up the way every other program here does (``getaddrinfo``, which asks
     Docker's DNS each time), for the hub's own HTTP client (``JupyterHubHTTPClient``).
 
@@ -220,13 +221,18 @@ class FreshResolver(ThreadedResolver):
     answer for its TTL, and Docker's DNS answers with a TTL of 600 s. A proxy whose task Swarm
     restarted has a new address, but the hub went on calling the old one for up to ten
     minutes, and neither its routes nor the keeper's could reach it. Made in the hub's
-    configuration, before the event loop runs: the loop is taken at the first lookup.
+    configuration, before the event loop runs, so aiohttp's ``ThreadedResolver`` (which takes
+    the running loop when made) is made at the first lookup, and asked for each.
     """
 
     def __init__(self) -> None:
-        self._loop = None
+        self.threaded: ThreadedResolver | None = None
 
     async def resolve(self, host: str, port: int = 0, family=socket.AF_INET):
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        return await super().resolve(host, port, family)
+        if self.threaded is None:
+            self.threaded = ThreadedResolver()
+        return await self.threaded.resolve(host, port, family)
+
+    async def close(self) -> None:
+        if self.threaded is not None:
+            await self.threaded.close()

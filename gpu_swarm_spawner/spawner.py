@@ -78,7 +78,6 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
     # why the hub stopped the server for the disk of its machine (disk.py), as its participant
     # reads it on their page until their next start; persisted
     disk_stopped = Unicode("")
-    _configured_start_timeout = None  # start_timeout as configured (the server's own start)
     _cancelled_in_line = False  # this spawn ended in the line, cancelled (left, or hub stopping)
     _waited = None  # seconds this spawn waited in line before its slices (None: it did not)
     _refused = False  # this spawn was refused before any service was made (or left)
@@ -106,12 +105,13 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
     # ---- JupyterHub's questions before a start -----------------------------------------------
 
     @property
-    def ready(self):
-        """JupyterHub's, except for a spawn cancelled in the line: JupyterHub records a server
-        when a spawn begins, and a spawn cancelled by the hub stopping would otherwise be
-        reported "ready" to the waiting participant's page, which then reloads into the
-        stopping hub instead of waiting for it (spawn_pending.html)."""
-        return False if self._cancelled_in_line else super().ready
+    def ready_withheld(self) -> bool:
+        """JupyterHub's ``ready`` is answered False for a spawn cancelled in the line
+        (``internals.SpawnerInternals.ready``): JupyterHub records a server when a spawn
+        begins, and a spawn cancelled by the hub stopping would otherwise be reported "ready"
+        to the waiting participant's page, which then reloads into the stopping hub instead
+        of waiting for it (spawn_pending.html)."""
+        return self._cancelled_in_line
 
     @property
     def without_gpu(self) -> bool:
@@ -122,25 +122,14 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
             return self.cpu_only_requested
         return bool(self.ready) and not self.gpu_uuid
 
-    def run_pre_spawn_hook(self):
-        """JupyterHub's last call before ``start``, whose whole run it then bounds by
-        ``start_timeout``: with the line on, that run includes the wait in line, so the line's
-        longest wait is added for JupyterHub; the server's own start keeps the configured
-        ``start_timeout`` (``server_start_timeout``)."""
-        if self._configured_start_timeout is None:
-            self._configured_start_timeout = self.start_timeout
-        waiting = 0
-        if self.waiting_line != "off":
-            waiting = self.line_max_wait or 30 * 24 * 3600  # 0: no limit
-        self.start_timeout = self._configured_start_timeout + waiting
-        return super().run_pre_spawn_hook()
-
-    @property
-    def server_start_timeout(self) -> int:
-        """Seconds the server's own start may take, once it has its slices."""
-        if self._configured_start_timeout is None:
-            return self.start_timeout
-        return self._configured_start_timeout
+    def time_before_server_start(self) -> int:
+        """JupyterHub bounds the whole run of ``start`` by ``start_timeout``: with the line on,
+        that run includes the wait in line, so the line's longest wait is added for JupyterHub
+        (``internals.SpawnerInternals.run_pre_spawn_hook``); the server's own start, once it
+        has its slices, keeps the configured ``start_timeout`` (``server_start_timeout``)."""
+        if self.waiting_line == "off":
+            return 0
+        return self.line_max_wait or 30 * 24 * 3600  # 0: no limit
 
     # ---- 0. before JupyterHub's spawn work (gate.py) -----------------------------------------
 
@@ -159,7 +148,7 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
             return full
         options = user_options
         if options is None:  # JupyterHub starts with the last start's options
-            options = getattr(self.orm_spawner, "user_options", None) or {}
+            options = self.saved_user_options()
         try:
             profiles.check_line_choice(options)
             choice = profiles.gpu_choice(options, self.spawn_offer())

@@ -72,7 +72,7 @@ class SpawnPage(HasTraits):
         )
 
     @default("options_form")
-    def _default_options_form(self):
+    def _spawn_page_form(self):
         def form(spawner):
             offered = spawner.spawn_offer()
             if not offered.has_choices:
@@ -82,7 +82,7 @@ class SpawnPage(HasTraits):
         return form
 
     @default("options_from_form")
-    def _default_options_from_form(self):
+    def _spawn_page_form_reader(self):
         return profiles.options_from_form
 
     @default("apply_user_options")
@@ -97,7 +97,7 @@ class SpawnPage(HasTraits):
                 profiles.check_line_choice(user_options)
             except profiles.ChoiceError as e:
                 raise web.HTTPError(400, str(e)) from None
-            spawner._forget_one_off_choices()
+            spawner.forget_one_off_choices()
 
         return apply
 
@@ -185,11 +185,11 @@ class SpawnPage(HasTraits):
         except OSError as e:
             self.log.warning("Could not record '%s' of %s: %s", kind, self.log_name, e)
 
-    def _forget_one_off_choices(self) -> None:
+    def forget_one_off_choices(self) -> None:
         """JupyterHub keeps a start's options for the next start without options ("Start My
         Server"). Waiting in line and starting without a GPU answer the moment (the GPUs were
         full): the next start asks for a GPU again, and is offered both again if it must."""
-        saved = dict(getattr(self.orm_spawner, "user_options", None) or {})
+        saved = dict(self.saved_user_options())
         kept = profiles.without_one_off_choices(saved)
         if kept != saved:
             self.write_row_now(user_options=kept)

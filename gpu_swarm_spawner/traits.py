@@ -547,12 +547,11 @@ class GPUSwarmSpawnerTraits(SpawnerInternals):
         # services are named jy-<escaped username>[--<server name>]
         return contract.SERVICE_PREFIX
 
-    @default("object_name")
-    def _object_name_default(self):  # this name: dockerspawner calls it (internals.py)
+    def fitted_object_name(self) -> str:
         """dockerspawner's name (``jy-<escaped user>[--<server>]``) fitted into a Swarm service
         name: unchanged where it fits (so running servers are found again), else cut and ended
-        with a hash of the whole name (``naming.fit``). dockerspawner calls this again when the
-        image changes."""
+        with a hash of the whole name (``naming.fit``). ``object_name``'s default, which
+        dockerspawner asks again when the image changes (``internals.SpawnerInternals``)."""
         return naming.service_name(self.dockerspawner_object_name())
 
     @default("use_internal_ip")

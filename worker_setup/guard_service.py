@@ -37,11 +37,12 @@ UNIT_DIR = "/etc/systemd/system"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def add_options(group: argparse._ActionsContainer, prefix: str = "") -> None:
-    """The guard's settings as options: ``--mode``, ``--warn-percent``, ``--stop-percent``,
-    ``--grace-seconds``, ``--metrics-port``; the join spells them ``--guard-mode`` and so on
-    (``prefix`` "guard-"), as 'make join-command' passes the manager's GPUHUB_GUARD_* on.
-    Their defaults are the guard's own."""
+def add_options(group: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The guard's settings as options of ``group`` (a parser or one of its argument groups):
+    ``--mode``, ``--warn-percent``, ``--stop-percent``, ``--grace-seconds``,
+    ``--metrics-port``; the join spells them ``--guard-mode`` and so on (``prefix`` "guard-"),
+    as 'make join-command' passes the manager's GPUHUB_GUARD_* on. Their defaults are the
+    guard's own."""
     d = GuardSettings()
     group.add_argument(
         f"--{prefix}mode",

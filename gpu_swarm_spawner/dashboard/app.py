@@ -22,6 +22,7 @@ import hmac
 import json
 import os
 import time
+from http.client import responses
 from pathlib import Path
 from urllib.parse import urlencode, urlparse
 
@@ -102,6 +103,14 @@ class PageHandler(HubOAuthenticated, web.RequestHandler):
         self.render("dashboard.html", user=self.current_user["name"], xsrf=self.xsrf_token)
 
 
+def reason_phrase(status_code: int, exc, kwargs: dict) -> str:
+    """The reason phrase tornado's ``send_error`` gives the answer: an HTTPError's own, else
+    one given to ``send_error``, else the status code's (``http.client.responses``)."""
+    if isinstance(exc, web.HTTPError) and exc.reason:
+        return exc.reason
+    return kwargs.get("reason") or responses.get(status_code, "Unknown")
+
+
 class DataHandler(HubOAuthenticated, web.RequestHandler):
     """A data call of the page: JSON, and a signed-out caller gets a JSON 403 saying what to do,
     not the login redirect a page gets (which a fetch would follow in circles)."""
@@ -112,7 +121,7 @@ class DataHandler(HubOAuthenticated, web.RequestHandler):
 
     def write_error(self, status_code, **kwargs):
         exc = kwargs.get("exc_info", (None, None))[1]
-        reason = getattr(exc, "log_message", None) or self._reason
+        reason = getattr(exc, "log_message", None) or reason_phrase(status_code, exc, kwargs)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": reason}))
 

@@ -285,3 +285,42 @@ async def test_data_calls_without_a_login_get_a_json_403_not_the_login_redirect(
             )
             assert answer.code == 403, call
             assert "reload the page" in json.loads(answer.body)["error"]
+
+
+async def test_an_error_answer_names_the_reason_phrase_tornado_gives_the_status_line():
+    """The data calls' JSON error without a message of its own is the reason phrase, read as
+    tornado makes it for the status line (not from tornado's private attribute)."""
+    from tornado import web
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.httpserver import HTTPServer
+    from tornado.testing import bind_unused_port
+
+    from gpu_swarm_spawner.dashboard import app
+
+    errors = {
+        "forbidden": web.HTTPError(403),
+        "own": web.HTTPError(400, reason="Bad Hours"),
+        "crash": RuntimeError("boom"),
+        "odd": web.HTTPError(599),
+    }
+    seen = {}
+
+    class Answering(web.RequestHandler):
+        def get(self, case):
+            raise errors[case]
+
+        def write_error(self, status_code, **kwargs):
+            exc = kwargs["exc_info"][1]
+            seen[status_code] = (app.reason_phrase(status_code, exc, kwargs), self._reason)
+
+    sock, port = bind_unused_port()
+    server = HTTPServer(web.Application([(r"/(\w+)", Answering)]))
+    server.add_sockets([sock])
+    try:
+        for case in errors:
+            await AsyncHTTPClient().fetch(f"http://127.0.0.1:{port}/{case}", raise_error=False)
+    finally:
+        server.stop()
+    assert seen[403][0] == "Forbidden" and seen[400][0] == "Bad Hours"
+    assert all(ours == tornados for ours, tornados in seen.values()), seen
+    assert set(seen) == {403, 400, 500, 599}
