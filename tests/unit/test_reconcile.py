@@ -185,10 +185,10 @@ async def test_after_a_hub_restart_a_server_swarm_is_replacing_is_waited_for():
     assert url == f"http://{spawner.task_address}:8888/u/"
 
 
-async def test_a_participant_is_never_refused_for_the_slices_their_own_leftover_server_holds():
-    """The event day: the hub had let a server go that Swarm went on running; its
-    participant pressed Start and read "All GPU slices are in use (1/1)"."""
-    spawner = make_fake(inventory_max_age=0, dashboard_dir="")
+async def with_leftover(**traits):
+    """A spawner whose hub forgot its server (no id, no GPU in its state) while the server's
+    service goes on holding the only slice of GPU-a0."""
+    spawner = make_fake(dashboard_dir="", **traits)
     spawner.nodes = [node("n1", "alpha", {"GPU-a0": 1})]
     spawner.gpu_uuid, spawner.slices_held = "GPU-a0", 1
     await spawner.create_object()
@@ -196,6 +196,13 @@ async def test_a_participant_is_never_refused_for_the_slices_their_own_leftover_
     with_reservation(leftover, "GPU-a0", 1, "alice-smith")
     spawner.clear_state()
     spawner.object_id = ""
+    return spawner
+
+
+async def test_a_participant_is_never_refused_for_the_slices_their_own_leftover_server_holds():
+    """The event day: the hub had let a server go that Swarm went on running; its
+    participant pressed Start and read "All GPU slices are in use (1/1)"."""
+    spawner = await with_leftover(inventory_max_age=0)
     # another participant is refused: that slice is taken
     other = make_fake("bob", inventory_max_age=0)
     other.nodes, other.services = spawner.nodes, spawner.services
@@ -213,14 +220,7 @@ async def test_a_removed_leftover_makes_the_broker_read_the_swarm_afresh():
     60 s here). The read the start was let through on shows the leftover's slice taken; once
     the start has removed the leftover, the broker forgets that read (``forget_read``), and the
     start reserves from one that shows the slice free."""
-    spawner = make_fake(inventory_max_age=60, dashboard_dir="")
-    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 1})]
-    spawner.gpu_uuid, spawner.slices_held = "GPU-a0", 1
-    await spawner.create_object()
-    (leftover,) = spawner.services.values()
-    with_reservation(leftover, "GPU-a0", 1, "alice-smith")
-    spawner.clear_state()
-    spawner.object_id = ""
+    spawner = await with_leftover(inventory_max_age=60)
     assert await spawner.refusal_before_spawn({}) is None  # its own: let through, read shared
     spawner.forget_early_claim()
     await spawner.start()
