@@ -69,6 +69,9 @@ bench-faults:  ## faults with servers running (proxy, engines, hub killed, machi
 unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 	bash tests/run.sh unit
 
+mutation:  ## mutation testing (mutmut) of the broker, line, placement and inventory against their unit tests; not part of make test (~30 min on 2 cores; docs/development.md)
+	bash -c '. deploy/bootstrap.sh && ensure_venv test && bash tests/hermetic.sh $$VENV/bin/python --mutmut run && $$VENV/bin/mutmut results'
+
 lint:  ## ruff lint + format check
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/ruff check . && $$VENV/bin/ruff format --check .'
 
@@ -79,4 +82,4 @@ docs:  ## regenerate docs/configuration.md (from deploy/settings.env) and docs/o
 	python3 -m deploy.reference
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/python -m deploy.options'
 
-.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check gpu-prove bench-join test bench bench-images bench-scale bench-faults unit lint labextension docs
+.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check gpu-prove bench-join test bench bench-images bench-scale bench-faults unit mutation lint labextension docs

@@ -5,12 +5,19 @@
 # This machine's own /run (a demo's engine socket) is untouched and unseen.
 #
 #   tests/hermetic.sh PYTHON [pytest args...]
+#   tests/hermetic.sh PYTHON --mutmut [mutmut args...]   (make mutation: mutmut runs pytest,
+#                       loading tests.hermetic by pyproject.toml's [tool.mutmut])
 set -euo pipefail
 python=$1
 shift
+run=(-m pytest -p tests.hermetic)
+if [ "${1:-}" = --mutmut ]; then
+  shift
+  run=(-m mutmut)
+fi
 command -v unshare >/dev/null || { echo "error: unshare (util-linux) is missing: apt-get install util-linux" >&2; exit 1; }
 exec unshare --mount --propagation private -- bash -c '
   set -euo pipefail
   mount -t tmpfs -o mode=755 gpuhub-unit-run /run
-  GPUHUB_HERMETIC_RUN=1 exec "$0" -m pytest -p tests.hermetic "$@"
-' "$python" "$@"
+  GPUHUB_HERMETIC_RUN=1 exec "$@"
+' hermetic "$python" "${run[@]}" "$@"

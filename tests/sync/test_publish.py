@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import tarfile
 import threading
 from pathlib import Path
@@ -123,43 +124,59 @@ def test_a_broken_remote_keeps_the_last_good_version(author, publisher, url, bra
     assert publisher.published("intro") == good
 
 
+def between_every_step(module, check):
+    """Run ``check()`` before each line ``module``'s code executes (sys.settrace, this thread),
+    so a reader looks at the share at every moment between the publisher's steps: not at
+    moments a reader thread happens to sample. A reader elsewhere sees no other states."""
+
+    def calls(frame, event, arg):
+        return lines if frame.f_code.co_filename == module.__file__ else None
+
+    def lines(frame, event, arg):
+        if event == "line":
+            check()
+        return lines
+
+    return calls
+
+
 def test_readers_never_see_a_mix_of_two_versions(author, publisher):
-    """A reader resolves the name once and reads manifest and files from that directory."""
+    """A reader resolves the name once and reads manifest and files from that directory; at
+    every step of every publish it finds one whole version (deterministic: the reader runs
+    between the publisher's steps, ``between_every_step``)."""
     repo = Repo("intro", author.url)
     publisher.sync(repo)
-    problems, reads, done = [], [0], threading.Event()
+    problems, reads = [], [0]
 
     def reader():
-        while not done.is_set():
-            try:
-                real = Path(os.path.realpath(publisher.root / "intro"))
-                manifest = json.loads((real / MANIFEST).read_text())
-                seen = {
-                    str(p.relative_to(real)): blob_id(p.read_bytes())
-                    for p in real.rglob("*")
-                    if p.is_file() and p.name != MANIFEST
-                }
-            except (OSError, ValueError) as e:  # a file vanished under the reader
-                problems.append(repr(e))
-                continue
-            if seen != manifest["files"]:
-                problems.append((manifest["commit"], sorted(set(seen) ^ set(manifest["files"]))))
-            reads[0] += 1
+        try:
+            real = Path(os.path.realpath(publisher.root / "intro"))
+            manifest = json.loads((real / MANIFEST).read_text())
+            seen = {
+                str(p.relative_to(real)): blob_id(p.read_bytes())
+                for p in real.rglob("*")
+                if p.is_file() and p.name != MANIFEST
+            }
+        except (OSError, ValueError) as e:  # the name or a file missing at that moment
+            problems.append(repr(e))
+            return
+        if seen != manifest["files"]:
+            problems.append((manifest["commit"], sorted(set(seen) ^ set(manifest["files"]))))
+        reads[0] += 1
 
-    thread = threading.Thread(target=reader)
-    thread.start()
-    try:
-        for i in range(12):
-            for j in range(5):
-                author.write(f"part-{i % 3}/{j}.txt", f"version {i}")
-            if i % 2:
-                author.git("rm", "-q", "-r", f"part-{(i + 1) % 3}", "--ignore-unmatch")
-            author.commit_and_push(f"update {i}")
+    for i in range(4):
+        for j in range(5):
+            author.write(f"part-{i % 3}/{j}.txt", f"version {i}")
+        if i % 2:
+            author.git("rm", "-q", "-r", f"part-{(i + 1) % 3}", "--ignore-unmatch")
+        author.commit_and_push(f"update {i}")
+        tracer = sys.gettrace()
+        sys.settrace(between_every_step(publish, reader))
+        try:
             publisher.sync(repo)
-    finally:
-        done.set()
-        thread.join()
-    assert reads[0] > 10
+        finally:
+            sys.settrace(tracer)
+    assert reads[0] > 100  # every step of four publishes
     assert problems == []
 
 

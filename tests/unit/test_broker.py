@@ -349,3 +349,22 @@ async def test_the_tasks_of_one_read_are_counted_once_however_many_choose_from_i
     await broker.inventory(swarm)
     assert swarm.reads == 2 and len(counted) == 2
     broker.close()
+
+
+async def test_a_newcomer_is_kept_off_the_gpu_the_line_empties_for_a_full_gpu(line_broker):
+    """The line holds GPU-a0 for the participant waiting for a whole GPU (the fewest slices in
+    use); a newcomer's ``reserve`` (outside the line) must not refill it, or it never empties.
+    GPU-a1 is full, so only the held GPU has room."""
+    gpus = [node("n1", "alpha", {"GPU-a0": 3, "GPU-a1": 3})]
+    swarm = Swarm(gpus, [task("n1", {"GPU-a0": 1}, service_id="svc-x"), task("n1", {"GPU-a1": 3})])
+    told = Told()
+    whole = Request(None)
+    wait = asyncio.ensure_future(line_broker.wait_in_line("big", whole, swarm, told.to("big")))
+    await until(lambda: told.heard.get("big", [(0, 0, None, False)])[-1][3])  # held for big
+    line_broker.line_interval = 60  # only the newcomers' reservations serve the line now
+    with pytest.raises(NoRoom):
+        await line_broker.reserve("new", Request(1), swarm)
+    assert "new" not in line_broker.claimed()
+    swarm.tasks = swarm.tasks[1:]  # x stopped: GPU-a0 is empty
+    line_broker.nudge()
+    assert (await asyncio.wait_for(wait, 1)).gpu.uuid == "GPU-a0"

@@ -147,7 +147,7 @@ def test_ordinals(n, said):
 @pytest.mark.parametrize(
     "seconds, said",
     [(20, "less than a minute"), (60, "about 1 minute"), (250, "about 4 minutes"),
-     (7200, "about 2.0 hours")],
+     (89 * 60, "about 89 minutes"), (90 * 60, "about 1.5 hours"), (7200, "about 2.0 hours")],
 )  # fmt: skip
 def test_waits_are_said_as_people_say_them(seconds, said):
     assert about(seconds) == said

@@ -1,7 +1,13 @@
 import pytest
 
 from gpu_swarm_spawner.inventory import GPU
-from gpu_swarm_spawner.placement import candidates, choose, refusal_message, slices_taken
+from gpu_swarm_spawner.placement import (
+    candidates,
+    choose,
+    cpu_node,
+    refusal_message,
+    slices_taken,
+)
 
 
 def gpu(uuid, node, slices, used):
@@ -128,3 +134,12 @@ def test_a_seed_never_overrides_the_policy():
     for n in range(20):
         assert choose(cluster, 1, "spread", seed=f"u{n}").uuid == "GPU-b"
         assert choose(cluster, 1, "pack", seed=f"u{n}").uuid == "GPU-a"
+
+
+def test_a_server_without_a_gpu_goes_to_the_machine_with_the_most_free_slices_in_all():
+    """Free slices add up over a machine's GPUs (found by mutation testing: a machine's
+    count was its last GPU's); the participant's home wins when it is a GPU machine."""
+    gpus = [gpu("a0", "alpha", 3, 1), gpu("a1", "alpha", 3, 1), gpu("b0", "beta", 3, 0)]
+    assert cpu_node(gpus) == "alpha"  # 4 free against beta's 3
+    assert cpu_node(gpus, home="beta") == "beta"
+    assert cpu_node(gpus, home="gone") == "alpha" and cpu_node([]) == ""

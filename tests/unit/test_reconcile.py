@@ -8,6 +8,9 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import sqlalchemy
+import sqlalchemy.orm
+from jupyterhub import orm
 
 from gpu_swarm_spawner import contract, events, healing, reconcile
 from gpu_swarm_spawner.keeper import KeepingProxy
@@ -182,10 +185,10 @@ async def test_after_a_hub_restart_a_server_swarm_is_replacing_is_waited_for():
     assert url == f"http://{spawner.task_address}:8888/u/"
 
 
-async def test_a_participant_is_never_refused_for_the_slices_their_own_leftover_server_holds():
-    """The event day: the hub had let a server go that Swarm went on running; its
-    participant pressed Start and read "All GPU slices are in use (1/1)"."""
-    spawner = make_fake(inventory_max_age=0, dashboard_dir="")
+async def with_leftover(**traits):
+    """A spawner whose hub forgot its server (no id, no GPU in its state) while the server's
+    service goes on holding the only slice of GPU-a0."""
+    spawner = make_fake(dashboard_dir="", **traits)
     spawner.nodes = [node("n1", "alpha", {"GPU-a0": 1})]
     spawner.gpu_uuid, spawner.slices_held = "GPU-a0", 1
     await spawner.create_object()
@@ -193,6 +196,13 @@ async def test_a_participant_is_never_refused_for_the_slices_their_own_leftover_
     with_reservation(leftover, "GPU-a0", 1, "alice-smith")
     spawner.clear_state()
     spawner.object_id = ""
+    return spawner
+
+
+async def test_a_participant_is_never_refused_for_the_slices_their_own_leftover_server_holds():
+    """The event day: the hub had let a server go that Swarm went on running; its
+    participant pressed Start and read "All GPU slices are in use (1/1)"."""
+    spawner = await with_leftover(inventory_max_age=0)
     # another participant is refused: that slice is taken
     other = make_fake("bob", inventory_max_age=0)
     other.nodes, other.services = spawner.nodes, spawner.services
@@ -203,6 +213,45 @@ async def test_a_participant_is_never_refused_for_the_slices_their_own_leftover_
     await spawner.start()
     assert spawner.called("remove_service")[0] == ("svc1",)
     assert list(spawner.services) == ["svc2"] and spawner.gpu_uuid == "GPU-a0"
+
+
+async def test_a_removed_leftover_makes_the_broker_read_the_swarm_afresh():
+    """The hub shares one read of the swarm among the spawns of a burst (``inventory_max_age``,
+    60 s here). The read the start was let through on shows the leftover's slice taken; once
+    the start has removed the leftover, the broker forgets that read (``forget_read``), and the
+    start reserves from one that shows the slice free."""
+    spawner = await with_leftover(inventory_max_age=60)
+    assert await spawner.refusal_before_spawn({}) is None  # its own: let through, read shared
+    spawner.forget_early_claim()
+    await spawner.start()
+    assert list(spawner.services) == ["svc2"] and spawner.gpu_uuid == "GPU-a0"
+
+
+async def test_a_server_swarm_moved_is_at_its_new_address_in_the_hubs_database(tmp_path):
+    """Swarm gave a server a new container at a new address (its engine restarted): the
+    spawner's poll sees it running there, and the hub's database says so at once (a hub
+    restarted later routes to the new address, not the old one)."""
+    spawner = make_fake(inventory_max_age=0)
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
+    await spawner.start()
+    url = f"sqlite:///{tmp_path}/jupyterhub.sqlite"
+    engine = sqlalchemy.create_engine(url)
+    orm.Base.metadata.create_all(engine)
+    db = sqlalchemy.orm.Session(engine)
+    orm_server = orm.Server(ip=spawner.task_address, port=8888, base_url="/user/alice-smith/")
+    orm_spawner = orm.Spawner(user=orm.User(name="alice-smith"), name="", server=orm_server)
+    db.add(orm_spawner)
+    db.commit()
+    spawner.orm_spawner, spawner.user.db = orm_spawner, db  # as JupyterHub's User gives them
+    (svc,) = spawner.services.values()
+    svc["task"] = {**svc["task"], "ID": "task-new", "CreatedAt": "2025-01-01T00:05:00Z"}
+    svc["task"]["NetworksAttachments"] = [
+        {"Network": {"Spec": {"Name": spawner.network_name}}, "Addresses": ["10.0.8.9/24"]}
+    ]
+    assert await spawner.poll() is None
+    assert spawner.server.ip == "10.0.8.9"
+    with sqlalchemy.orm.Session(sqlalchemy.create_engine(url)) as hub_after_restart:
+        assert hub_after_restart.query(orm.Server).one().ip == "10.0.8.9"
 
 
 # ---- healing: logged, counted, recorded ------------------------------------------------------

@@ -16,8 +16,9 @@ from tornado import httpserver, netutil, web
 
 from gpu_swarm_spawner import internals
 
-from .clusters import node
+from .clusters import node, task
 from .fake_docker import make_fake
+from .waiting import until
 
 
 class Shutdown(web.RequestHandler):
@@ -183,4 +184,30 @@ async def test_a_stop_among_many_asks_the_server_to_shut_down_and_does_not_wait(
     assert stand_in.requests == ["token the-servers-token"]  # asked all the same
     assert [name for name, _, _ in among.calls[started:]] == ["remove_service"]  # no looks
     assert among.states_at_removal == [["running"]] and among.services == {}
+    stand_in.stop()
+
+
+async def test_a_stop_moves_the_waiting_line_at_once():
+    """The stop tells the hub's GPU broker (``broker.nudge``): the participant waiting for the
+    slices it frees starts now, not at the line's next look (``line_interval``: 60 s here).
+    With ``server_shutdown_timeout = 0`` the stop's own word is the only one the broker gets."""
+    alice, stand_in = await running("ok", server_shutdown_timeout=0, line_interval=60)
+    bob = make_fake("bob", inventory_max_age=0, waiting_line="auto")
+    assert bob.broker is alice.broker  # one broker per hub
+    bob.nodes = alice.nodes
+    # the swarm as bob's reads see it: alice's server holds all 3 slices until it is removed
+    bob.tasks = [task("n1", {"GPU-a0": 3}, service_id=alice.object_id)]
+    remove = alice.docker
+
+    async def docker(method, *args, **kwargs):
+        if method == "remove_service":
+            bob.tasks = []
+        return await remove(method, *args, **kwargs)
+
+    alice.docker = docker
+    waiting = asyncio.ensure_future(bob.start())
+    await until(lambda: bob.broker.waiting())
+    await alice.stop()
+    await asyncio.wait_for(waiting, 3)  # the line's next look would be 60 s away
+    assert bob.gpu_uuid == "GPU-a0" and len(bob.created) == 1
     stand_in.stop()
