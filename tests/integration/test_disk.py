@@ -30,7 +30,6 @@ from gpu_swarm_spawner import contract
 
 from .aftermath import token_of
 from .hub import BED, deploy, engine_of, log_in, open_dashboard
-from .spawners import wait_slices_free
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +128,6 @@ def answers(hub, user: str, token: str) -> bool:
 
 
 def test_over_the_budget_the_participant_is_warned_on_their_page(small_homes, hub, page):
-    wait_slices_free()
     start(hub, ANN)
     _, container = server_container(hub, ANN)
     result = container.exec_run(
@@ -195,18 +193,23 @@ def test_a_participant_filling_the_homes_storage_is_stopped_and_told_and_the_oth
     (folder,) = [p for p in small_homes.iterdir() if "bob" in p.name]
     assert (folder / "fill.bin").stat().st_size > SHARE_MB * 0.5 * 2**20
 
-    # told why, on his page
+    # told why, on his page: where his JupyterLab's tab goes when he reloads it (the hub's
+    # "not running" page; a login without it would start his server again, where the hub's
+    # spawn page has no choices to offer)
     page = browser.new_context().new_page()
-    log_in(page, hub, BOB)
-    page.goto(f"{hub.url}/hub/home")
+    page.goto(f"{hub.url}/hub/login?next=/user/{BOB}/lab")
+    page.fill("#username_input", BOB)
+    page.fill("#password_input", hub.password)
+    page.click("#login_submit")
     told = page.locator("#last-start-failed")
     told.wait_for(timeout=30_000)
     text = told.inner_text()
-    assert text.startswith("Your server was stopped."), text
     assert "Your server was stopped at" in text, text
     assert f"the shared storage of the homes ({small_homes}) was" in text, text
     assert "safety line of 60%" in text and "Your files are kept" in text, text
     page.screenshot(path=str(Path(__file__).parent.parent.parent / "artifacts" / "disk-stop.png"))
+    page.goto(f"{hub.url}/hub/home")  # and his hub home page, headed as a stop
+    assert told.inner_text().startswith("Your server was stopped."), told.inner_text()
     page.context.close()
 
     # the organizer's dashboard lists it
