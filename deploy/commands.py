@@ -16,7 +16,7 @@ from docker.errors import APIError, DockerException
 
 from worker_setup import engine
 
-from . import registry, stack, steps
+from . import registry, settings, stack, steps
 from .console import DeployError, Log
 from .settings import Config
 
@@ -119,8 +119,15 @@ def deploy_and_wait(
     return deployed
 
 
+def _say_the_environment(config: Config, log: Log) -> None:
+    line = settings.from_the_environment(config)
+    if line:
+        log(line)
+
+
 def demo(config: Config, log: Log, environ: Mapping[str, str] = os.environ) -> None:
     """`make demo`: a single-machine hub with local login and (simulated) GPU slices."""
+    _say_the_environment(config, log)
     steps.ensure_engine(log)
     steps.ensure_gpu_slices(config, log, environ=environ)
     client = steps.connect()  # after a restart of the engine
@@ -143,6 +150,7 @@ def up(config: Config, log: Log, environ: Mapping[str, str] = os.environ) -> Non
     """`make up`: the production hub from the organizer's config file, with an image registry
     the GPU machines pull from; prints the line that adds one."""
     log(f"settings checked: {config.config_file}")
+    _say_the_environment(config, log)
     steps.ensure_engine(log)
     steps.ensure_gpu_slices(config, log, optional=True, environ=environ)
     client = steps.connect()

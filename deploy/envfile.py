@@ -143,9 +143,28 @@ def _parse_line(line: str, references: bool = False) -> tuple[str, str] | None:
             "(deploy/settings.env lists the names)"
         )
     value = value.strip(_BLANKS)
+    if typographic := typographic_quotes(value):
+        _fail(f"{key}: {typographic}")
     if value[:1] in ("'", '"'):
         return key, _quoted(key, value)
     return key, _unquoted(key, value, references)
+
+
+#: Quotes a word processor, a chat app or a web page puts where straight ones were typed.
+_TYPOGRAPHIC = "\u201c\u201d\u201e\u201f\u2018\u2019\u201a\u201b\u00ab\u00bb\u2039\u203a"
+
+
+def typographic_quotes(value: str) -> str:
+    """What is wrong with a value that starts or ends with a typographic quote (taken as part
+    of the value, a client secret pasted from a chat would then be refused by GitHub at every
+    login); "" for any other value."""
+    ends = [ch for ch in (value[:1], value[-1:]) if ch and ch in _TYPOGRAPHIC]
+    if not ends:
+        return ""
+    return (
+        f"the value is in typographic quotes ({ends[0]}...), which a word processor, chat app "
+        'or web page put there; write it without quotes, or in straight ones ("...")'
+    )
 
 
 def summarized(problems: list[str], limit: int = MAX_PROBLEMS) -> list[str]:
@@ -320,6 +339,72 @@ def renamed(settings: Mapping[str, V], where: Callable[[str], str], warn=_warn) 
         else:
             out[new] = value
             warn(f"{place}: {old} was renamed; write {new} instead")
+    return out
+
+
+#: GPUHUB_* variables that are not settings: what the project's own programs read from the
+#: environment (the config file's path, the test bed's and the tests' own, the GPU machine's
+#: join and guard, the hub's container, the single-user image). The environment's other
+#: GPUHUB_* names are refused as unknown settings (``environment_problems``).
+#: tests/unit/test_settings.py holds this list to the names the code reads.
+NOT_SETTINGS = frozenset(
+    {
+        "GPUHUB_CONFIG",  # which config file (`make up CONFIG=FILE`)
+        "GPUHUB_VENV",  # deploy/bootstrap.sh's virtual environment
+        "GPUHUB_CRASH_LOG",  # tests/run.sh
+        "GPUHUB_HERMETIC_RUN",  # tests/hermetic.sh
+        "GPUHUB_IMAGE_TAR",  # make image-tar
+        "GPUHUB_SCALE_MACHINES",  # make bench-scale
+        "GPUHUB_DAEMON_JSON",  # the join: the engine's daemon.json
+        "GPUHUB_ENGINE_WAIT",  # the join: how long the engine may take to start
+        "GPUHUB_ENGINE_ADDR",
+        "GPUHUB_ADVERTISE_ADDR",
+        "GPUHUB_WORKER_PYTHON",
+        "GPUHUB_GUARD_PIDFILE",  # the guard without systemd
+        "GPUHUB_GUARD_LOG",
+        "GPUHUB_DATA_DIR",  # inside the hub's container (deploy/stack.yml)
+        "GPUHUB_SECRETS_DIR",
+        "GPUHUB_DASHBOARD_DIR",
+        "GPUHUB_PROMETHEUS_URL",
+        "GPUHUB_METRICS_TOKEN_FILE",
+        "GPUHUB_SERVICE_PREFIX",
+        "GPUHUB_BEHIND_GATEWAY",
+        "GPUHUB_FIREWALL",  # inside a server's or a machine's container
+        "GPUHUB_FIREWALL_EVERY",
+        "GPUHUB_HOST_RULES",
+        "GPUHUB_HOST_HOOKS",
+        "GPUHUB_NOTICES_FILE",  # the single-user image
+        "GPUHUB_USAGE_FILE",
+        "GPUHUB_ENVIRONMENT",  # an environment's image: its name
+        "GPUHUB_CADDY_TLS",  # inside the HTTPS gateway's container (images/hub/Caddyfile)
+        "GPUHUB_CADDY_EMAIL",
+        "GPUHUB_HTTPS_SUFFIX",
+    }
+)
+#: ...and whole families of them: the tests', the test bed's, its engines'.
+NOT_SETTINGS_PREFIXES = ("GPUHUB_TEST_", "GPUHUB_BED_", "GPUHUB_DOCKERD_")
+
+
+def environment_problems(environ: Mapping[str, str], known: set[str]) -> list[str]:
+    """A line for each GPUHUB_* variable of the environment that is no setting (a misspelt
+    export would otherwise be dropped in silence, its setting left at the file's value) and
+    each setting the environment gives in typographic quotes."""
+    out = []
+    for key in sorted(environ):
+        if not key.startswith("GPUHUB_"):
+            continue
+        if key in known:
+            if typographic := typographic_quotes(environ[key]):
+                out.append(f"the environment: {key}: {typographic}")
+            continue
+        if key in RENAMED or key in NOT_SETTINGS or key.startswith(NOT_SETTINGS_PREFIXES):
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
+        hint = f"did you mean {close[0]}? " if close else ""
+        out.append(
+            f"the environment: unknown setting {key}; {hint}unset it (unset {key}), or put the "
+            "setting in the config file (deploy/settings.env lists them all)"
+        )
     return out
 
 

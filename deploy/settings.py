@@ -53,6 +53,7 @@ from .envfile import (
     ConfigFileError,
     Settings,
     SettingsError,
+    environment_problems,
     filled_by_deploy,
     merge,
     parse_env,
@@ -75,6 +76,10 @@ _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*$")
 _STACK = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 TLS_MODES = ("acme", "self-signed", "files", "off")
+#: What GitHub's client ids are made of ("Iv1.8a61f9b3a7aba766", "Ov23liA1b2C3d4E5f6G7").
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._-]+$")
+#: One e-mail address, what Caddy hands Let's Encrypt as the account's contact.
+_ONE_ADDRESS = re.compile(r"^[^\s@,;<>]+@[^\s@,;<>.][^\s@,;<>]*\.[^\s@,;<>]+$")
 AUTH_MODES = ("github", "local")
 
 # ---- checks -------------------------------------------------------------------------------
@@ -186,14 +191,25 @@ def _login(settings, exists) -> list[str]:
     errors += _typed(settings, "GPUHUB_ADMIN_USERS")[1]
     if settings.get("GPUHUB_AUTH") != "github":
         return errors
-    if not settings.get("GPUHUB_GITHUB_CLIENT_ID"):
+    client_id = settings.get("GPUHUB_GITHUB_CLIENT_ID", "")
+    if not client_id:
         errors.append(
             "GPUHUB_GITHUB_CLIENT_ID is empty; register an OAuth app on GitHub and copy its id"
+        )
+    elif not _CLIENT_ID.match(client_id):
+        errors.append(
+            f"GPUHUB_GITHUB_CLIENT_ID is {client_id!r}; copy the Client ID from the OAuth app's "
+            "page on GitHub again (letters, digits and dots only, e.g. Ov23liA1b2C3d4E5f6G7)"
         )
     secret, secret_file = (
         settings.get("GPUHUB_GITHUB_CLIENT_SECRET", ""),
         settings.get("GPUHUB_GITHUB_CLIENT_SECRET_FILE", ""),
     )
+    if secret and not (secret.isascii() and secret.isprintable() and not re.search(r"\s", secret)):
+        errors.append(  # never the secret itself
+            "GPUHUB_GITHUB_CLIENT_SECRET holds blanks or characters no client secret has (every "
+            "login would fail); copy it again from the OAuth app's page: 40 letters and digits"
+        )
     if bool(secret) == bool(secret_file):
         errors.append(
             "GPUHUB_GITHUB_CLIENT_SECRET / GPUHUB_GITHUB_CLIENT_SECRET_FILE: set exactly one "
@@ -223,6 +239,12 @@ def _tls(settings, exists) -> list[str]:
         errors.append(
             f"GPUHUB_TLS=acme needs a public DNS name in GPUHUB_HOSTNAME, not {host!r}; "
             "use GPUHUB_TLS=self-signed (or files) for an address or a private name"
+        )
+    email = settings.get("GPUHUB_ACME_EMAIL", "")
+    if mode == "acme" and email and not _ONE_ADDRESS.match(email):
+        errors.append(
+            f"GPUHUB_ACME_EMAIL is {email!r}; write one e-mail address, the contact Let's "
+            "Encrypt writes to about this hub's certificate (e.g. ops@uni.example)"
         )
     if mode == "files":
         for key in ("GPUHUB_TLS_CERT", "GPUHUB_TLS_KEY"):
@@ -518,6 +540,7 @@ def _gather(
             return Settings({}, {}), e.problems
         config = renamed(parsed, lambda key: f"{source} line {parsed[key][1]}")
     unknown = unknown_keys(config, set(defaults), source) + filled_by_deploy(config, source)
+    unknown += environment_problems(environ, set(defaults))
     environ = renamed(
         {k: v for k, v in environ.items() if k in defaults or k in RENAMED},
         lambda key: "the environment",
@@ -823,6 +846,25 @@ class Config:
     def __repr__(self) -> str:  # the client secret stays out of logs and tracebacks
         shown = {k: ("***" if "SECRET" in k and v else v) for k, v in self.values.items()}
         return f"Config(config_file={self.config_file!r}, values={shown!r})"
+
+
+def _shown(key: str, value: str) -> str:
+    """A setting's value for a log line: never a secret's."""
+    hidden = value and any(word in key for word in ("SECRET", "TOKEN", "PASSWORD"))
+    return "***" if hidden else value
+
+
+def from_the_environment(config: Config) -> str:
+    """The line `make up` and `make demo` log about the settings the environment gave, which
+    win over the config file (an export left in a shell, GPUHUB_TLS=off say, would otherwise
+    turn the file's HTTPS off without a word); "" when it gave none."""
+    given = [key for key, where in config.origin.items() if where == "the environment"]
+    if not given:
+        return ""
+    shown = ", ".join(f"{key}={_shown(key, config.values[key])}" for key in given)
+    over = config.config_file or "deploy/settings.env"
+    unset = " ".join(given)
+    return f"from the environment, over {over}: {shown} (to use the file's: unset {unset})"
 
 
 def typed_attributes() -> list[str]:

@@ -130,6 +130,19 @@ async def test_a_recent_read_is_shared_an_old_or_failed_one_is_not():
     broker.close()
 
 
+async def test_a_poll_takes_a_read_within_its_own_age_not_the_brokers():
+    """The servers' polls (``recent_read``) share a read younger than the poll's own limit
+    (``poll_read_max_age``), whatever the broker's limit for reservations is."""
+    broker = GPUBroker(threads=1, max_age=0)  # reservations: always a new read
+    swarm = Swarm(ONE_FREE_EACH, [])
+    await broker.recent_read(swarm, max_age=30)
+    by_service, nodes = await broker.recent_read(swarm, max_age=30)
+    assert swarm.reads == 1 and set(nodes) == {n["ID"] for n in ONE_FREE_EACH}
+    await broker.recent_read(swarm, max_age=0)  # a poll that wants it new gets it new
+    assert swarm.reads == 2
+    broker.close()
+
+
 async def test_a_server_stopped_makes_the_next_reservation_read_afresh():
     """A read from before a server stopped still counts its slices: a participant pressing
     Start at once was refused with every slice in use (seen on the bed, 30 ms after a stop)."""

@@ -742,6 +742,9 @@ def test_make_demo_twice(tmp_path, machine, capsys):
 """
     )
     assert f"hub answers at http://127.0.0.1:{port}" in out
+    # what the environment gave (the tests' port, state folder...) is said, once
+    (given,) = [line for line in out.splitlines() if "from the environment, over" in line]
+    assert f"GPUHUB_HTTP_PORT={port}" in given and "unset GPUHUB_HTTP_PORT" in given
     changed = list(machine.changes)
     assert ("swarm init", "10.0.0.5") in changed
     # the manager's own rules for its containers, as a GPU machine's join keeps them

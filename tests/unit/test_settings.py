@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import files
+from deploy import envfile, files
 from deploy import settings as settings_module
 from deploy.envfile import (
     FILLED_BY_DEPLOY,
@@ -431,7 +431,7 @@ def test_load_prints_what_it_checked_as_shell_exports(tmp_path):
     assert run_load(tmp_path, text).returncode == 1  # '...''...' is text after a closing quote
     text = text.replace("'it''s'", '"it\'s $ecret"')
     assert "use single quotes" in run_load(tmp_path, text).stderr
-    text = text.replace('"it\'s $ecret"', '"it\'s a secret"')
+    text = text.replace('"it\'s $ecret"', '"it\'s-a-secret"')  # (a secret has no blanks)
     text += "GPUHUB_ALLOWED_ORGS=org\nGPUHUB_CPU_LIMIT=2\nGPUHUB_MEM_LIMIT=4G\n"
     text += "GPUHUB_PIDS_LIMIT=0\n"
     result = run_load(tmp_path, text)
@@ -439,7 +439,7 @@ def test_load_prints_what_it_checked_as_shell_exports(tmp_path):
     exports = result.stdout.splitlines()
     assert "export GPUHUB_AUTH=github" in exports
     assert "export GPUHUB_TLS=self-signed" in exports
-    assert "export GPUHUB_GITHUB_CLIENT_SECRET='it'\"'\"'s a secret'" in exports
+    assert "export GPUHUB_GITHUB_CLIENT_SECRET='it'\"'\"'s-a-secret'" in exports
 
 
 @pytest.mark.parametrize(
@@ -1331,3 +1331,137 @@ def test_the_demo_refuses_more_cores_per_server_than_its_machine_has():
         "servers, has 16 cores; Docker would refuse to start them: write at most 16"
     ]
     assert read("demo", environ={"GPUHUB_CPU_LIMIT": "16"}, config="", machine=MACHINE)
+
+
+# ---- what the environment gives: the file's checks, and said ------------------------------
+
+
+def test_an_exported_name_that_is_no_setting_is_refused_with_the_one_meant(tmp_path):
+    config = tmp_path / "c.env"
+    config.write_text("GPUHUB_TLS=off\n")
+    with pytest.raises(SettingsError) as refused:
+        read(environ={"GPUHUB_TSL": "acme", "GPUHUB_WIBBLE": "1"}, config=str(config))
+    assert refused.value.problems == [
+        "the environment: unknown setting GPUHUB_TSL; did you mean GPUHUB_TLS? unset it "
+        "(unset GPUHUB_TSL), or put the setting in the config file (deploy/settings.env lists "
+        "them all)",
+        "the environment: unknown setting GPUHUB_WIBBLE; unset it (unset GPUHUB_WIBBLE), or put "
+        "the setting in the config file (deploy/settings.env lists them all)",
+    ]
+    # the project's own variables, an old name and the bed's are no settings and no mistake
+    own = {"GPUHUB_CONFIG": "none", "GPUHUB_GPU_SLICES": "1", "GPUHUB_BED_GPUS": "2"}
+    assert read(environ=own, config=str(config), machine=MACHINE).tls == "off"
+
+
+@pytest.mark.parametrize(
+    "quoted", ["\u201cs3cret\u201d", "\u2018s3cret\u2019", "\u00abs3cret\u00bb"]
+)
+def test_a_value_in_typographic_quotes_is_refused_in_the_file_and_the_environment(tmp_path, quoted):
+    config = tmp_path / "c.env"
+    config.write_text(f"GPUHUB_GITHUB_CLIENT_SECRET={quoted}\n")
+    with pytest.raises(SettingsError) as refused:
+        read(environ={}, config=str(config))
+    (line,) = refused.value.problems
+    assert line.startswith(f"{config} line 1: GPUHUB_GITHUB_CLIENT_SECRET: the value is in ")
+    assert 'write it without quotes, or in straight ones ("...")' in line
+    assert "s3cret" not in line  # a secret is never shown
+    config.write_text("")
+    with pytest.raises(SettingsError, match="the environment: GPUHUB_STACK: the value is in"):
+        read(environ={"GPUHUB_STACK": quoted}, config=str(config))
+    # straight quotes, and typographic ones inside a value, are the organizer's
+    config.write_text('GPUHUB_STACK="gpuhub"\nGPUHUB_HOSTNAME=hub.example.org\n')
+    assert read(environ={}, config=str(config), machine=MACHINE).stack == "gpuhub"
+
+
+def test_make_up_says_which_settings_the_environment_gave_never_a_secret(tmp_path):
+    config = tmp_path / "c.env"
+    config.write_text("GPUHUB_TLS=self-signed\n")
+    environ = {"GPUHUB_TLS": "off", "GPUHUB_GITHUB_CLIENT_SECRET": "s3cret"}
+    said = settings_module.from_the_environment(
+        read(environ=environ, config=str(config), machine=MACHINE)
+    )
+    assert said == (
+        f"from the environment, over {config}: GPUHUB_GITHUB_CLIENT_SECRET=***, GPUHUB_TLS=off "
+        "(to use the file's: unset GPUHUB_GITHUB_CLIENT_SECRET GPUHUB_TLS)"
+    ) or said == (
+        f"from the environment, over {config}: GPUHUB_TLS=off, GPUHUB_GITHUB_CLIENT_SECRET=*** "
+        "(to use the file's: unset GPUHUB_TLS GPUHUB_GITHUB_CLIENT_SECRET)"
+    )
+    assert settings_module.from_the_environment(read(environ={}, config=str(config))) == ""
+
+
+#: where the project's programs read GPUHUB_* variables: everything but the unit tests (whose
+#: names are made up on purpose)
+_READERS = ("gpu_swarm_spawner", "worker_setup", "deploy", "tutorial_sync", "images", "tests")
+
+
+def test_every_gpuhub_variable_the_code_names_is_a_setting_or_declared_as_none():
+    """A variable the code reads that is neither a setting nor in envfile.NOT_SETTINGS would be
+    refused when an organizer (or the tests) exports it."""
+    defaults = set(read_defaults(str(DEFAULTS)))
+    named: dict[str, str] = {}
+    files = [REPO / "Makefile", REPO / "jupyterhub_config.py"]
+    for top in _READERS:
+        files += [
+            p
+            for p in (REPO / top).rglob("*")
+            if p.is_file()
+            and p.suffix in ("", ".py", ".sh", ".yml", ".env", ".json")
+            and "unit" not in p.parts
+            and "__pycache__" not in p.parts
+        ]
+    for path in files:
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for name in re.findall(r"\bGPUHUB_[A-Z0-9_]*[A-Z0-9]\b", text):
+            named.setdefault(name, str(path.relative_to(REPO)))
+    strays = {
+        name: where
+        for name, where in named.items()
+        if name not in defaults
+        and name not in envfile.RENAMED
+        and name not in envfile.NOT_SETTINGS
+        and not name.startswith(envfile.NOT_SETTINGS_PREFIXES)
+        and name not in ("GPUHUB_NAME", "GPUHUB_X")  # the messages' "GPUHUB_NAME=value"
+    }
+    assert strays == {}, "add each to envfile.NOT_SETTINGS (with what reads it) or settings.env"
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        (
+            "GPUHUB_GITHUB_CLIENT_ID",
+            "Iv1.8a61 f9b3",
+            "copy the Client ID from the OAuth app's page",
+        ),
+        ("GPUHUB_GITHUB_CLIENT_ID", "Iv1.8a61f9b3\u200b", "copy the Client ID"),
+        ("GPUHUB_GITHUB_CLIENT_SECRET", "0a1b 2c3d", "holds blanks or characters"),
+        ("GPUHUB_GITHUB_CLIENT_SECRET", "0a1b2c3d\u2019", "holds blanks or characters"),
+        ("GPUHUB_ACME_EMAIL", "ops@uni.example, me@uni.example", "write one e-mail address"),
+        ("GPUHUB_ACME_EMAIL", "ops at uni.example", "write one e-mail address"),
+        ("GPUHUB_ACME_EMAIL", "<ops@uni.example>", "write one e-mail address"),
+    ],
+)
+def test_free_text_settings_are_held_to_what_github_and_caddy_take(base, key, value, says):
+    settings = github(base, GPUHUB_TLS="acme", GPUHUB_HOSTNAME="hub.example.org", **{key: value})
+    found = [p for p in problems(settings) if p.startswith(key)]
+    assert len(found) == 1 and says in found[0], found
+    if "SECRET" in key:
+        assert value not in found[0]
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("GPUHUB_GITHUB_CLIENT_ID", "Ov23liA1b2C3d4E5f6G7"),
+        ("GPUHUB_GITHUB_CLIENT_SECRET", "0123456789abcdef0123456789abcdef01234567"),
+        ("GPUHUB_ACME_EMAIL", "o'brien@uni.example"),
+        ("GPUHUB_ACME_EMAIL", "zo\u00eb@uni.example"),
+    ],
+)
+def test_what_github_and_caddy_take_passes(base, key, value):
+    settings = github(base, GPUHUB_TLS="acme", GPUHUB_HOSTNAME="hub.example.org", **{key: value})
+    assert [p for p in problems(settings) if p.startswith(key)] == []
