@@ -29,7 +29,7 @@ import requests
 from gpu_swarm_spawner import contract
 
 from .aftermath import token_of
-from .hub import BED, deploy, engine_of, log_in, open_dashboard
+from .hub import ARTIFACTS, BED, deploy, engine_of, log_in, open_dashboard
 
 pytestmark = pytest.mark.integration
 
@@ -207,7 +207,8 @@ def test_a_participant_filling_the_homes_storage_is_stopped_and_told_and_the_oth
     assert "Your server was stopped at" in text, text
     assert f"the shared storage of the homes ({small_homes}) was" in text, text
     assert "safety line of 60%" in text and "Your files are kept" in text, text
-    page.screenshot(path=str(Path(__file__).parent.parent.parent / "artifacts" / "disk-stop.png"))
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "disk-stop.png"))
     page.goto(f"{hub.url}/hub/home")  # and his hub home page, headed as a stop
     assert told.inner_text().startswith("Your server was stopped."), told.inner_text()
     page.context.close()
