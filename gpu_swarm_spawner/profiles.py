@@ -69,6 +69,18 @@ def gpu_choice(choice: dict, offered: Offer) -> str:
     raise ChoiceError(f"Unknown GPU choice {gpu!r}; choose {SLICE!r}, {FULL!r} or {NONE!r}.")
 
 
+def check_environment(choice: dict, offered: Offer) -> None:
+    """The environment ``choice`` asks for (``image``, a name of allowed_images) is one this
+    hub offers: asked before any GPU is reserved or any place in line taken, where
+    DockerSpawner's own check comes only in its start, after both (a participant on a full hub
+    was told "all slices in use", or waited in line, and was then refused the image)."""
+    name = choice.get("image")
+    if name and name not in offered.environments:
+        listed = ", ".join(offered.environments)
+        fix = f"choose one of: {listed}" if listed else "leave it out: this hub has one image"
+        raise ChoiceError(f"There is no environment {name!r} on this hub; {fix}.")
+
+
 def wants_full_gpu(choice: dict, offered: Offer) -> bool:
     """Whether a server started with ``choice`` (its user_options) takes a whole GPU."""
     return gpu_choice(choice, offered) == FULL

@@ -151,7 +151,9 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
             options = self.saved_user_options()
         try:
             profiles.check_line_choice(options)
-            choice = profiles.gpu_choice(options, self.spawn_offer())
+            offered = self.spawn_offer()
+            profiles.check_environment(options, offered)  # before any slice is claimed
+            choice = profiles.gpu_choice(options, offered)
         except profiles.ChoiceError:
             return None
         if choice == profiles.NONE:

@@ -91,6 +91,7 @@ class SpawnPage(HasTraits):
             # the environment (user_options["image"]) is applied by DockerSpawner.start
             try:
                 offered = spawner.spawn_offer()
+                profiles.check_environment(user_options, offered)
                 choice = profiles.gpu_choice(user_options, offered)
                 spawner.full_gpu_requested = choice == profiles.FULL
                 spawner.cpu_only_requested = choice == profiles.NONE
@@ -100,8 +101,6 @@ class SpawnPage(HasTraits):
             spawner.forget_one_off_choices()
 
         return apply
-
-    # ---- progress ---------------------------------------------------------------------------
 
     # ---- progress ---------------------------------------------------------------------------
 

@@ -55,6 +55,15 @@ async def test_a_full_swarm_is_refused_with_the_message_start_would_give():
     assert spawner.reads == len(spawner.calls) == 4  # nodes and tasks, twice
 
 
+async def test_an_environment_not_offered_is_left_to_the_spawns_400_not_refused_for_slices():
+    """On a full hub, asking for an image it does not offer is not answered "all slices in
+    use" (nor a place in line): nothing is claimed, and JupyterHub's spawn then meets the
+    options' 400 (``check_environment``) before the spawner's start."""
+    spawner = fake_swarm(FULL, waiting_line="off")
+    assert await spawner.refusal_before_spawn({"image": "Julia"}) is None
+    assert spawner.broker.claimed() == {} and spawner.reads == 0
+
+
 async def test_room_on_a_gpu_lets_the_spawn_go_on_holding_its_slices_until_start_claims():
     spawner = fake_swarm([task("n1", {"GPU-a0": 3})])
     assert await spawner.refusal_before_spawn({}) is None

@@ -93,6 +93,20 @@ async def test_a_choice_is_applied_and_a_refused_one_is_a_400_with_the_message()
     assert "not offered to you" in refused.value.log_message
 
 
+async def test_an_environment_not_offered_is_a_400_before_anything_is_reserved():
+    participant = spawner(False, allowed_images=IMAGES, image="reg/pytorch:1")
+    with pytest.raises(HTTPError) as refused:
+        await participant._run_apply_user_options({"image": "Julia"})
+    assert refused.value.status_code == 400
+    assert refused.value.log_message == (
+        "There is no environment 'Julia' on this hub; choose one of: PyTorch, TensorFlow."
+    )
+    await participant._run_apply_user_options({"image": "TensorFlow"})  # offered: taken
+    plain = spawner(False)
+    with pytest.raises(HTTPError, match="leave it out: this hub has one image"):
+        await plain._run_apply_user_options({"image": "PyTorch"})
+
+
 def test_the_deprecated_full_gpu_slices_still_offers_admins_a_full_gpu():
     assert spawner(True, full_gpu_slices=3).full_gpu_for == "admins"
     assert spawner(True).full_gpu_for == "off"  # a hub that sets nothing offers none
