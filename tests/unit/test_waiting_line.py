@@ -229,7 +229,7 @@ def test_waiting_and_going_without_a_gpu_are_not_kept_for_the_next_start():
     """JupyterHub reuses a start's options for the next start without options ("Start My
     Server"): found on the bed, a participant who once started without a GPU got no GPU again.
     The one-off answers go; the environment stays."""
-    spawner = make_fake(cpu_only_servers=True)
+    spawner = make_fake(cpu_only_servers=True, allowed_images={"PyTorch": "reg/pytorch:1"})
     committed = []
     spawner.orm_spawner = SimpleNamespace(
         server=None, user_options={"gpu": "none", "line": "join", "image": "PyTorch"}
