@@ -283,6 +283,13 @@ def parse_env(
     return found
 
 
+def meant(key: str, known: set[str]) -> str:
+    """The setting an unknown name was most likely meant to be ("" when none is close): the one
+    guess the config file's and the environment's checks both offer."""
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
+    return close[0] if close else ""
+
+
 def unknown_keys(config: dict[str, tuple[str, int]], known: set[str], source: str) -> list[str]:
     """A line for each key of the config file that is not a setting (a typo would otherwise
     silently leave the default in place)."""
@@ -290,8 +297,8 @@ def unknown_keys(config: dict[str, tuple[str, int]], known: set[str], source: st
     for key, (_, number) in config.items():
         if key in known:
             continue
-        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
-        hint = f"; did you mean {close[0]}?" if close else "; deploy/settings.env lists them all"
+        close = meant(key, known)
+        hint = f"; did you mean {close}?" if close else "; deploy/settings.env lists them all"
         out.append(f"{source} line {number}: unknown setting {key}{hint}")
     return out
 
@@ -399,8 +406,8 @@ def environment_problems(environ: Mapping[str, str], known: set[str]) -> list[st
             continue
         if key in RENAMED or key in NOT_SETTINGS or key.startswith(NOT_SETTINGS_PREFIXES):
             continue
-        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
-        hint = f"did you mean {close[0]}? " if close else ""
+        close = meant(key, known)
+        hint = f"did you mean {close}? " if close else ""
         out.append(
             f"the environment: unknown setting {key}; {hint}unset it (unset {key}), or put the "
             "setting in the config file (deploy/settings.env lists them all)"

@@ -60,7 +60,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # The names the hub uses (gpu_swarm_spawner/contract.py; tests hold them equal): this program
 # runs from the single-user image, without the hub's package.
@@ -124,6 +124,11 @@ class Server:
     @property
     def total(self) -> int:
         return (self.home or 0) + (self.scratch or 0)
+
+    @property
+    def over(self) -> bool:
+        """Over its budget (never, without one)."""
+        return bool(self.budget) and self.total > self.budget
 
     def on(self, fs: int) -> int:
         """Bytes of this server on file system ``fs``."""
@@ -239,8 +244,7 @@ def decide(
     for server in r.servers:
         if server.container in stopped:
             continue
-        over = bool(server.budget) and server.total > server.budget
-        if over:
+        if server.over:
             last = told.get(server.container)
             if last is None or abs(server.total - last) >= RETELL_FRACTION * server.budget:
                 actions.append(Warn(server, first=last is None))
@@ -253,12 +257,12 @@ def decide(
         s.container: {fs: s.on(fs) for fs in {s.home_fs, s.scratch_fs} if fs is not None}
         for s in r.servers
     }
+    lines = safety_lines(r)
     for key, fs in sorted(r.filesystems.items()):
-        on_it = [s for s in r.servers if key in (s.home_fs, s.scratch_fs)]
-        lines = [s.line for s in on_it if s.line]
-        if not lines or fs.percent < min(lines):
+        line = lines.get(key)
+        if line is None or fs.percent < line:
             continue
-        line = min(lines)
+        on_it = [s for s in r.servers if key in (s.home_fs, s.scratch_fs)]
         growth = [
             (written[s.container][key] - state.written[s.container][key], s)
             for s in on_it
@@ -281,13 +285,20 @@ def decide(
     return tuple(actions), WatchState(written, told, stopped)
 
 
-def report(r: Reading, state: WatchState, problems: Iterable[str] = ()) -> dict:
-    """The round's report (``GET /disk``), from its reading and the state after it."""
+def safety_lines(r: Reading) -> dict[int, float]:
+    """Each file system's safety line: the lowest of the servers with files on it (all the same
+    when one hub labels them); a file system no server sets a line for has none."""
     lines: dict[int, float] = {}
     for s in r.servers:
         for key in {s.home_fs, s.scratch_fs} - {None}:
             if s.line:
                 lines[key] = min(lines.get(key, s.line), s.line)
+    return lines
+
+
+def report(r: Reading, state: WatchState, problems: Iterable[str] = ()) -> dict:
+    """The round's report (``GET /disk``), from its reading and the state after it."""
+    lines = safety_lines(r)
     return {
         "version": REPORT_VERSION,
         "machine": r.machine,
@@ -311,7 +322,7 @@ def report(r: Reading, state: WatchState, problems: Iterable[str] = ()) -> dict:
                 "home": s.home,
                 "scratch": s.scratch,
                 "budget": s.budget,
-                "over": bool(s.budget) and s.total > s.budget,
+                "over": s.over,
                 "stopped": (
                     {
                         "time": state.stopped[s.container].time,
@@ -602,7 +613,7 @@ class Watch:
             if isinstance(action, Stop) and not self.paused(action.server, problems):
                 stopped = dict(self.state.stopped)  # the next round tries again
                 del stopped[action.server.container]
-                self.state = WatchState(self.state.written, self.state.told, stopped)
+                self.state = replace(self.state, stopped=stopped)
         done = report(reading, self.state, problems)
         with self.lock:
             self.last = done
