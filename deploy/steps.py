@@ -122,7 +122,7 @@ def ensure_disk_watch(config: Config, log: Log, environ: Mapping[str, str] = os.
     machine): the manager runs servers too in a demo, and the hub reads its report. With
     GPUHUB_EGRESS=off (an image without our programs, gpuhub-disk among them), none."""
     docker_cli = DockerCLI(environ)
-    socket = disk_watch.engine_socket(environ)
+    socket = engine.docker_socket(environ)
     _keeper(
         config,
         log,

@@ -18,7 +18,6 @@ engine.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 
 from gpu_swarm_spawner.contract import DISK_WATCH, DISK_WATCH_PORT, LABEL_PREFIX
 
@@ -27,17 +26,10 @@ from . import keepers
 WATCH = DISK_WATCH
 #: the watch's label holding a digest of how it runs (its image and arguments)
 DIGEST_LABEL = LABEL_PREFIX + "disk-watch"
-#: the engine's socket when DOCKER_HOST names none, and where the watch finds it
+#: where the watch finds its machine's engine's socket (engine.docker_socket: the host's path)
 ENGINE_SOCKET = "/var/run/docker.sock"
 WHAT = f"servers' homes and writable layers measured; its report on port {DISK_WATCH_PORT}"
 WATCHES = "the disk watch"
-
-
-def engine_socket(environ: Mapping[str, str]) -> str:
-    """The host's path of the engine's socket: DOCKER_HOST's ``unix:///PATH`` (the test bed's
-    machines), else Docker's own."""
-    host = environ.get("DOCKER_HOST") or ""
-    return host.removeprefix("unix://") if host.startswith("unix:///") else ENGINE_SOCKET
 
 
 #: the watch's restart policy, network, user and limits; the host's processes, and the right

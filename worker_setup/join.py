@@ -46,7 +46,7 @@ from pathlib import Path
 
 from gpu_swarm_spawner import contract
 
-from . import advertise, disk_watch, guard_service, host_firewall, keepers, shared_folders
+from . import advertise, disk_watch, engine, guard_service, host_firewall, keepers, shared_folders
 from .docker_cli import DockerCLI
 from .engine import EngineError
 
@@ -518,7 +518,7 @@ def ensure_disk_watch(m: Machine) -> None:
     if m.args.no_disk_watch:
         ensure_disk_watch_removed(m, " (--no-disk-watch)")
         return
-    socket = disk_watch.engine_socket(m.environ)
+    socket = engine.docker_socket(m.environ)
     keeper_step(m, "disk", lambda: disk_watch.ensure(m.docker, m.image, socket, m.args.dry_run))
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from gpu_swarm_spawner import contract
 from tests.fakes.nvml import imported, shim_env
-from worker_setup import disk_watch, join, shared_folders
+from worker_setup import engine, join, shared_folders
 from worker_setup.__main__ import main, parse_args
 from worker_setup.docker_cli import DockerCLI
 
@@ -650,8 +650,8 @@ def test_the_disk_watch_sees_the_engine_and_the_host_and_is_replaced_only_on_cha
 
 def test_the_disk_watch_finds_dockers_own_socket_without_a_unix_docker_host():
     for environ in ({}, {"DOCKER_HOST": "tcp://10.0.0.5:2375"}):
-        assert disk_watch.engine_socket(environ) == "/var/run/docker.sock"
-    assert disk_watch.engine_socket({"DOCKER_HOST": "unix:///run/d.sock"}) == "/run/d.sock"
+        assert engine.docker_socket(environ) == "/var/run/docker.sock"
+    assert engine.docker_socket({"DOCKER_HOST": "unix:///run/d.sock"}) == "/run/d.sock"
 
 
 def test_a_disk_watch_that_does_not_start_stops_the_join_and_names_its_log(
