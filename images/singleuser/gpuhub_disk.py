@@ -677,7 +677,10 @@ class Watch:
             stop.wait(max(1.0, self.every_s - (time.monotonic() - started)))
 
 
-def serve(watch: Watch, port: int) -> http.server.ThreadingHTTPServer:
+def serve(watch: Watch, port: int, address: str = "") -> http.server.ThreadingHTTPServer:
+    """``GET /disk`` on ``address`` (every address of the machine: the hub reads it from the
+    manager) and ``port``, in a thread."""
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
             if self.path.split("?")[0] != "/disk":
@@ -694,7 +697,7 @@ def serve(watch: Watch, port: int) -> http.server.ThreadingHTTPServer:
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("", port), Handler)
+    server = http.server.ThreadingHTTPServer((address, port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 

@@ -412,7 +412,7 @@ def test_a_round_measures_under_the_host_root_pauses_the_writer_and_serves_its_r
         listing = [c[1] for c in calls if c[1].startswith("/containers/json")][0]
         assert "gpu-jupyterhub.user" in urllib.request.unquote(listing)
 
-        served = disk.serve(watch, 0)
+        served = disk.serve(watch, 0, "127.0.0.1")  # loopback only: hermetic
         try:
             port = served.server_address[1]
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/disk", timeout=5) as answer:
