@@ -844,12 +844,12 @@ class Config:
         )
 
     def __repr__(self) -> str:  # the client secret stays out of logs and tracebacks
-        shown = {k: ("***" if "SECRET" in k and v else v) for k, v in self.values.items()}
+        shown = {k: _shown(k, v) for k, v in self.values.items()}
         return f"Config(config_file={self.config_file!r}, values={shown!r})"
 
 
 def _shown(key: str, value: str) -> str:
-    """A setting's value for a log line: never a secret's."""
+    """A setting's value for a log line or Config's repr: never a secret's."""
     hidden = value and any(word in key for word in ("SECRET", "TOKEN", "PASSWORD"))
     return "***" if hidden else value
 
