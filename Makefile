@@ -69,7 +69,7 @@ bench-faults:  ## faults with servers running (proxy, engines, hub killed, machi
 unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 	bash tests/run.sh unit
 
-mutation:  ## mutation testing (mutmut) of the broker, line, placement and inventory against their unit tests; not part of make test (~30 min on 2 cores; docs/development.md)
+mutation:  ## mutation testing (mutmut) of the broker, line, placement and inventory against their unit tests; not part of make test (~20 min on 2 cores; docs/development.md)
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && bash tests/hermetic.sh $$VENV/bin/python --mutmut run && $$VENV/bin/mutmut results'
 
 lint:  ## ruff lint + format check

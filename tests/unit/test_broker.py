@@ -381,3 +381,23 @@ async def test_a_newcomer_is_kept_off_the_gpu_the_line_empties_for_a_full_gpu(li
     swarm.tasks = swarm.tasks[1:]  # x stopped: GPU-a0 is empty
     line_broker.nudge()
     assert (await asyncio.wait_for(wait, 1)).gpu.uuid == "GPU-a0"
+
+
+async def test_the_gpu_held_for_a_full_gpu_stays_held_while_another_empties_as_fast(line_broker):
+    """The line passes its last pass to the next (``held``): the GPU emptying for the
+    participant waiting for a whole GPU stays theirs when another GPU draws level with it, or
+    the line would keep switching and neither would ever empty. mutmut found the broker's pass
+    of ``held`` untested (line.assign is tested alone in test_line.py)."""
+    gpus = [node("n1", "alpha", {"GPU-a0": 3, "GPU-a1": 3})]
+    x, y = task("n1", {"GPU-a0": 1}, service_id="svc-x"), task("n1", {"GPU-a0": 1}, service_id="y")
+    swarm = Swarm(gpus, [x, y, task("n1", {"GPU-a1": 1}, service_id="svc-z")])
+    told = Told()
+    wait = asyncio.ensure_future(
+        line_broker.wait_in_line("big", Request(None), swarm, told.to("big"))
+    )
+    await until(lambda: told.heard.get("big", [(0, 0, None, False)])[-1][3])  # GPU-a1 held
+    line_broker.line_interval = 60  # only the newcomer's reservation serves the line now
+    swarm.tasks = [x, swarm.tasks[2]]  # y stopped: both GPUs have 1 slice in use
+    placed = await line_broker.reserve("new", Request(1), swarm)
+    assert placed.gpu.uuid == "GPU-a0"  # not the held GPU-a1, although a0 sorts first
+    wait.cancel()

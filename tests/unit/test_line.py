@@ -159,3 +159,20 @@ def test_the_waiting_message_says_place_wait_and_that_closing_the_page_is_fine()
     assert "you keep your place if you close this page" in text
     text = waiting_message(1, 1, None, held=True)
     assert "1st in line (1 waiting); a GPU is being kept free for you: no estimate yet" in text
+
+
+def test_the_line_places_as_a_start_would_with_the_participants_seed():
+    """Between tied GPUs the line's choice is the participant's, as ``placement.choose`` makes
+    it with their seed (their name), so spawns served in one pass spread over the tied GPUs
+    the way direct starts do. mutmut found the seed's pass untested."""
+    from gpu_swarm_spawner.placement import choose
+
+    gpus = [gpu(f"GPU-{c}", 2) for c in "abcdef"]  # six tied GPUs, one slice free on each
+    for name in ("ann", "bob", "cy", "dee"):
+        request = Request(1, seed=name)
+        done = assign([Entry(name, request, joined=1)], gpus)
+        assert done.assigned[0].gpu.uuid == choose(gpus, 1, seed=name).uuid
+    firsts = {
+        assign([Entry(n, Request(1, seed=n), 1)], gpus).assigned[0].gpu.uuid for n in "pqrstu"
+    }
+    assert len(firsts) > 1  # not every participant on the first GPU by name
