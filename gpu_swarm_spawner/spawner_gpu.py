@@ -23,12 +23,19 @@ from . import (
     tasks,
 )
 from .errors import NoGPUSliceAvailable, SpawnFailed
+from .holding import Holding
 from .homes import away_message, machine_state
 from .spawner_health import SHUTDOWN_POLL_S
 from .spawner_page import render
 
 #: How long a start waits for a leftover service of the same server to let go of its slices.
 LEFTOVER_WAIT_S = 20.0
+
+
+def usable(handed: broker.Reservation, request: broker.Request) -> bool:
+    """A reservation made earlier for this spawn (the gate's) serves its start: the broker
+    still counts it, and it was made for the same request."""
+    return handed.stands() and handed.request == request
 
 
 class GPUChoice(HasTraits):
@@ -128,20 +135,26 @@ class GPUChoice(HasTraits):
         )
 
     async def reserve_gpu(
-        self, exclude: frozenset = frozenset(), may_wait: bool = True
+        self,
+        exclude: frozenset = frozenset(),
+        may_wait: bool = True,
+        handed: broker.Reservation | None = None,
     ) -> broker.Reservation:
         """Slices of one GPU claimed for this server, or a refusal people understand at once,
         or (``may_wait`` and the line on) slices given after a wait in line.
 
-        ``exclude``: GPUs this spawn already lost a race for; they count as full.
+        ``exclude``: GPUs this spawn already lost a race for; they count as full. ``handed``:
+        the gate's reservation for this spawn (``refusal_before_spawn``), taken as it is while
+        it stands for the same request: the broker chooses once per spawn.
         """
         request = self.gpu_request()
-        # the gate's choice for this spawn, if it made one: the same GPU while it fits
-        kept, self._early_claim = self._early_claim, None
+        if handed is not None:
+            if usable(handed, request):
+                return await self._placed(request, handed)
+            handed.forget()
         try:
             return await self._placed(
-                request,
-                await self.broker.reserve(self, request, self._read_swarm, exclude, kept),
+                request, await self.broker.reserve(self, request, self._read_swarm, exclude)
             )
         except broker.NoRoom as e:
             refused = e
@@ -199,10 +212,8 @@ class GPUChoice(HasTraits):
     def _hold(self, reservation: broker.Reservation, attempt: int) -> None:
         """Take the reserved slices as this server's (create_object reads them)."""
         gpu = reservation.gpu
-        self.gpu_uuid, self.gpu_node, self.node_cores = gpu.uuid, gpu.node_name, gpu.cores
-        self.slices_held = reservation.slices
-        self.gpu_memory_mb = gpu.memory_budget_mb(reservation.slices)
-        self.gpu_total_slices = gpu.slices
+        self.attempt.reservation = reservation
+        self.holding = Holding.of(reservation)
         self._phase("slices")
         kind = "SIMULATED GPU" if gpu.simulated else "MIG instance" if gpu.mig else "GPU"
         isolated = " (hardware-isolated)" if gpu.mig else ""
@@ -223,9 +234,10 @@ class GPUChoice(HasTraits):
             + isolated,
         )
 
-    async def _choose_cpu_node(self) -> str:
-        """Where a server without a GPU runs ("" lets Swarm choose: no GPU machine here);
-        refuses when ``cpu_only_max_servers`` run already."""
+    async def _place_without_gpu(self) -> Holding:
+        """What a server without a GPU holds: the machine it runs on (``cpu_node`` "" lets
+        Swarm choose: no GPU machine here) and its cores; refuses when
+        ``cpu_only_max_servers`` run already."""
         if self.cpu_only_max_servers:
             running = await self.docker(
                 "services", filters={"label": f"{contract.CPU_ONLY_LABEL}=1"}
@@ -243,10 +255,10 @@ class GPUChoice(HasTraits):
         gpus = await self.gpu_inventory()
         home = self._home_to_prefer()
         chosen = placement.cpu_node(gpus, home)
-        self.node_cores = next((g.cores for g in gpus if g.node_name == chosen), 0.0)
+        cores = next((g.cores for g in gpus if g.node_name == chosen), 0.0)
         if home and chosen != home:
             await self._tell_away_from_home(home, chosen)
-        return chosen
+        return Holding(cpu_only=True, cpu_node=chosen, node_cores=cores)
 
     # ---- the waiting line --------------------------------------------------------------------
 
@@ -291,7 +303,8 @@ class GPUChoice(HasTraits):
         """In the line until slices are given to this server; the participant reads their
         place on the spawn page all along. The hub's database says they are waiting, so a
         hub restart that empties the line can tell them (``failure_message``)."""
-        self.line_joined = time.time()
+        attempt = self.attempt
+        attempt.line_joined = time.time()
         self._save_state()
         self.log.info("%s joined the waiting line", self.log_name)
         self._journal()  # the dashboard's copy of the line is written from now on
@@ -305,7 +318,7 @@ class GPUChoice(HasTraits):
             self._report(10, line.waiting_message(position, waiting, eta, held))
 
         wait = self.broker.wait_in_line(self, request, self._read_swarm, told, self.line_max_length)
-        joined = self.line_joined
+        joined = attempt.line_joined
         try:
             reservation = await asyncio.wait_for(wait, timeout=self.line_max_wait or None)
         except broker.LineFull as e:
@@ -324,11 +337,11 @@ class GPUChoice(HasTraits):
         except asyncio.CancelledError:
             self.log.info("%s left the waiting line", self.log_name)
             self._record("left line", waited=round(time.time() - joined, 1))
-            self._cancelled_in_line = True
+            attempt.cancelled_in_line = True
             raise
         finally:
-            self.line_joined = 0
-        self._waited = time.time() - joined
+            attempt.line_joined = 0
+        attempt.waited = time.time() - joined
         self.log.info(
             "%s leaves the line after %.0f s for %s on %s",
             self.log_name,
