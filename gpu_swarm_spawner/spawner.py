@@ -4,18 +4,23 @@ How a spawn runs, top-down (the methods appear in this order below):
 
 0. ``refusal_before_spawn``: before JupyterHub's own work for a spawn, its spawn page and REST
    API ask it (``gate.py``). A participant no GPU has room for is refused there, with the same
-   message as step 1 would give; a spawn let through claims its slices at once.
-1. ``start`` (JupyterHub calls it): asks the hub's GPU broker (``broker.py``) for a GPU that
-   fits, with the placement policy (``placement.py``) over the swarm's inventory
-   (``inventory.py``); the broker claims the slices at once. No GPU fits: the participant is
-   told so (``NoGPUSliceAvailable``, HTTP 503) before anything is created, or waits in the
-   broker's line (``waiting_line``; ``line.py``) until slices are given to them.
+   message as step 1 would give. For a spawn let through, the hub's GPU broker (``broker.py``)
+   chooses a GPU with the placement policy (``placement.py``) over the swarm's inventory
+   (``inventory.py``) and claims its slices at once: it hands back the spawn's one
+   ``broker.Reservation`` (what it holds, where, its release), kept for ``start``.
+1. ``start`` (JupyterHub calls it) begins a new ``Attempt`` (``attempt.py``: this start's
+   marks, progress, wait and refusal) and takes the gate's reservation as it is while it stands
+   (``reserve_gpu``): the broker chooses once per spawn. Without one, it reserves itself. No
+   GPU fits: the participant is told so (``NoGPUSliceAvailable``, HTTP 503) before anything is
+   created, or waits in the broker's line (``waiting_line``; ``line.py``) until slices are
+   given to them. What the server then holds is one record, ``holding`` (``holding.py``),
+   persisted in the hub's database (``get_state``) and emptied in ``clear_gpu``.
 2. ``SwarmSpawner.start`` (dockerspawner) then hops back into this class:
    ``create_object`` creates the service (the slices reserved as a generic resource of the
    chosen GPU's kind, its UUID in the environment), and ``start_object`` waits for its task:
    each task read is classified by ``tasks.read_task``; Swarm refusing to place it means
-   another server took the slice first (``SliceTaken``: ``start`` tries the next GPU), a
-   machine without the image fails at once, and the wait ends when the server listens.
+   another server took the slice first (``SliceTaken``: ``start`` reserves anew without that
+   GPU), a machine without the image fails at once, and the wait ends when the server listens.
 3. JupyterHub asks ``get_ip_and_port`` where to connect: the task's address on the network.
 4. Later, ``poll`` reports the server stopped when it is gone (``reconcile.verdict``), or
    away for longer than ``server_lost_after`` while Swarm tries to bring it back; a server
