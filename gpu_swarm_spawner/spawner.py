@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 
 from jupyterhub.utils import format_exception
 from traitlets import Bool, Float, Instance, Unicode
 
 from . import (
     broker,
+    inventory,
     profiles,
     reconcile,
     service_spec,
@@ -47,7 +49,7 @@ from .attempt import Attempt
 from .errors import NoGPUSliceAvailable, SliceTaken, SpawnFailed
 from .holding import Holding
 from .reconcile import Health
-from .spawner_gpu import GPUChoice
+from .spawner_gpu import GPUChoice, LineRules, Spawn, hub_disk_refusal
 from .spawner_health import ServerHealth, node_state
 from .spawner_page import SpawnPage
 from .spawner_server import ServerSpec
@@ -57,7 +59,7 @@ from .traits import GPUSwarmSpawnerTraits
 __all__ = ["GPUSwarmSpawner", "NoGPUSliceAvailable", "SliceTaken", "SpawnFailed"]
 
 
-class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSpawnerTraits):
+class GPUSwarmSpawner(SpawnPage, ServerHealth, ServerSpec, GPUSwarmSpawnerTraits):
     """A ``dockerspawner.SwarmSpawner`` that gives every server slices of exactly one GPU.
 
     GPUs are advertised to Swarm by the worker setup as discrete generic resources, one kind per
@@ -100,6 +102,106 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
     def executor(self):
         """The broker's thread pool, for every Docker call (dockerspawner's has 1 thread)."""
         return self.broker.executor
+
+    def docker_read(self, method: str, *args, **kwargs) -> Awaitable:
+        """A Docker call that only reads, on the broker's reading thread (``docker`` queues
+        behind the creations and removals of a burst)."""
+        return self.broker.read(self.docker_call, method, *args, **kwargs)
+
+    async def _read_swarm(self) -> tuple[list[dict], list[dict]]:
+        nodes = await self.docker_read("nodes")
+        # all tasks: those of a service being removed still hold their slices until they stop
+        all_tasks = await self.docker_read("tasks")
+        return nodes, all_tasks
+
+    async def gpu_inventory(self) -> list[inventory.GPU]:
+        """The swarm's GPUs and their used slices (this hub's claims included).
+
+        Spawns share a read that is in flight or younger than ``inventory_max_age``: under a
+        burst of 50 spawns the manager answers a few reads instead of 50, and participants who
+        do not fit are told so without waiting for another read behind the burst's own calls.
+        """
+        return await self.broker.inventory(self._read_swarm)
+
+    # ---- the GPU choice, a collaborator (spawner_gpu.py) -------------------------------------
+
+    def gpu_choice(self) -> GPUChoice:
+        """This spawn's choice of a GPU, given what it needs of this spawner: the broker, who
+        the spawn is for, the line's settings, and what to do with progress and events."""
+        return GPUChoice(
+            self.broker,
+            Spawn(
+                owner=self,
+                log_name=self.log_name,
+                service_name=self.service_name,
+                spawn_url=self._spawn_url(),
+                home_volume=self._home_volume(),
+            ),
+            LineRules(
+                waiting_line=self.waiting_line,
+                line_max_wait=self.line_max_wait,
+                line_max_length=self.line_max_length,
+                cpu_only_servers=self.cpu_only_servers,
+                cpu_only_max_servers=self.cpu_only_max_servers,
+            ),
+            read_swarm=self._read_swarm,
+            docker=self.docker,
+            log=self.log,
+            report=self._report,
+            record=self._record,
+            healed=self._healed,
+            joined_line=self._joined_line,
+        )
+
+    def gpu_request(self, full_gpu: bool | None = None) -> broker.Request:
+        """What this spawn asks the broker for (a whole GPU: ``full_gpu``, by default what the
+        participant chose for this start)."""
+        full_gpu = self.full_gpu_requested if full_gpu is None else full_gpu
+        return broker.Request(
+            slices=None if full_gpu else self.slices_per_server,
+            policy=self.placement_policy,
+            seed=self.user.name,
+            prefer_node=self._home_to_prefer(),
+        )
+
+    def hub_disk_refusal(self) -> SpawnFailed | None:
+        """The refusal every start meets while the hub's data folder is nearly full
+        (``spawner_gpu.hub_disk_refusal``); None when there is room."""
+        return hub_disk_refusal(self.hub_data_dir, self.hub_data_min_free_mb, self.log_name)
+
+    async def reserve_gpu(
+        self,
+        exclude: frozenset = frozenset(),
+        may_wait: bool = True,
+        handed: broker.Reservation | None = None,
+    ) -> broker.Reservation:
+        """Slices of one GPU for this start's request (``GPUChoice.reserve``): ``handed``, the
+        gate's reservation, while it stands; else the broker's choice, or a wait in line."""
+        return await self.gpu_choice().reserve(
+            self.gpu_request(), self.user_options, self.attempt, exclude, may_wait, handed
+        )
+
+    def _hold(self, reservation: broker.Reservation, attempt: int) -> None:
+        """Take the reserved slices as this server's (create_object reads them)."""
+        self.attempt.reservation = reservation
+        self.holding = self.gpu_choice().hold(reservation, attempt)
+        self._phase("slices")
+
+    async def _place_without_gpu(self) -> Holding:
+        """What a server without a GPU holds (``GPUChoice.place_without_gpu``)."""
+        return await self.gpu_choice().place_without_gpu(self._home_to_prefer())
+
+    def _joined_line(self, attempt: Attempt) -> None:
+        """This spawn joined the line: the hub's database says so, and the dashboard's copy of
+        the line is written from now on."""
+        self._save_state()
+        self._journal()
+
+    def _spawn_url(self) -> str:
+        """This server's spawn URL on the hub (``/hub/spawn/<user>[/<server>]``)."""
+        base = getattr(self.hub, "base_url", "/hub/")
+        path = f"{base.rstrip('/')}/spawn/{getattr(self.user, 'escaped_name', self.user.name)}"
+        return f"{path}/{self.name}" if self.name else path
 
     # ---- JupyterHub's questions before a start -----------------------------------------------
 
@@ -158,16 +260,17 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         if choice == profiles.NONE:
             return None
         request = self.gpu_request(full_gpu=choice == profiles.FULL)
+        gpus = self.gpu_choice()
         try:
             reservation = await self.broker.reserve(self, request, self._read_swarm)
         except broker.NoRoom as e:
-            if self._joins_line(e.gpus, request, options):
+            if gpus.joins_line(e.gpus, request, options):
                 return None
             if reconcile.held_by_user(e.tasks, self.user.name):
                 return None  # their own earlier server holds slices: start removes it first
-            refusal = self._refusal(e, request, options)
+            refusal = gpus.refusal(e, request, options)
             self.log.info("%s", refusal.log_message)
-            self._refused_after(refusal, t0, "before JupyterHub's spawn")
+            gpus.refused_after(refusal, t0, "before JupyterHub's spawn")
             return refusal
         self._gate_reservation = reservation
         return None
@@ -191,17 +294,18 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         self.line_lost = 0  # a new start: the message about a line lost to a restart goes
         self.disk_stopped = ""  # ... and the one about a stop for the disk
         self._away_since = None
+        gpus = self.gpu_choice()
         try:
             full = self.hub_disk_refusal()
             if full is not None:
                 raise full
-            await self._clear_leftover()
+            await gpus.clear_leftover()
             if self.cpu_only_requested:
                 started = await self._start_without_gpu()
             else:
                 started = await self._start_on_a_gpu(handed)
         except NoGPUSliceAvailable as e:
-            self._refused_after(e, attempt.started_at, "in the spawner")
+            gpus.refused_after(e, attempt.started_at, "in the spawner")
             attempt.refused = not self.object_id  # no service made or left: poll knows it
             raise
         except Exception as e:
