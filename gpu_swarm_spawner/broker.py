@@ -3,12 +3,14 @@
 One broker per hub (per event loop): the thread pool for Docker API calls, the latest read of
 the swarm's nodes and tasks (shared by spawns for ``max_age`` seconds, or while in flight), and
 the *claims*: slices a spawn has chosen that Swarm does not show as taken yet. Its API is the
-life of one reservation:
+life of one reservation, one object from the choice to the end of the spawn:
 
     reservation = await broker.reserve(spawner, request, read)   # choose a GPU, claim slices
+    reservation.stands()                  # still claimed for its spawn (the start may use it)
     broker.created(spawner, service_id)   # the service exists: a task of it counts instead
     broker.placed(spawner)                # Swarm placed (or refused) it: Swarm counts it now
-    broker.release(spawner)               # the spawn ended, however it ended
+    reservation.release()                 # the spawn ended, however it ended
+    reservation.forget()                  # ... or never began (the gate let it through)
 
 Participants who do not fit may wait in the *line* (``line.py`` decides who gets what):
 
@@ -34,7 +36,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from . import inventory, line, placement
 from .contract import KIND_PREFIXES
@@ -46,10 +48,46 @@ from .tasks import newest
 ReadSwarm = Callable[[], Awaitable[tuple[list[dict], list[dict]]]]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Reservation:
+    """One spawn's slices of one GPU: what it holds (``gpu``, ``slices``), where (``node``),
+    and its end (``release``, ``forget``). Made by the broker, which counts its ``claim``
+    until Swarm counts the task; it *stands* while the broker still does. Compared by
+    identity: the same GPU and slices reserved again are another reservation."""
+
     gpu: GPU  # as the inventory saw it when it was chosen
     slices: int  # how many of its slices the server reserves
+    owner: Hashable = None  # the spawn it is for (its spawner)
+    request: Request | None = None  # what that spawn asked for
+    broker: GPUBroker | None = field(default=None, repr=False)
+    #: what the broker counts for it; its service_id set once the service exists (created)
+    claim: Claim = field(init=False)
+
+    def __post_init__(self):
+        self.claim = Claim(self.gpu.uuid, self.slices)
+
+    @property
+    def node(self) -> str:
+        """The machine of its GPU."""
+        return self.gpu.node_name
+
+    def stands(self) -> bool:
+        """Its slices are still claimed for its owner by this reservation (not released,
+        forgotten, placed, or replaced by a newer one of the same owner)."""
+        return self.broker is not None and self.broker.reservation_of(self.owner) is self
+
+    def release(self) -> None:
+        """The spawn ended, however it ended: its slices are no longer claimed (the next
+        reservation reads the swarm afresh, as after ``placed``). Nothing when it no longer
+        stands: a newer reservation of the same owner stays."""
+        if self.stands():
+            self.broker.placed(self.owner)
+
+    def forget(self) -> None:
+        """Its spawn never used it (the gate let a spawn through that did not start): its
+        claim goes, if it still stands."""
+        if self.broker is not None:
+            self.broker.forget(self)
 
 
 class NoRoom(Exception):
@@ -89,7 +127,8 @@ class GPUBroker:
         #: queued on the others (not shown to shorten the slow bursts on the bed, whose cause
         #: was the hub's share of the CPU: priority.py)
         self.read_executor = ThreadPoolExecutor(1, thread_name_prefix="docker-read")
-        self._claims: dict[Hashable, Claim] = {}
+        #: the reservations whose slices Swarm does not count yet, by owner
+        self._claims: dict[Hashable, Reservation] = {}
         self._read: asyncio.Future | None = None
         self._read_started = 0.0
         self._polled: tuple | None = None  # (the read, its tasks by service, its nodes by ID)
@@ -171,7 +210,7 @@ class GPUBroker:
         return self._polled[1], self._polled[2]
 
     def _inventory(self, nodes: list[dict], tasks: list[dict]) -> list[GPU]:
-        claims = list(self._claims.values())
+        claims = [r.claim for r in self._claims.values()]
         # counted once per read: a burst of 500 refusals builds 500 inventories from one read
         if self._usage is None or self._usage[0] is not tasks:
             self._usage = (tasks, inventory.task_usage(tasks, self.kind_prefix))
@@ -190,21 +229,20 @@ class GPUBroker:
         request: Request,
         read: ReadSwarm,
         exclude: frozenset = frozenset(),
-        keep: Claim | None = None,
     ) -> Reservation:
         """Choose a GPU for ``request`` and claim its slices for ``owner``; raises ``NoRoom``.
 
-        ``exclude``: GPUs this spawn already lost a race for; they count as full. ``keep``: the
-        claim ``owner`` made a moment ago (the gate's, before JupyterHub's spawn work), whose
-        GPU is taken again while it still fits: one choice per spawn, not two.
+        ``exclude``: GPUs this spawn already lost a race for; they count as full. A spawn
+        reserves once: the gate's reservation is the start's while it stands
+        (``Reservation.stands``); this runs again only for a race lost, or a GPU gone.
         """
         nodes, tasks = await self.read_swarm(read)
-        return self._choose_and_claim(owner, request, nodes, tasks, exclude, keep)
+        return self._choose_and_claim(owner, request, nodes, tasks, exclude)
 
-    def _choose_and_claim(self, owner, request, nodes, tasks, exclude, keep=None) -> Reservation:
+    def _choose_and_claim(self, owner, request, nodes, tasks, exclude) -> Reservation:
         # Not async, on purpose: no other spawn can choose between the inventory built here
         # (with every claim recorded so far) and the claim recorded below.
-        earlier = self._claims.pop(owner, None)  # a new attempt replaces its earlier claim
+        self._claims.pop(owner, None)  # a new attempt replaces its earlier claim
         self._serve_line(nodes, tasks)  # those waiting first: a newcomer never jumps the line
         gpus = [
             replace(g, used=g.slices) if g.uuid in exclude else g
@@ -212,36 +250,33 @@ class GPUBroker:
         ]
         # what the line could not use is free to take, but not the GPU held for its earliest
         usable = [g for g in gpus if g.uuid != self._held_gpu()]
-        gpu = None
-        if keep is not None and earlier is keep:
-            gpu = next(
-                (g for g in usable if g.uuid == keep.uuid and placement.fits(g, request.slices)),
-                None,
-            )
-        gpu = gpu or placement.choose(
+        gpu = placement.choose(
             usable, request.slices, request.policy, request.seed, request.prefer_node
         )
         if gpu is None:
             raise NoRoom(gpus, request, tasks)
-        slices = placement.slices_taken(gpu, request.slices)
-        self._claims[owner] = Claim(gpu.uuid, slices)
-        return Reservation(gpu, slices)
+        return self._claim(owner, request, gpu, placement.slices_taken(gpu, request.slices))
+
+    def _claim(self, owner: Hashable, request: Request, gpu: GPU, slices: int) -> Reservation:
+        reservation = Reservation(gpu, slices, owner, request, self)
+        self._claims[owner] = reservation
+        return reservation
 
     def created(self, owner: Hashable, service_id: str) -> None:
         """The owner's service exists: once a read shows its task, the task counts instead."""
-        claim = self._claims.get(owner)
-        if claim is not None:
-            self._claims[owner] = replace(claim, service_id=service_id)
+        reservation = self._claims.get(owner)
+        if reservation is not None:
+            reservation.claim = replace(reservation.claim, service_id=service_id)
 
-    def claim_of(self, owner: Hashable) -> Claim | None:
-        """What ``owner`` has claimed now (None: nothing)."""
+    def reservation_of(self, owner: Hashable) -> Reservation | None:
+        """The reservation standing for ``owner`` now (None: nothing claimed)."""
         return self._claims.get(owner)
 
-    def forget(self, owner: Hashable, claim: Claim) -> None:
-        """Forget ``owner``'s claim if it is still ``claim``: a later ``reserve`` of the same
-        owner replaced it with its own, which stays."""
-        if self._claims.get(owner) is claim:
-            del self._claims[owner]
+    def forget(self, reservation: Reservation) -> None:
+        """Forget ``reservation`` if it still stands: a later ``reserve`` of the same owner
+        replaced it with its own, which stays."""
+        if self._claims.get(reservation.owner) is reservation:
+            del self._claims[reservation.owner]
 
     def placed(self, owner: Hashable) -> None:
         """Swarm placed the owner's task (or refused it): Swarm counts its slices now."""
@@ -342,12 +377,13 @@ class GPUBroker:
             self._held = None
             return
         done = line.assign(self._line, self._inventory(nodes, tasks), self._held)
+        requests = {e.owner: e.request for e in self._line}
         for a in done.assigned:
-            self._claims[a.owner] = Claim(a.gpu.uuid, a.slices)
+            reservation = self._claim(a.owner, requests.get(a.owner), a.gpu, a.slices)
             self._served.append(time.monotonic())
             turn = self._turns.pop(a.owner, None)
             if turn is not None and not turn.done():
-                turn.set_result(Reservation(a.gpu, a.slices))
+                turn.set_result(reservation)
         served = {a.owner for a in done.assigned}
         self._line = [e for e in self._line if e.owner not in served]
         self._held = done
@@ -372,7 +408,7 @@ class GPUBroker:
 
     def claimed(self) -> dict[Hashable, Claim]:
         """The claims now, by owner (a copy)."""
-        return dict(self._claims)
+        return {owner: r.claim for owner, r in self._claims.items()}
 
     # ---- Docker calls ---------------------------------------------------------------------
 

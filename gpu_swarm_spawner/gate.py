@@ -7,10 +7,11 @@ all of that work: with a spawner that refuses at once, 100 at a time were told a
 1.2-1.6 s and 500 (the waiting line lifts JupyterHub's concurrent-spawn limit) after up to
 7 s, on a 2-core machine. The gate asks the spawner first
 (``GPUSwarmSpawner.refusal_before_spawn``: the same inventory, claims and rules as its
-``start``) and answers its refusal without that work. A spawn it lets through claims its
-slices at once, so that in a burst the next ones asking see them taken, until its ``start``
-claims them itself. Whatever the gate does not refuse, and any error while asking, goes
-JupyterHub's usual way. The gate comes before the checks of JupyterHub's
+``start``) and answers its refusal without that work. A spawn it lets through has its
+slices reserved at once, so that in a burst the next ones asking see them taken; its ``start``
+takes that reservation as its own (the broker chooses once per spawn), and one no start took
+is freed when JupyterHub's spawn returns. Whatever the gate does not refuse, and any error
+while asking, goes JupyterHub's usual way. The gate comes before the checks of JupyterHub's
 ``spawn_single_user`` (its concurrent-spawn limit, ``refresh_pre_spawn``): on a full hub,
 those over the limit are told there is no slice rather than "429: too many users".
 
@@ -71,7 +72,7 @@ class RefuseFirst(internals.StartHandlerInternals):
         try:
             return await spawn()
         finally:
-            spawner.forget_early_claim()  # start claimed its own, or never ran
+            spawner.forget_gate_reservation()  # one start did not take (it never ran)
 
     #: ``(the hub's users, {name: user})``: find_user's index, rebuilt when a name is not in it
     #: or its user has been renamed or removed since (one hub per process)

@@ -16,24 +16,8 @@ from dataclasses import dataclass, field
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, TaskTemplate
 
 from . import contract, naming
+from .holding import Holding
 from .homes import HOME_PATH
-
-
-@dataclass(frozen=True)
-class Holding:
-    """The GPU a server holds: ``slices`` of ``gpu`` (a GPU or MIG UUID) on ``node``, of the
-    ``total_slices`` it is advertised as, with a memory budget of ``memory_mb`` (0: none); or
-    no GPU (``gpu`` ""), on ``cpu_node`` when the participant asked for a server without one
-    (``cpu_only``)."""
-
-    gpu: str = ""
-    node: str = ""
-    slices: int = 0
-    total_slices: int = 0
-    memory_mb: int = 0
-    cpu_only: bool = False
-    cpu_node: str = ""
-    node_cores: float = 0.0  # CPU cores of the machine it runs on; 0: unknown
 
 
 @dataclass(frozen=True)

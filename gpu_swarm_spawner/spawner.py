@@ -4,18 +4,23 @@ How a spawn runs, top-down (the methods appear in this order below):
 
 0. ``refusal_before_spawn``: before JupyterHub's own work for a spawn, its spawn page and REST
    API ask it (``gate.py``). A participant no GPU has room for is refused there, with the same
-   message as step 1 would give; a spawn let through claims its slices at once.
-1. ``start`` (JupyterHub calls it): asks the hub's GPU broker (``broker.py``) for a GPU that
-   fits, with the placement policy (``placement.py``) over the swarm's inventory
-   (``inventory.py``); the broker claims the slices at once. No GPU fits: the participant is
-   told so (``NoGPUSliceAvailable``, HTTP 503) before anything is created, or waits in the
-   broker's line (``waiting_line``; ``line.py``) until slices are given to them.
+   message as step 1 would give. For a spawn let through, the hub's GPU broker (``broker.py``)
+   chooses a GPU with the placement policy (``placement.py``) over the swarm's inventory
+   (``inventory.py``) and claims its slices at once: it hands back the spawn's one
+   ``broker.Reservation`` (what it holds, where, its release), kept for ``start``.
+1. ``start`` (JupyterHub calls it) begins a new ``Attempt`` (``attempt.py``: this start's
+   marks, progress, wait and refusal) and takes the gate's reservation as it is while it stands
+   (``reserve_gpu``): the broker chooses once per spawn. Without one, it reserves itself. No
+   GPU fits: the participant is told so (``NoGPUSliceAvailable``, HTTP 503) before anything is
+   created, or waits in the broker's line (``waiting_line``; ``line.py``) until slices are
+   given to them. What the server then holds is one record, ``holding`` (``holding.py``),
+   persisted in the hub's database (``get_state``) and emptied in ``clear_gpu``.
 2. ``SwarmSpawner.start`` (dockerspawner) then hops back into this class:
    ``create_object`` creates the service (the slices reserved as a generic resource of the
    chosen GPU's kind, its UUID in the environment), and ``start_object`` waits for its task:
    each task read is classified by ``tasks.read_task``; Swarm refusing to place it means
-   another server took the slice first (``SliceTaken``: ``start`` tries the next GPU), a
-   machine without the image fails at once, and the wait ends when the server listens.
+   another server took the slice first (``SliceTaken``: ``start`` reserves anew without that
+   GPU), a machine without the image fails at once, and the wait ends when the server listens.
 3. JupyterHub asks ``get_ip_and_port`` where to connect: the task's address on the network.
 4. Later, ``poll`` reports the server stopped when it is gone (``reconcile.verdict``), or
    away for longer than ``server_lost_after`` while Swarm tries to bring it back; a server
@@ -27,20 +32,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 
 from jupyterhub.utils import format_exception
-from traitlets import Bool, Float, Integer, Unicode
+from traitlets import Bool, Float, Instance, Unicode
 
 from . import (
     broker,
+    inventory,
     profiles,
     reconcile,
     service_spec,
     tasks,
 )
+from .attempt import Attempt
 from .errors import NoGPUSliceAvailable, SliceTaken, SpawnFailed
+from .holding import Holding
 from .reconcile import Health
-from .spawner_gpu import GPUChoice
+from .spawner_gpu import GPUChoice, LineRules, Spawn, hub_disk_refusal
 from .spawner_health import ServerHealth, node_state
 from .spawner_page import SpawnPage
 from .spawner_server import ServerSpec
@@ -50,7 +59,7 @@ from .traits import GPUSwarmSpawnerTraits
 __all__ = ["GPUSwarmSpawner", "NoGPUSliceAvailable", "SliceTaken", "SpawnFailed"]
 
 
-class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSpawnerTraits):
+class GPUSwarmSpawner(SpawnPage, ServerHealth, ServerSpec, GPUSwarmSpawnerTraits):
     """A ``dockerspawner.SwarmSpawner`` that gives every server slices of exactly one GPU.
 
     GPUs are advertised to Swarm by the worker setup as discrete generic resources, one kind per
@@ -61,30 +70,22 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
     settings (traits) are in ``traits.py``.
     """
 
-    # What the running server holds; persisted in the hub database (get_state/load_state).
-    gpu_uuid = Unicode("")
-    gpu_node = Unicode("")
-    slices_held = Integer(0)
+    #: What the server holds (holding.py): its GPU slices, or the machine of a server without
+    #: a GPU; persisted in the hub database (get_state/load_state), emptied by clear_gpu.
+    holding = Instance(Holding, args=())
+    #: The latest start (attempt.py): made new by each start, kept after it ends.
+    attempt = Instance(Attempt, args=())
     full_gpu_requested = Bool(False)  # this spawn's choice on the spawn page
     cpu_only_requested = Bool(False)  # ... or no GPU at all
-    cpu_node = Unicode("")  # the machine a server without a GPU runs on (this spawn's)
-    node_cores = Float(0)  # the CPU cores of the machine chosen (this spawn's; 0: unknown)
     home_node = Unicode("")  # the machine of the user's last server (its home volume); kept
-    gpu_memory_mb = Integer(0)  # the memory budget of the slices held (0: unknown)
-    gpu_total_slices = Integer(0)  # the slices of the GPU held (this spawn's; not persisted)
     task_ip = Unicode("")  # the server's address on the network, once its task has one
-    line_joined = Float(0)  # when (epoch s) this spawn joined the waiting line; 0: not in it
     line_lost = Float(0)  # loaded from the database: waiting since then when the hub stopped
     # why the hub stopped the server for the disk of its machine (disk.py), as its participant
     # reads it on their page until their next start; persisted
     disk_stopped = Unicode("")
-    _cancelled_in_line = False  # this spawn ended in the line, cancelled (left, or hub stopping)
-    _waited = None  # seconds this spawn waited in line before its slices (None: it did not)
-    _refused = False  # this spawn was refused before any service was made (or left)
-    _early_claim = None  # the claim refusal_before_spawn made, until start claims its own
+    #: the reservation refusal_before_spawn made, until start takes it (or the gate forgets it)
+    _gate_reservation: broker.Reservation | None = None
     _away_since = None  # when (time.monotonic) poll first found the server away (recovering)
-    _started_at = None  # when (time.monotonic) this start began
-    _phases: dict = {}  # this start's marks (_phase), replaced by a new dict at each start
 
     # ---- what every server of the hub shares -------------------------------------------------
 
@@ -102,6 +103,106 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         """The broker's thread pool, for every Docker call (dockerspawner's has 1 thread)."""
         return self.broker.executor
 
+    def docker_read(self, method: str, *args, **kwargs) -> Awaitable:
+        """A Docker call that only reads, on the broker's reading thread (``docker`` queues
+        behind the creations and removals of a burst)."""
+        return self.broker.read(self.docker_call, method, *args, **kwargs)
+
+    async def _read_swarm(self) -> tuple[list[dict], list[dict]]:
+        nodes = await self.docker_read("nodes")
+        # all tasks: those of a service being removed still hold their slices until they stop
+        all_tasks = await self.docker_read("tasks")
+        return nodes, all_tasks
+
+    async def gpu_inventory(self) -> list[inventory.GPU]:
+        """The swarm's GPUs and their used slices (this hub's claims included).
+
+        Spawns share a read that is in flight or younger than ``inventory_max_age``: under a
+        burst of 50 spawns the manager answers a few reads instead of 50, and participants who
+        do not fit are told so without waiting for another read behind the burst's own calls.
+        """
+        return await self.broker.inventory(self._read_swarm)
+
+    # ---- the GPU choice, a collaborator (spawner_gpu.py) -------------------------------------
+
+    def gpu_choice(self) -> GPUChoice:
+        """This spawn's choice of a GPU, given what it needs of this spawner: the broker, who
+        the spawn is for, the line's settings, and what to do with progress and events."""
+        return GPUChoice(
+            self.broker,
+            Spawn(
+                owner=self,
+                log_name=self.log_name,
+                service_name=self.service_name,
+                spawn_url=self._spawn_url(),
+                home_volume=self._home_volume(),
+            ),
+            LineRules(
+                waiting_line=self.waiting_line,
+                line_max_wait=self.line_max_wait,
+                line_max_length=self.line_max_length,
+                cpu_only_servers=self.cpu_only_servers,
+                cpu_only_max_servers=self.cpu_only_max_servers,
+            ),
+            read_swarm=self._read_swarm,
+            docker=self.docker,
+            log=self.log,
+            report=self._report,
+            record=self._record,
+            healed=self._healed,
+            joined_line=self._joined_line,
+        )
+
+    def gpu_request(self, full_gpu: bool | None = None) -> broker.Request:
+        """What this spawn asks the broker for (a whole GPU: ``full_gpu``, by default what the
+        participant chose for this start)."""
+        full_gpu = self.full_gpu_requested if full_gpu is None else full_gpu
+        return broker.Request(
+            slices=None if full_gpu else self.slices_per_server,
+            policy=self.placement_policy,
+            seed=self.user.name,
+            prefer_node=self._home_to_prefer(),
+        )
+
+    def hub_disk_refusal(self) -> SpawnFailed | None:
+        """The refusal every start meets while the hub's data folder is nearly full
+        (``spawner_gpu.hub_disk_refusal``); None when there is room."""
+        return hub_disk_refusal(self.hub_data_dir, self.hub_data_min_free_mb, self.log_name)
+
+    async def reserve_gpu(
+        self,
+        exclude: frozenset = frozenset(),
+        may_wait: bool = True,
+        handed: broker.Reservation | None = None,
+    ) -> broker.Reservation:
+        """Slices of one GPU for this start's request (``GPUChoice.reserve``): ``handed``, the
+        gate's reservation, while it stands; else the broker's choice, or a wait in line."""
+        return await self.gpu_choice().reserve(
+            self.gpu_request(), self.user_options, self.attempt, exclude, may_wait, handed
+        )
+
+    def _hold(self, reservation: broker.Reservation, attempt: int) -> None:
+        """Take the reserved slices as this server's (create_object reads them)."""
+        self.attempt.reservation = reservation
+        self.holding = self.gpu_choice().hold(reservation, attempt)
+        self._phase("slices")
+
+    async def _place_without_gpu(self) -> Holding:
+        """What a server without a GPU holds (``GPUChoice.place_without_gpu``)."""
+        return await self.gpu_choice().place_without_gpu(self._home_to_prefer())
+
+    def _joined_line(self, attempt: Attempt) -> None:
+        """This spawn joined the line: the hub's database says so, and the dashboard's copy of
+        the line is written from now on."""
+        self._save_state()
+        self._journal()
+
+    def _spawn_url(self) -> str:
+        """This server's spawn URL on the hub (``/hub/spawn/<user>[/<server>]``)."""
+        base = getattr(self.hub, "base_url", "/hub/")
+        path = f"{base.rstrip('/')}/spawn/{getattr(self.user, 'escaped_name', self.user.name)}"
+        return f"{path}/{self.name}" if self.name else path
+
     # ---- JupyterHub's questions before a start -----------------------------------------------
 
     @property
@@ -111,16 +212,16 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         begins, and a spawn cancelled by the hub stopping would otherwise be reported "ready"
         to the waiting participant's page, which then reloads into the stopping hub instead
         of waiting for it (spawn_pending.html)."""
-        return self._cancelled_in_line
+        return self.attempt.cancelled_in_line
 
     @property
     def without_gpu(self) -> bool:
         """A server starting or running without a GPU: the hub's home and spawn-pending pages
-        say so. A running server is read from what it holds (``gpu_uuid`` outlives a hub
+        say so. A running server is read from what it holds (``holding`` outlives a hub
         restart); one starting, from the participant's choice."""
         if self.pending == "spawn":
             return self.cpu_only_requested
-        return bool(self.ready) and not self.gpu_uuid
+        return bool(self.ready) and not self.holding.gpu
 
     def time_before_server_start(self) -> int:
         """JupyterHub bounds the whole run of ``start`` by ``start_timeout``: with the line on,
@@ -136,11 +237,11 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
     async def refusal_before_spawn(self, user_options: dict | None) -> SpawnFailed | None:
         """The refusal a start with ``user_options`` would meet at once, asked before
         JupyterHub does its own work for a spawn (``gate.py``). None when the spawn may go on:
-        a GPU fits (its slices are claimed for this spawn from now, so the others asking in
-        the same burst see them taken; ``start`` claims them anew, ``forget_early_claim``
-        frees them if it never runs), the participant waits in line or starts without a GPU,
-        or the options are not valid (JupyterHub's spawn then says what is wrong). The same
-        inventory, claims and rules as ``reserve_gpu``."""
+        a GPU fits (its slices are reserved for this spawn from now, so the others asking in
+        the same burst see them taken; ``start`` takes that reservation as its own,
+        ``forget_gate_reservation`` frees it if it never runs), the participant waits in line
+        or starts without a GPU, or the options are not valid (JupyterHub's spawn then says
+        what is wrong). The same inventory, claims and rules as ``reserve_gpu``."""
         t0 = time.monotonic()
         full = self.hub_disk_refusal()
         if full is not None:
@@ -159,89 +260,94 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         if choice == profiles.NONE:
             return None
         request = self.gpu_request(full_gpu=choice == profiles.FULL)
+        gpus = self.gpu_choice()
         try:
-            await self.broker.reserve(self, request, self._read_swarm)
+            reservation = await self.broker.reserve(self, request, self._read_swarm)
         except broker.NoRoom as e:
-            if self._joins_line(e.gpus, request, options):
+            if gpus.joins_line(e.gpus, request, options):
                 return None
             if reconcile.held_by_user(e.tasks, self.user.name):
                 return None  # their own earlier server holds slices: start removes it first
-            refusal = self._refusal(e, request, options)
+            refusal = gpus.refusal(e, request, options)
             self.log.info("%s", refusal.log_message)
-            self._refused_after(refusal, t0, "before JupyterHub's spawn")
+            gpus.refused_after(refusal, t0, "before JupyterHub's spawn")
             return refusal
-        self._early_claim = self.broker.claim_of(self)
+        self._gate_reservation = reservation
         return None
 
-    def forget_early_claim(self) -> None:
-        """The spawn ``refusal_before_spawn`` let through has claimed slices itself, or ended
-        before it could (JupyterHub's limits, an error): the early claim goes."""
-        if self._early_claim is not None:
-            self.broker.forget(self, self._early_claim)
-            self._early_claim = None
+    def forget_gate_reservation(self) -> None:
+        """The spawn ``refusal_before_spawn`` let through has ended, or JupyterHub's part of it
+        has: a reservation its ``start`` has not taken (JupyterHub's limits, an error before
+        the start) is freed. One the start took is the start's to release."""
+        reservation, self._gate_reservation = self._gate_reservation, None
+        if reservation is not None:
+            reservation.forget()
 
     # ---- 1. start ----------------------------------------------------------------------------
 
     async def start(self):
         """Reserve slices of one GPU, then start the service there (module docstring)."""
-        self._progress_events = []  # this spawn's stages (progress() reads them)
+        # a new attempt: nothing of the last start's marks, wait, refusal or messages stays;
+        # it takes the reservation the gate made for this spawn, if it made one
+        handed, self._gate_reservation = self._gate_reservation, None
+        attempt = self.attempt = Attempt.begin(handed)
         self.line_lost = 0  # a new start: the message about a line lost to a restart goes
         self.disk_stopped = ""  # ... and the one about a stop for the disk
-        self._cancelled_in_line = False
-        self._waited = None
-        self._refused = False
         self._away_since = None
-        t0 = self._started_at = time.monotonic()
-        self._phases = {}
+        gpus = self.gpu_choice()
         try:
             full = self.hub_disk_refusal()
             if full is not None:
                 raise full
-            await self._clear_leftover()
+            await gpus.clear_leftover()
             if self.cpu_only_requested:
                 started = await self._start_without_gpu()
             else:
-                started = await self._start_on_a_gpu()
+                started = await self._start_on_a_gpu(handed)
         except NoGPUSliceAvailable as e:
-            self._refused_after(e, t0, "in the spawner")
-            self._refused = not self.object_id  # no service made or left: poll knows it
+            gpus.refused_after(e, attempt.started_at, "in the spawner")
+            attempt.refused = not self.object_id  # no service made or left: poll knows it
             raise
         except Exception as e:
             message, _ = format_exception(e, only_jupyterhub=True)
             self._record("failed", reason=message or f"{type(e).__name__}: {e}"[:500])
             raise
         finally:
+            # whichever reservation it ended with, or the gate's when it took none (a server
+            # without a GPU): Swarm counts the slices of a server that runs
             self.broker.release(self)
         self._record(
             "started",
-            seconds=round(time.monotonic() - t0 - (self._waited or 0), 2),
-            waited=None if self._waited is None else round(self._waited, 1),
-            gpu=self.gpu_uuid,
-            node=self.gpu_node or self.cpu_node,
-            phases=dict(self._phases) or None,
+            seconds=round(attempt.seconds(), 2),
+            waited=None if attempt.waited is None else round(attempt.waited, 1),
+            gpu=self.holding.gpu,
+            node=self.holding.machine,
+            phases=dict(attempt.phases) or None,
         )
         return started
 
     def _phase(self, name: str) -> None:
         """This start reached ``name`` (events.PHASES), now: its first time is kept, in seconds
         from the start (after the line: a wait in it is not the start's)."""
-        if name not in self._phases and self._started_at is not None:
-            since = time.monotonic() - self._started_at - (self._waited or 0)
-            self._phases[name] = round(since, 3)
+        self.attempt.mark(name)
 
-    async def _start_on_a_gpu(self):
+    async def _start_on_a_gpu(self, handed: broker.Reservation | None = None):
+        """``handed``: the gate's reservation for this spawn; the first try takes it while it
+        stands, the next ones (a race lost) reserve anew without the GPU lost."""
         lost = set()
         for attempt in range(1, self.placement_attempts + 1):
-            self._hold(await self.reserve_gpu(frozenset(lost)), attempt)
+            self._hold(await self.reserve_gpu(frozenset(lost), handed=handed), attempt)
+            handed = None
             try:
                 # dockerspawner's start: create_object, then start_object (both below)
                 started = await super().start()
-                self.home_node = self.gpu_node
+                self.home_node = self.holding.node
                 return started
             except SliceTaken as e:
-                lost.add(self.gpu_uuid)
-                self.log.info("%s lost the race for %s: %s", self.log_name, self.gpu_uuid, e)
-                self._report(15, f"{self.gpu_uuid} was taken a moment ago; trying another GPU")
+                gpu = self.holding.gpu
+                lost.add(gpu)
+                self.log.info("%s lost the race for %s: %s", self.log_name, gpu, e)
+                self._report(15, f"{gpu} was taken a moment ago; trying another GPU")
                 await self._discard_service()
             except Exception:
                 # the hub does not stop a server whose start failed: its service would stay,
@@ -265,8 +371,8 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         starting = self.broker.cpu_only_starting
         starting.add(self.service_name)
         try:
-            self.cpu_node = await self._choose_cpu_node()
-            where = f" on {self.cpu_node}" if self.cpu_node else ""
+            held = self.holding = await self._place_without_gpu()
+            where = f" on {held.cpu_node}" if held.cpu_node else ""
             self.log.info("Starting %s without a GPU%s", self.log_name, where)
             self._report(20, f"Starting without a GPU{where}: CPU only, no GPU slice reserved")
             try:
@@ -274,7 +380,7 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
             except SliceTaken as e:
                 await self._discard_service()
                 raise SpawnFailed(
-                    f"The machine {self.cpu_node or 'chosen'} has no room for another server "
+                    f"The machine {held.cpu_node or 'chosen'} has no room for another server "
                     f"right now ({e}). Please try again in a minute or ask an organizer.",
                     reason="capacity",
                     status_code=503,
@@ -282,7 +388,7 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
             except Exception:
                 await self._discard_service()
                 raise
-            self.home_node = self.cpu_node or self.home_node
+            self.home_node = held.cpu_node or self.home_node
             return started
         finally:
             starting.discard(self.service_name)
@@ -387,7 +493,7 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         polls it, and the answer needs no Docker call (which would wait behind the calls of
         the servers that did fit).
         """
-        if self._refused and not self.object_id:
+        if self.attempt.refused and not self.object_id:
             return 0
         if self.poll_read_max_age and self.object_id:
             by_service, nodes = await self.broker.recent_read(
@@ -406,7 +512,7 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
     async def stop(self, now=False):
         """dockerspawner's stop (the service removed); then the line looks at the GPUs at
         once, as this server's slices are free for whoever waits."""
-        held = dict(gpu=self.gpu_uuid, node=self.gpu_node or self.cpu_node)  # cleared by stop
+        held = dict(gpu=self.holding.gpu, node=self.holding.machine)  # cleared by stop
         try:
             await super().stop(now)
         finally:
@@ -419,40 +525,28 @@ class GPUSwarmSpawner(SpawnPage, ServerHealth, GPUChoice, ServerSpec, GPUSwarmSp
         state = super().get_state()
         if self.home_node:
             state["home_node"] = self.home_node  # outlives the server (clear_state keeps it)
-        if self.line_joined:
-            state["line_joined"] = self.line_joined  # waiting: the spawn has not ended
+        if self.attempt.line_joined:
+            state["line_joined"] = self.attempt.line_joined  # waiting: the spawn has not ended
         if self.line_lost:
             # kept through the stop JupyterHub makes at its start for a spawn that was pending
             # ("appears to have stopped while the Hub was down"), until the next start
             state["line_lost"] = self.line_lost
         if self.disk_stopped:
             state["disk_stopped"] = self.disk_stopped  # kept through the stop, as line_lost
-        if self.gpu_uuid:
-            state.update(
-                gpu_uuid=self.gpu_uuid,
-                gpu_node=self.gpu_node,
-                gpu_slices=self.slices_held,  # the key servers running since 0.1 have
-                gpu_memory_mb=self.gpu_memory_mb,
-            )
+        state.update(self.holding.state())  # under the keys servers running since 0.1 have
         return state
 
     def load_state(self, state):
         super().load_state(state)
-        self.gpu_uuid = state.get("gpu_uuid", "")
-        self.gpu_node = state.get("gpu_node", "")
-        self.slices_held = state.get("gpu_slices", 0)
-        self.gpu_memory_mb = state.get("gpu_memory_mb", 0)
+        self.holding = Holding.from_state(state)
         self.home_node = state.get("home_node", "")
         # only a hub that stopped while this spawn waited finds it in the database
         self.line_lost = state.get("line_joined") or state.get("line_lost", 0)
         self.disk_stopped = state.get("disk_stopped", "")
 
     def clear_gpu(self):
-        self.gpu_uuid = ""
-        self.gpu_node = ""
-        self.node_cores = 0
-        self.slices_held = 0
-        self.gpu_memory_mb = 0
+        """The server holds nothing now (the one place its holding is emptied)."""
+        self.holding = Holding()
         self.task_ip = ""
 
     def clear_state(self):

@@ -18,6 +18,7 @@ from . import (
     reconcile,
     tasks,
 )
+from .holding import Holding
 from .reconcile import Health
 
 #: While a server shuts itself down: how long its shutdown request may take, and how often its
@@ -135,14 +136,13 @@ class ServerHealth(HasTraits):
         database lost it (a hub killed after creating the service, before saving the state)."""
         labels = (service.get("Spec") or {}).get("Labels") or {}
         uuid = labels.get(contract.GPU_LABEL) or ""
-        if self.gpu_uuid or not uuid:
+        if self.holding.gpu or not uuid:
             return
-        self.gpu_uuid = uuid
-        self.slices_held = int(labels.get(contract.SLICES_LABEL) or 0)
+        self.holding = Holding(gpu=uuid, slices=int(labels.get(contract.SLICES_LABEL) or 0))
         self.log.info(
             "%s: its service holds %d slice(s) of %s; taken back into the hub's state",
             self.log_name,
-            self.slices_held,
+            self.holding.slices,
             uuid,
         )
         self._save_state()

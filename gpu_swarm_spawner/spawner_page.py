@@ -11,7 +11,7 @@ import time
 import jinja2
 from jupyterhub.utils import format_exception
 from tornado import web
-from traitlets import HasTraits, List, default
+from traitlets import HasTraits, default
 
 from . import (
     events,
@@ -104,22 +104,17 @@ class SpawnPage(HasTraits):
 
     # ---- progress ---------------------------------------------------------------------------
 
-    # this spawn's stages, newest last: {"progress": percent, "message": text}
-    _progress_events = List()
-
     def _report(self, progress: int, message: str) -> None:
-        """Record a stage of the spawn for the progress bar (and the log)."""
-        events = self._progress_events
-        if events and events[-1]["message"] == message:
-            return
-        events.append({"progress": progress, "message": message})
-        self.log.debug("Spawn progress of %s: %s%% %s", self.log_name, progress, message)
+        """Record a stage of the spawn for the progress bar (and the log): this start's
+        (``attempt.Attempt.progress``)."""
+        if self.attempt.report(progress, message):
+            self.log.debug("Spawn progress of %s: %s%% %s", self.log_name, progress, message)
 
     async def progress(self):
         """The stages of this spawn, as they happen (JupyterHub stops reading at the end)."""
         seen = 0
         while True:
-            events = self._progress_events
+            events = self.attempt.progress
             while seen < len(events):
                 yield events[seen]
                 seen += 1

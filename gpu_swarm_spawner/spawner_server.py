@@ -38,19 +38,6 @@ class ServerSpec(HasTraits):
 
     # ---- what goes into the service ----------------------------------------------------------
 
-    def holding(self) -> service_spec.Holding:
-        """The GPU this server holds (or none), as the service spec takes it."""
-        return service_spec.Holding(
-            gpu=self.gpu_uuid,
-            node=self.gpu_node,
-            slices=self.slices_held,
-            total_slices=self.gpu_total_slices,
-            memory_mb=self.gpu_memory_mb or 0,
-            cpu_only=self.cpu_only_requested,
-            cpu_node=self.cpu_node,
-            node_cores=self.node_cores,
-        )
-
     def disk(self) -> service_spec.Disk:
         """What the disk watch of the server's machine holds it to (its container's labels)."""
         return service_spec.Disk(
@@ -70,13 +57,14 @@ class ServerSpec(HasTraits):
     async def server_spec(self) -> service_spec.Server:
         """Everything this server's service is made from (service_spec.create_kwargs)."""
         cores = self.limits().cpu_limit
-        if service_spec.within_machine(cores, self.node_cores) != cores:
+        held = self.holding
+        if service_spec.within_machine(cores, held.node_cores) != cores:
             self.log.info(
                 "%s: cpu_limit of %g cores is more than the %g of %s; limited to those",
                 self.log_name,
                 cores,
-                self.node_cores,
-                self.gpu_node or self.cpu_node,
+                held.node_cores,
+                held.machine,
             )
         return service_spec.Server(
             name=self.service_name,
@@ -86,7 +74,7 @@ class ServerSpec(HasTraits):
             env=self.get_env(),
             mounts=self.mounts,
             network=self.network_name,
-            holding=self.holding(),
+            holding=self.holding,
             limits=self.limits(),
             port=self.port,
             use_internal_ip=self.use_internal_ip,
@@ -132,13 +120,13 @@ class ServerSpec(HasTraits):
         return known
 
     def service_resources(self) -> Resources:
-        return service_spec.resources(self.limits(), self.extra_resources_spec, self.holding())
+        return service_spec.resources(self.limits(), self.extra_resources_spec, self.holding)
 
     def container_labels(self) -> dict:
-        return service_spec.container_labels(self.user.name, self.holding(), self.disk())
+        return service_spec.container_labels(self.user.name, self.holding, self.disk())
 
     def get_env(self):
-        return {**super().get_env(), **service_spec.gpu_env(self.holding())}
+        return {**super().get_env(), **service_spec.gpu_env(self.holding)}
 
     @property
     def mounts(self):
@@ -206,7 +194,7 @@ class ServerSpec(HasTraits):
             raise SliceTaken(reading.detail)
         if reading.phase is Phase.NO_IMAGE:
             raise SpawnFailed(
-                f"The GPU machine {self.gpu_node} cannot get the server image "
+                f"The GPU machine {self.holding.node} cannot get the server image "
                 f"({reading.detail}). Please tell an organizer: that machine must be "
                 "joined with the --registry option of `make join-command`, or be given "
                 "the image with --image-tar.",
@@ -215,7 +203,7 @@ class ServerSpec(HasTraits):
         if reading.phase is Phase.NO_MOUNT:
             folder = reading.detail.rsplit(": ", 1)[-1]
             raise SpawnFailed(
-                f"The GPU machine {self.gpu_node} lacks the shared folder {folder}, which "
+                f"The GPU machine {self.holding.node} lacks the shared folder {folder}, which "
                 "every server mounts. Please tell an organizer: that machine must have the "
                 "hub's shared storage (tutorials, datasets) mounted at the same paths as the "
                 "other machines.",
@@ -225,7 +213,7 @@ class ServerSpec(HasTraits):
             raise RuntimeError(
                 f"Service {self.service_name} did not start: task {reading.state}: {reading.detail}"
             )
-        stage = reading.stage(self.gpu_node)  # none while Swarm retries a rejected task
+        stage = reading.stage(self.holding.node)  # none while Swarm retries a rejected task
         if stage:
             self._report(*stage)
 

@@ -122,7 +122,7 @@ async def start_server(name: str, mb: int, hub_settings):
 
     spawner._read_swarm = this_gpu
     await spawner.start()
-    assert (spawner.gpu_node, spawner.gpu_uuid) == (MACHINE, GPU0)
+    assert (spawner.holding.node, spawner.holding.gpu) == (MACHINE, GPU0)
     return spawner
 
 

@@ -88,13 +88,13 @@ async def test_a_server_on_a_mig_instance_sees_that_instance_as_hardware_isolate
 
     spawner._read_swarm = only_the_instances
     await spawner.start()
-    assert spawner.gpu_uuid in INSTANCES and spawner.gpu_node == MACHINE
-    assert any("(hardware-isolated)" in e["message"] for e in spawner._progress_events)
-    assert machine_gpus()[spawner.gpu_uuid].used == 1  # Swarm counts it on the instance's kind
+    assert spawner.holding.gpu in INSTANCES and spawner.holding.node == MACHINE
+    assert any("(hardware-isolated)" in e["message"] for e in spawner.attempt.progress)
+    assert machine_gpus()[spawner.holding.gpu].used == 1  # Swarm counts it on the instance's kind
     # (exec does not work in a fresh machine's nested engine: the container's configuration)
     container = container_of(spawner.object_name)
     env = dict(line.split("=", 1) for line in container.attrs["Config"]["Env"])
-    assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == spawner.gpu_uuid
+    assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == spawner.holding.gpu
     assert (env["GPU_ISOLATION"], env["GPU_SLICES"], env["GPU_MEMORY_FRACTION"]) == (
         "mig",
         "1",

@@ -158,7 +158,7 @@ def placed_on(name: str, hostname: str, hub_settings):
 
     spawner._read_swarm = only_that_machine
     asyncio.run(spawner.start())
-    assert spawner.gpu_node == hostname
+    assert spawner.holding.node == hostname
     return spawner
 
 

@@ -35,7 +35,7 @@ async def start_all(spawners):
 
 
 def held(spawners):
-    return [(s.gpu_node, s.gpu_uuid) for s in spawners]
+    return [(s.holding.node, s.holding.gpu) for s in spawners]
 
 
 def test_the_bed_has_several_nodes_with_several_gpus(stack):
@@ -49,7 +49,7 @@ async def test_spread_puts_the_first_users_on_distinct_gpus(stack):
     spawners = [make_spawner(f"ci-spread-{i}", stack) for i in range(count)]
     for spawner in spawners:  # participants arriving one after another
         await spawner.start()
-    uuids = [s.gpu_uuid for s in spawners]
+    uuids = [s.holding.gpu for s in spawners]
     assert len(set(uuids)) == count, held(spawners)
     # what Swarm accounts matches what the spawner chose
     assert all(inventory()[u].used == 1 for u in uuids)
@@ -59,19 +59,19 @@ async def test_pack_fills_one_gpu_then_the_next_on_the_same_node(stack):
     spawners = [make_spawner(f"ci-pack-{i}", stack, placement_policy="pack") for i in range(4)]
     for spawner in spawners:  # one after the other: pack is about order
         await spawner.start()
-    first, second = spawners[0].gpu_uuid, spawners[3].gpu_uuid
-    assert [s.gpu_uuid for s in spawners[:3]] == [first] * 3
+    first, second = spawners[0].holding.gpu, spawners[3].holding.gpu
+    assert [s.holding.gpu for s in spawners[:3]] == [first] * 3
     assert second != first
-    assert spawners[3].gpu_node == spawners[0].gpu_node, held(spawners)
+    assert spawners[3].holding.node == spawners[0].holding.node, held(spawners)
 
 
 async def test_full_gpu_profile_gets_all_slices_of_one_gpu(stack):
     full = make_spawner("ci-full", stack, slices_per_server=3)
     await full.start()
-    gpu = inventory()[full.gpu_uuid]
+    gpu = inventory()[full.holding.gpu]
     assert (gpu.used, gpu.free) == (3, 0)
     env = container_env(container_of(full.object_name))
-    assert env["NVIDIA_VISIBLE_DEVICES"] == full.gpu_uuid and env["GPU_SLICES"] == "3"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == full.holding.gpu and env["GPU_SLICES"] == "3"
 
 
 async def test_a_machine_updated_keeps_the_server_on_its_full_gpu(stack):
@@ -118,7 +118,7 @@ async def test_a_lost_race_moves_on_to_another_gpu_and_leaves_nothing_pending(st
     ]
     await start_all(fillers)
     (free_gpu,) = gpus_with_room()
-    full_gpu = fillers[0].gpu_uuid
+    full_gpu = fillers[0].holding.gpu
 
     # a spawner whose first look at the swarm is stale: it sees a full GPU as empty, and asks
     # for all of it (Swarm keeps a spare unit on each GPU, contract.SWARM_SPARE: one slice
@@ -139,9 +139,9 @@ async def test_a_lost_race_moves_on_to_another_gpu_and_leaves_nothing_pending(st
     t0 = time.monotonic()
     await late.start()
     elapsed = time.monotonic() - t0
-    assert late.gpu_uuid == free_gpu.uuid
+    assert late.holding.gpu == free_gpu.uuid
     assert elapsed < 5, f"recovering from a lost race took {elapsed:.1f} s"
-    assert any("was taken" in e["message"] for e in late._progress_events)
+    assert any("was taken" in e["message"] for e in late.attempt.progress)
     states = [t["Status"]["State"] for s in services_of(stack["GPUHUB_STACK"]) for t in s.tasks()]
     assert "pending" not in states
 

@@ -225,10 +225,10 @@ async def test_a_server_can_be_placed_on_the_new_machine(machine, hub, hub_setti
 
     spawner._read_swarm = only_the_new_machine
     await spawner.start()  # it keeps running: the pause and --leave tests need a user there
-    assert spawner.gpu_node == MACHINE and spawner.object_name == SERVER
+    assert spawner.holding.node == MACHINE and spawner.object_name == SERVER
     (container,) = server_containers()
     env = dict(line.split("=", 1) for line in container.attrs["Config"]["Env"])
-    assert env["NVIDIA_VISIBLE_DEVICES"] == spawner.gpu_uuid
+    assert env["NVIDIA_VISIBLE_DEVICES"] == spawner.holding.gpu
     assert env["GPU_MEMORY_LIMIT_MB"] == str(16384 // 3)
 
 

@@ -74,38 +74,30 @@ async def test_release_leaves_nothing_claimed_and_a_new_attempt_replaces_the_old
     assert broker.claimed() == {}
 
 
-async def test_the_gates_choice_is_the_starts_while_its_gpu_fits(broker):
-    """One choice per spawn: the claim the gate made is taken again by the start, though
-    spread would now pick the other GPU (a server was placed on the gate's meanwhile)."""
+async def test_a_reservation_stands_until_released_forgotten_or_replaced(broker):
+    """One object per spawn's reservation: what it holds, where, and its end. A newer
+    reservation of the same spawn replaces it, and ending the old one leaves the new alone."""
     swarm = Swarm(ONE_FREE_EACH, [])
     gate = await broker.reserve("a", Request(1), swarm)
-    claim = broker.claim_of("a")
-    swarm.tasks = [task("n1", {gate.gpu.uuid: 1})]
-    start = await broker.reserve("a", Request(1), swarm, keep=claim)
-    assert start.gpu.uuid == gate.gpu.uuid and len(broker.claimed()) == 1
-    # without the gate's claim to keep, the start would have chosen anew: the other GPU
-    broker.release("a")
-    anew = await broker.reserve("a", Request(1), swarm)
-    assert anew.gpu.uuid != gate.gpu.uuid
+    assert gate.stands() and gate.node == "alpha" and gate.request == Request(1)
+    assert broker.reservation_of("a") is gate and broker.claimed()["a"].uuid == gate.gpu.uuid
+    again = await broker.reserve("a", Request(1), swarm, frozenset({gate.gpu.uuid}))
+    assert not gate.stands() and again.stands() and again.gpu.uuid != gate.gpu.uuid
+    gate.forget()
+    gate.release()  # neither touches the newer one
+    assert broker.reservation_of("a") is again
+    again.forget()
+    assert broker.claimed() == {} and not again.stands()
 
 
-async def test_the_gates_choice_is_dropped_when_it_no_longer_fits_or_was_lost(broker):
+async def test_releasing_a_reservation_reads_the_swarm_afresh_forgetting_it_does_not(broker):
     swarm = Swarm(ONE_FREE_EACH, [])
-    gate = await broker.reserve("a", Request(1), swarm)
-    claim = broker.claim_of("a")
-    lost = await broker.reserve("a", Request(1), swarm, frozenset({gate.gpu.uuid}), keep=claim)
-    assert lost.gpu.uuid != gate.gpu.uuid  # a race lost on it: another GPU
-    # the GPU filled up meanwhile (another hub's server): the start chooses again
-    claim = broker.claim_of("a")
-    swarm.tasks = [task("n1", {claim.uuid: 3})]
-    full = await broker.reserve("a", Request(1), swarm, keep=claim)
-    assert full.gpu.uuid != claim.uuid
-    # a claim the owner no longer holds (forgotten) is not taken again
-    stale = broker.claim_of("a")
-    broker.forget("a", stale)
-    swarm.tasks = [task("n1", {stale.uuid: 2})]
-    fresh = await broker.reserve("a", Request(1), swarm, keep=stale)
-    assert fresh.gpu.uuid != stale.uuid
+    broker.max_age = 30
+    (await broker.reserve("a", Request(1), swarm)).forget()  # never used: no task to see
+    (await broker.reserve("b", Request(1), swarm)).release()  # its task may be placed now
+    assert broker.claimed() == {}
+    await broker.inventory(swarm)
+    assert swarm.reads == 2
 
 
 async def test_a_whole_gpu_claims_all_of_its_own_slices(broker):

@@ -221,7 +221,7 @@ async def test_a_journal_that_cannot_be_written_never_fails_a_start(tmp_path, ca
     spawner = a_hub(blocked)
     with caplog.at_level(logging.WARNING):
         await spawner.start()
-    assert spawner.gpu_uuid == "GPU-a0"
+    assert spawner.holding.gpu == "GPU-a0"
     assert "Could not record 'started' of alice" in caplog.text
 
 

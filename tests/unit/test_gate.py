@@ -27,7 +27,7 @@ from tornado.tcpserver import TCPServer
 from gpu_swarm_spawner import NoGPUSliceAvailable, gate, hubdb, internals
 
 from .clusters import node, task
-from .fake_docker import make_fake
+from .fake_docker import RUNNING, UNPLACEABLE, make_fake
 
 FULL = [task("n1", {"GPU-a0": 3}, service_id="s0"), task("n1", {"GPU-a1": 3}, service_id="s1")]
 
@@ -64,23 +64,76 @@ async def test_an_environment_not_offered_is_left_to_the_spawns_400_not_refused_
     assert spawner.broker.claimed() == {} and spawner.reads == 0
 
 
-async def test_room_on_a_gpu_lets_the_spawn_go_on_holding_its_slices_until_start_claims():
-    spawner = fake_swarm([task("n1", {"GPU-a0": 3})])
-    assert await spawner.refusal_before_spawn({}) is None
-    early = spawner.broker.claimed()[spawner]
-    assert early.uuid == "GPU-a1" and early.slices == 1
-    reservation = await spawner.reserve_gpu()  # start's own claim replaces the early one
-    assert reservation.gpu.uuid == "GPU-a1"
-    assert spawner.broker.claimed()[spawner] is not early
-    spawner.forget_early_claim()  # the gate's clean-up leaves start's claim alone
-    assert spawner.broker.claimed()[spawner].uuid == "GPU-a1"
+def counting_reserves(spawner) -> list:
+    """The GPUs the hub's broker chooses from now on, one entry per ``reserve``."""
+    broker, chosen = spawner.broker, []
+    reserve = broker.reserve
+
+    async def counted(*args, **kwargs):
+        reservation = await reserve(*args, **kwargs)
+        chosen.append(reservation.gpu.uuid)
+        return reservation
+
+    broker.reserve = counted
+    return chosen
 
 
-async def test_an_early_claim_is_forgotten_when_the_spawn_never_started():
-    spawner = fake_swarm([task("n1", {"GPU-a0": 3})])
+async def test_the_start_takes_the_gates_reservation_the_broker_chooses_once_per_spawn():
+    """One reservation per spawn, handed from the gate to ``start``: the start neither reads
+    the swarm for it nor chooses again, though spread would now pick the other GPU."""
+    spawner = fake_swarm([task("n1", {"GPU-a0": 2})])
+    chosen = counting_reserves(spawner)
     assert await spawner.refusal_before_spawn({}) is None
-    spawner.forget_early_claim()
+    (early,) = spawner.broker.claimed().values()
+    assert early.uuid == "GPU-a1" and early.slices == 1 and chosen == ["GPU-a1"]
+    spawner.tasks = [task("n1", {"GPU-a1": 2})]  # another server placed on it meanwhile
+    reads = spawner.reads
+
+    await asyncio.wait_for(spawner.start(), timeout=5)
+
+    assert chosen == ["GPU-a1"], "start reserved again"
+    assert spawner.holding.gpu == "GPU-a1" and spawner.attempt.reservation.gpu.uuid == "GPU-a1"
+    assert spawner.reads == reads  # no read of the swarm for a choice made already
+    assert spawner.broker.claimed() == {}  # Swarm counts the running server's slices
+    spawner.forget_gate_reservation()  # the gate's clean-up: the start took it, nothing to do
     assert spawner.broker.claimed() == {}
+
+
+async def test_a_race_lost_on_the_gates_gpu_reserves_anew_without_it():
+    spawner = fake_swarm([])
+    spawner.task_states = [UNPLACEABLE, RUNNING]  # another server took the gate's slice
+    chosen = counting_reserves(spawner)
+    assert await spawner.refusal_before_spawn({}) is None
+    await asyncio.wait_for(spawner.start(), timeout=5)
+    first, second = chosen
+    assert first != second and spawner.holding.gpu == second
+    assert spawner.broker.claimed() == {}
+
+
+async def test_a_start_asking_for_something_else_than_the_gate_reserved_reserves_anew():
+    spawner = fake_swarm([])
+    chosen = counting_reserves(spawner)
+    assert await spawner.refusal_before_spawn({}) is None  # one slice
+    spawner.full_gpu_requested = True  # the start asks for a whole GPU
+    await asyncio.wait_for(spawner.start(), timeout=5)
+    assert len(chosen) == 2 and spawner.holding.slices == 3
+    assert spawner.broker.claimed() == {}
+
+
+async def test_a_gate_reservation_no_start_took_is_freed():
+    spawner = fake_swarm([task("n1", {"GPU-a0": 3})])
+    assert await spawner.refusal_before_spawn({}) is None
+    spawner.forget_gate_reservation()
+    assert spawner.broker.claimed() == {}
+    spawner.forget_gate_reservation()  # twice is fine
+
+
+async def test_a_server_without_a_gpu_frees_the_gates_reservation():
+    spawner = fake_swarm([], cpu_only_servers=True)
+    assert await spawner.refusal_before_spawn({}) is None
+    spawner.cpu_only_requested = True  # as JupyterHub applied other options
+    await asyncio.wait_for(spawner.start(), timeout=5)
+    assert spawner.broker.claimed() == {} and spawner.holding.cpu_only
 
 
 async def test_in_a_burst_those_let_through_hold_the_slices_the_next_are_refused_for():
@@ -179,7 +232,7 @@ class Spawner:
         self._spawn_future = None
         self.forgotten = 0
 
-    def forget_early_claim(self):
+    def forget_gate_reservation(self):
         self.forgotten += 1
 
     async def refusal_before_spawn(self, options):
@@ -223,7 +276,7 @@ async def test_otherwise_jupyterhub_spawns_as_usual(spawner, why, caplog):
         assert "starting as usual" in caplog.text
 
 
-async def test_a_spawn_let_through_has_its_early_claim_forgotten_however_it_ends():
+async def test_a_spawn_let_through_has_its_gate_reservation_forgotten_however_it_ends():
     for fails in (None, RuntimeError("429: too many users")):
         spawner, handler = Spawner(None), Handler(fails)
         try:
@@ -248,7 +301,7 @@ class Refusing(LocalProcessSpawner):
     async def refusal_before_spawn(self, options):
         return self.answer
 
-    def forget_early_claim(self):
+    def forget_gate_reservation(self):
         pass
 
 

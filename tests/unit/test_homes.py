@@ -14,6 +14,7 @@ from traitlets import TraitError
 from deploy import settings, stack
 from gpu_swarm_spawner import SpawnFailed, homes
 from gpu_swarm_spawner import spawner_server as spawner_module
+from gpu_swarm_spawner.holding import Holding
 
 from .clusters import node, task
 from .fake_docker import FakeDockerSpawner, make_fake
@@ -114,7 +115,7 @@ def test_with_homes_dir_the_home_is_the_participants_folder_there():
 
 async def test_the_folder_is_made_before_the_service_is_created(tmp_path, chowned):
     spawner = make_fake(homes_dir=str(tmp_path))
-    spawner.gpu_uuid, spawner.slices_held = "GPU-a", 1
+    spawner.holding = Holding(gpu="GPU-a", slices=1)
     await spawner.create_object()
     assert chowned == [(str(tmp_path / "alice-2dsmith"), 1000, 100)]
     (created,) = spawner.created
@@ -144,7 +145,7 @@ async def test_the_folder_is_made_off_the_event_loop(tmp_path, monkeypatch):
 
     monkeypatch.setattr(spawner_module, "ensure_folder", made_where)
     spawner = make_fake(homes_dir=str(tmp_path))
-    spawner.gpu_uuid, spawner.slices_held = "GPU-a", 1
+    spawner.holding = Holding(gpu="GPU-a", slices=1)
     await spawner.create_object()
     assert threads == [False]
 
@@ -158,12 +159,12 @@ def bob(**traits) -> FakeDockerSpawner:
         user=SimpleNamespace(name="bob", id=2, url="/user/bob/"), inventory_max_age=0, **traits
     )
     spawner.home_node = "beta"
-    spawner._progress_events = []
+    spawner.attempt.progress.clear()
     return spawner
 
 
 def told(spawner) -> str:
-    return " ".join(e["message"] for e in spawner._progress_events)
+    return " ".join(e["message"] for e in spawner.attempt.progress)
 
 
 async def test_with_shared_homes_the_home_machine_is_not_preferred_nor_mentioned():
@@ -218,7 +219,7 @@ async def test_the_message_names_the_home_volume_as_configured():
 async def test_a_server_without_a_gpu_whose_home_machine_is_gone_is_told_too():
     spawner = bob()
     spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
-    assert await spawner._choose_cpu_node() == "alpha"
+    assert (await spawner._place_without_gpu()).cpu_node == "alpha"
     assert "on the machine beta, which is no longer part of this hub" in told(spawner)
 
 

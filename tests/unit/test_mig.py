@@ -286,7 +286,7 @@ def hold(spawner, uuid, slices, total, memory_mb=40192):
         }}],
         [],
     )[0]  # fmt: skip
-    spawner._progress_events = []
+    spawner.attempt.progress.clear()
     spawner._hold(broker.Reservation(gpu, slices), 1)
     return spawner
 
@@ -299,7 +299,7 @@ def test_the_container_of_a_mig_instance_sees_it_and_is_told_it_is_isolated():
     assert env["GPU_ISOLATION"] == "mig"
     assert env["GPU_MEMORY_FRACTION"] == "1.000"
     assert env["GPU_MEMORY_LIMIT_MB"] == "40192"
-    (event,) = spawner._progress_events
+    (event,) = spawner.attempt.progress
     assert event["message"] == (
         f"Reserving 1 slice(s) of MIG instance {MIXED_MIG_UUIDS[0]} on gpu-a (hardware-isolated)"
     )
@@ -311,7 +311,7 @@ def test_a_shared_gpu_is_said_to_be_shared_with_its_memory_fraction():
     assert env["GPU_ISOLATION"] == "shared"
     assert env["GPU_MEMORY_FRACTION"] == "0.333"
     assert env["GPU_MEMORY_LIMIT_MB"] == "27306"
-    assert "hardware-isolated" not in spawner._progress_events[0]["message"]
+    assert "hardware-isolated" not in spawner.attempt.progress[0]["message"]
     assert hold(make_spawner(), MIXED_GPU_UUIDS[0], 2, 3).get_env()["GPU_MEMORY_FRACTION"] == (
         "0.667"
     )

@@ -44,7 +44,7 @@ def guard_budget(gpu, slices: int) -> int | None:
     """The budget the GPU guard holds a server of ``slices`` slices of ``gpu`` to: the spawner
     labels its container, the guard reads the labels back (None: no budget, not guarded)."""
     spawner = make_spawner()
-    spawner._progress_events = []
+    spawner.attempt.progress.clear()
     spawner._hold(broker.Reservation(gpu, slices), 1)
     container = {
         "Id": "c" * 64,

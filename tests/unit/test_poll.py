@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from gpu_swarm_spawner.holding import Holding
+
 from .clusters import node
 from .fake_docker import make_fake
 
@@ -17,7 +19,7 @@ async def running_server(**kwargs):
     """A spawner whose server's service runs on node n1 (ready), as after its start."""
     spawner = make_fake(**kwargs)
     spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
-    spawner.gpu_uuid, spawner.slices_held = "GPU-a0", 1
+    spawner.holding = Holding(gpu="GPU-a0", slices=1)
     spawner.object_id = (await spawner.create_object())["ID"]
     spawner.server = SimpleNamespace(ip=spawner.task_address)
     spawner.calls.clear()

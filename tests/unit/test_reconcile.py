@@ -13,6 +13,7 @@ import sqlalchemy.orm
 from jupyterhub import orm
 
 from gpu_swarm_spawner import contract, events, healing, reconcile
+from gpu_swarm_spawner.holding import Holding
 from gpu_swarm_spawner.keeper import KeepingProxy
 from gpu_swarm_spawner.reconcile import Health
 
@@ -148,7 +149,7 @@ async def test_after_a_hub_killed_mid_spawn_the_server_is_found_where_it_runs_wi
     """The hub saved neither the service's id nor the GPU before it died; the server runs."""
     spawner = make_fake(server_lost_after=5)
     spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
-    spawner.gpu_uuid, spawner.slices_held = "GPU-a0", 1
+    spawner.holding = Holding(gpu="GPU-a0", slices=1)
     await spawner.create_object()
     spawner.clear_state()  # what the hub's database had: nothing of it
     spawner.object_id = ""
@@ -156,7 +157,7 @@ async def test_after_a_hub_killed_mid_spawn_the_server_is_found_where_it_runs_wi
     assert await spawner.poll() is None
     url = await spawner.get_url()
     assert url == f"http://{spawner.task_address}:8888/user/alice-smith/"
-    assert (spawner.gpu_uuid, spawner.slices_held) == ("GPU-a0", 1)
+    assert (spawner.holding.gpu, spawner.holding.slices) == ("GPU-a0", 1)
     assert spawner.object_id == "svc1"
 
 
@@ -190,7 +191,7 @@ async def with_leftover(**traits):
     service goes on holding the only slice of GPU-a0."""
     spawner = make_fake(dashboard_dir="", **traits)
     spawner.nodes = [node("n1", "alpha", {"GPU-a0": 1})]
-    spawner.gpu_uuid, spawner.slices_held = "GPU-a0", 1
+    spawner.holding = Holding(gpu="GPU-a0", slices=1)
     await spawner.create_object()
     (leftover,) = spawner.services.values()
     with_reservation(leftover, "GPU-a0", 1, "alice-smith")
@@ -209,10 +210,10 @@ async def test_a_participant_is_never_refused_for_the_slices_their_own_leftover_
     assert await other.refusal_before_spawn({}) is not None
     # its own participant is let through, and the start removes the leftover first
     assert await spawner.refusal_before_spawn({}) is None
-    spawner.forget_early_claim()
+    spawner.forget_gate_reservation()
     await spawner.start()
     assert spawner.called("remove_service")[0] == ("svc1",)
-    assert list(spawner.services) == ["svc2"] and spawner.gpu_uuid == "GPU-a0"
+    assert list(spawner.services) == ["svc2"] and spawner.holding.gpu == "GPU-a0"
 
 
 async def test_a_removed_leftover_makes_the_broker_read_the_swarm_afresh():
@@ -222,9 +223,9 @@ async def test_a_removed_leftover_makes_the_broker_read_the_swarm_afresh():
     start reserves from one that shows the slice free."""
     spawner = await with_leftover(inventory_max_age=60)
     assert await spawner.refusal_before_spawn({}) is None  # its own: let through, read shared
-    spawner.forget_early_claim()
+    spawner.forget_gate_reservation()
     await spawner.start()
-    assert list(spawner.services) == ["svc2"] and spawner.gpu_uuid == "GPU-a0"
+    assert list(spawner.services) == ["svc2"] and spawner.holding.gpu == "GPU-a0"
 
 
 async def test_a_server_swarm_moved_is_at_its_new_address_in_the_hubs_database(tmp_path):

@@ -23,7 +23,7 @@ def reserved_gpu(created: dict) -> str:
 def assert_nothing_left(spawner):
     assert spawner.services == {}, "a service of the failed start is left"
     assert spawner.broker.claimed() == {}, "a claim of the failed start is left"
-    assert (spawner.gpu_uuid, spawner.slices_held, spawner.object_id) == ("", 0, "")
+    assert (spawner.holding.gpu, spawner.holding.slices, spawner.object_id) == ("", 0, "")
 
 
 async def test_a_lost_race_removes_its_service_and_tries_the_next_gpu():
@@ -40,9 +40,9 @@ async def test_a_lost_race_removes_its_service_and_tries_the_next_gpu():
     methods = [method for method, _, _ in spawner.calls]
     assert methods.index("remove_service") < methods.index("nodes", methods.index("tasks"))
     assert list(spawner.services) == ["svc2"]  # only the server that runs
-    assert (spawner.object_id, spawner.gpu_uuid) == ("svc2", second)
+    assert (spawner.object_id, spawner.holding.gpu) == ("svc2", second)
     assert spawner.broker.claimed() == {}
-    assert any("was taken a moment ago" in e["message"] for e in spawner._progress_events)
+    assert any("was taken a moment ago" in e["message"] for e in spawner.attempt.progress)
 
 
 async def test_a_lost_race_for_the_last_free_slice_removes_its_service_and_refuses():

@@ -6,6 +6,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from types import SimpleNamespace
 
 import dockerspawner.dockerspawner as ds
@@ -16,6 +17,7 @@ from traitlets import TraitError
 
 from gpu_swarm_spawner import GPUSwarmSpawner, NoGPUSliceAvailable, SpawnFailed
 from gpu_swarm_spawner import tasks as tasks_module
+from gpu_swarm_spawner.holding import Holding
 
 from .clusters import node, task
 from .fake_docker import FakeDockerSpawner, make_fake
@@ -62,14 +64,14 @@ def test_service_name_is_jy_and_escaped_username():
 
 def test_env_names_exactly_one_gpu():
     spawner = make_spawner()
-    spawner.gpu_uuid, spawner.gpu_node, spawner.slices_held = "GPU-simulated-ab-1", "n1", 2
+    spawner.holding = Holding(gpu="GPU-simulated-ab-1", node="n1", slices=2)
     env = spawner.get_env()
     assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == "GPU-simulated-ab-1"
     assert env["GPU_SLICES"] == "2"
     assert env["GPU_SIMULATED"] == "1"
     assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
     assert "GPU_MEMORY_LIMIT_MB" not in env  # the node did not say how much memory the GPU has
-    spawner.gpu_memory_mb = 8192
+    spawner.holding = replace(spawner.holding, memory_mb=8192)
     assert spawner.get_env()["GPU_MEMORY_LIMIT_MB"] == "8192"
 
 
@@ -80,15 +82,44 @@ def test_env_without_gpu_has_no_device():
 def test_state_round_trip_keeps_the_gpu():
     spawner = make_spawner()
     spawner.object_id = "svc123"
-    spawner.gpu_uuid, spawner.gpu_node, spawner.slices_held = "GPU-x", "beta", 1
-    spawner.gpu_memory_mb = 4096
+    spawner.holding = Holding(gpu="GPU-x", node="beta", slices=1, memory_mb=4096, node_cores=8)
     state = spawner.get_state()
     restored = make_spawner()
     restored.load_state(state)
-    assert (restored.gpu_uuid, restored.gpu_node, restored.slices_held) == ("GPU-x", "beta", 1)
-    assert restored.gpu_memory_mb == 4096
+    assert restored.holding == Holding(gpu="GPU-x", node="beta", slices=1, memory_mb=4096)
     restored.clear_state()
-    assert restored.gpu_uuid == "" and restored.slices_held == 0
+    assert restored.holding == Holding() and "gpu_uuid" not in restored.get_state()
+
+
+def test_the_state_keeps_the_keys_running_hubs_have_in_their_databases():
+    """What a hub's database holds for a running server: the keys servers have had since 0.1,
+    read as they were written (a hub upgraded while servers run finds what they hold)."""
+    spawner = make_spawner()
+    spawner.holding = Holding(gpu="GPU-x", node="beta", slices=2, total_slices=3, memory_mb=8)
+    state = spawner.get_state()
+    held = {k: state[k] for k in ("gpu_uuid", "gpu_node", "gpu_slices", "gpu_memory_mb")}
+    assert held == {"gpu_uuid": "GPU-x", "gpu_node": "beta", "gpu_slices": 2, "gpu_memory_mb": 8}
+    written_by_an_older_hub = {"object_id": "s1", "gpu_uuid": "GPU-y", "gpu_slices": 1}
+    restored = make_spawner()
+    restored.load_state(written_by_an_older_hub)
+    assert restored.holding == Holding(gpu="GPU-y", slices=1)
+
+
+async def test_each_start_is_a_new_attempt_nothing_of_the_last_one_carries_over():
+    spawner = make_fake(inventory_max_age=0, waiting_line="off")
+    spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
+    spawner.tasks = [task("n1", {"GPU-a0": 3})]
+    with pytest.raises(NoGPUSliceAvailable):
+        await spawner.start()
+    refused = spawner.attempt
+    assert refused.refused and refused.reservation is None
+    spawner.tasks = []
+    spawner._report(10, "a message of the refused start")
+    await asyncio.wait_for(spawner.start(), timeout=5)
+    assert spawner.attempt is not refused and not spawner.attempt.refused
+    assert spawner.attempt.reservation.gpu.uuid == "GPU-a0"
+    assert "a message of the refused start" not in str(spawner.attempt.progress)
+    assert set(spawner.attempt.phases) >= {"slices", "created"}
 
 
 def test_the_home_machine_outlives_the_server_in_the_state():
@@ -110,9 +141,9 @@ async def test_a_returning_user_goes_back_to_the_machine_with_their_home():
     assert (await spawner.reserve_gpu()).gpu.uuid == "GPU-b0"
 
     spawner.tasks = [task("n2", {"GPU-b0": 3})]  # beta is full: elsewhere, and the user is told
-    spawner._progress_events = []
+    spawner.attempt.progress.clear()
     assert (await spawner.reserve_gpu()).gpu.uuid == "GPU-a0"
-    assert "your files stay on beta" in spawner._progress_events[-1]["message"]
+    assert "your files stay on beta" in spawner.attempt.progress[-1]["message"]
 
     spawner.prefer_home_node = False
     spawner.tasks = [task("n2", {"GPU-b0": 2})]
@@ -128,7 +159,7 @@ async def test_each_spawn_reserves_only_its_own_gpu():
         cmd=["jupyterhub-singleuser"],
     )
     for uuid, slices in [("GPU-a", 3), ("GPU-b", 1)]:
-        spawner.gpu_uuid, spawner.slices_held = uuid, slices
+        spawner.holding = Holding(gpu=uuid, slices=slices)
         await spawner.create_object()
     created = spawner.created[-1]
     resources = created["task_template"]["Resources"]
@@ -156,7 +187,7 @@ async def test_each_spawn_reserves_only_its_own_gpu():
 def test_container_labels_carry_the_budget_and_nothing_without_a_gpu():
     spawner = make_spawner()
     assert spawner.container_labels() == {}
-    spawner.gpu_uuid, spawner.slices_held, spawner.gpu_memory_mb = "GPU-a", 2, 8192
+    spawner.holding = Holding(gpu="GPU-a", slices=2, memory_mb=8192)
     assert spawner.container_labels()["gpu-jupyterhub.gpu-memory-limit-mb"] == "8192"
 
 
@@ -167,7 +198,7 @@ def test_container_labels_carry_the_disk_budget_and_the_safety_line_with_or_with
         "gpu-jupyterhub.disk-budget-mb": "2560",
         "gpu-jupyterhub.disk-safety-percent": "90",
     }
-    spawner.gpu_uuid, spawner.slices_held = "GPU-a", 1
+    spawner.holding = Holding(gpu="GPU-a", slices=1)
     assert spawner.container_labels()["gpu-jupyterhub.disk-budget-mb"] == "2560"
     assert make_spawner(disk_budget_gb=0, disk_safety_percent=0).container_labels() == {}
 
@@ -288,7 +319,8 @@ async def test_a_machine_without_the_shared_storage_fails_the_spawn_at_once_with
     """Found on the bed: a fresh GPU machine without the tutorials' shared folder had every
     spawn there rejected by Swarm, retried until the start timeout."""
     spawner = make_fake(start_timeout=120)
-    spawner.gpu_uuid, spawner.gpu_node, spawner.object_id = "GPU-a", "fresh3", "svc1"
+    spawner.holding = Holding(gpu="GPU-a", node="fresh3")
+    spawner.object_id = "svc1"
     error = (
         'invalid mount config for type "bind": bind source path does not exist: '
         "/var/lib/gpu-jupyterhub/hub/tutorials"
@@ -308,7 +340,8 @@ async def test_a_machine_without_the_shared_storage_fails_the_spawn_at_once_with
 
 async def test_a_machine_without_the_image_fails_the_spawn_at_once_with_advice():
     spawner = make_fake(start_timeout=120)
-    spawner.gpu_uuid, spawner.gpu_node, spawner.object_id = "GPU-a", "w1", "svc1"
+    spawner.holding = Holding(gpu="GPU-a", node="w1")
+    spawner.object_id = "svc1"
     status = {"State": "rejected", "Err": "No such image: 10.0.0.5:5000/x/singleuser:latest"}
 
     async def current_task():

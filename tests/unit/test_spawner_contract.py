@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 from traitlets import TraitError
 
+from gpu_swarm_spawner.holding import Holding
+
 from .clusters import node
 from .fake_docker import make_fake
 
@@ -71,7 +73,7 @@ CONFIGURED = {
 @pytest.mark.parametrize("form", CONFIGURED)
 async def test_generic_resources_may_be_a_dict_or_a_list_and_keep_the_gpu_slices(form):
     spawner = make_fake(extra_resources_spec={"generic_resources": CONFIGURED[form]})
-    spawner.gpu_uuid, spawner.slices_held = "GPU-b", 2
+    spawner.holding = Holding(gpu="GPU-b", slices=2)
     await spawner.create_object()
     # the configured resources stay; the server's own slices replace a configured GPU-b
     assert generic_of(spawner.created[-1]) == {("fpga", 1), ("ssd", "fast"), ("GPU-b", 2)}
@@ -82,7 +84,7 @@ async def test_generic_resources_may_be_a_dict_or_a_list_and_keep_the_gpu_slices
 
 async def test_without_internal_ips_the_service_publishes_its_port_through_the_routing_mesh():
     spawner = make_fake(use_internal_ip=False)
-    spawner.gpu_uuid, spawner.slices_held = "GPU-b", 1
+    spawner.holding = Holding(gpu="GPU-b", slices=1)
     await spawner.create_object()  # the fake refuses ingress ports with dnsrr, as Swarm does
     endpoint = spawner.created[-1]["endpoint_spec"]
     assert endpoint.get("Mode") != "dnsrr"
@@ -117,7 +119,7 @@ async def test_poll_does_not_call_a_server_replaced_when_the_hub_does_not_route_
     ]:
         spawner = make_fake(**options)
         spawner.nodes = [node("n1", "alpha", {"GPU-a0": 3})]
-        spawner.gpu_uuid, spawner.slices_held = "GPU-a0", 1
+        spawner.holding = Holding(gpu="GPU-a0", slices=1)
         spawner.object_id = (await spawner.create_object())["ID"]
         spawner.server = SimpleNamespace(ip=routed or spawner.object_name)
         assert await spawner.poll() is None, options
@@ -128,7 +130,7 @@ async def test_poll_does_not_call_a_server_replaced_when_the_hub_does_not_route_
 
 async def test_pids_limit_reaches_the_service_beside_the_other_limits():
     spawner = make_fake(pids_limit=512, mem_limit="1G", cpu_limit=2)
-    spawner.gpu_uuid, spawner.slices_held = "GPU-b", 1
+    spawner.holding = Holding(gpu="GPU-b", slices=1)
     await spawner.create_object()
     limits = spawner.created[-1]["task_template"]["Resources"]["Limits"]
     assert limits == {"Pids": 512, "MemoryBytes": 1024**3, "NanoCPUs": 2_000_000_000}
@@ -137,7 +139,7 @@ async def test_pids_limit_reaches_the_service_beside_the_other_limits():
 async def test_no_pids_limit_by_default():
     spawner = make_fake()
     assert spawner.pids_limit == 0
-    spawner.gpu_uuid, spawner.slices_held = "GPU-b", 1
+    spawner.holding = Holding(gpu="GPU-b", slices=1)
     await spawner.create_object()
     assert "Pids" not in spawner.created[-1]["task_template"]["Resources"].get("Limits", {})
 

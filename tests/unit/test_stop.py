@@ -209,5 +209,5 @@ async def test_a_stop_moves_the_waiting_line_at_once():
     await until(lambda: bob.broker.waiting())
     await alice.stop()
     await asyncio.wait_for(waiting, 3)  # the line's next look would be 60 s away
-    assert bob.gpu_uuid == "GPU-a0" and len(bob.created) == 1
+    assert bob.holding.gpu == "GPU-a0" and len(bob.created) == 1
     stand_in.stop()

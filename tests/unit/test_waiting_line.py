@@ -12,6 +12,7 @@ from jupyterhub.objects import Server
 from jupyterhub.spawner import Spawner
 from tornado import web
 
+from gpu_swarm_spawner.holding import Holding
 from gpu_swarm_spawner.spawner import NoGPUSliceAvailable, SpawnFailed
 
 from .clusters import node, task
@@ -31,7 +32,7 @@ def full_hub(name="alice", **traits):
 
 
 def messages(spawner) -> list[str]:
-    return [e["message"] for e in spawner._progress_events]
+    return [e["message"] for e in spawner.attempt.progress]
 
 
 async def test_auto_puts_the_participant_in_line_and_starts_them_when_a_slice_frees():
@@ -43,7 +44,7 @@ async def test_auto_puts_the_participant_in_line_and_starts_them_when_a_slice_fr
     assert spawner.get_state()["line_joined"] > 0  # the database knows they wait
     spawner.tasks = FULL[:2]  # one server stopped
     await asyncio.wait_for(start, 3)
-    assert spawner.gpu_uuid == "GPU-a0" and len(spawner.created) == 1
+    assert spawner.holding.gpu == "GPU-a0" and len(spawner.created) == 1
     assert "A GPU slice is free for you: starting your server" in messages(spawner)
     assert "line_joined" not in spawner.get_state()
 
@@ -175,9 +176,10 @@ def test_the_hubs_pages_say_when_a_server_starts_or_runs_without_a_gpu():
     spawner._spawn_pending = False
     spawner.server = Server(ip="127.0.0.1", port=8888)
     assert spawner.without_gpu  # running, and holds no GPU
-    spawner.gpu_uuid = "GPU-a0"
+    spawner.holding = Holding(gpu="GPU-a0")
     assert not spawner.without_gpu  # holds one (after a hub restart too: from the state)
-    spawner.gpu_uuid, spawner.cpu_only_requested, spawner._spawn_pending = "", False, True
+    spawner.holding = Holding()
+    spawner.cpu_only_requested, spawner._spawn_pending = False, True
     assert not spawner.without_gpu  # a GPU spawn before its GPU is chosen
     spawner._spawn_pending, spawner.server = False, None
     assert not spawner.without_gpu  # not running at all
