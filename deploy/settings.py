@@ -785,9 +785,9 @@ _CONFIG_DOC = """Every setting, read once: ``values`` (GPUHUB_X -> the string th
     typed as its reader gives it (settings_table.TYPES). Built by ``read`` or
     ``from_environment``; ``with_values`` gives a changed copy (never change ``values``).
 
-    Made from the table (``config_class``) so that a setting is declared once; the attributes'
-    names and types are listed in docs/configuration.md's table and by ``python -m deploy
-    settings``."""
+    Made from the table (``config_class``) so that a setting is declared once: each
+    attribute's name and type are its Setting's ``attribute`` and ``type``; ``python -m deploy
+    settings`` prints the values."""
 
 #: The organizer's settings, typed (``config_class`` of the table).
 Config = config_class(SETTINGS)
