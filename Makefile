@@ -78,7 +78,7 @@ lint:  ## ruff lint + format check
 labextension:  ## rebuild the JupyterLab extension gpuhub-notices from its sources (needs Node 20+; commit what it writes)
 	bash images/singleuser/labextension/build.sh
 
-docs:  ## regenerate docs/configuration.md (from deploy/settings.env) and docs/options.md (from the traits)
+docs:  ## regenerate deploy/settings.env, docs/configuration.md and the stack files' environments (from gpu_swarm_spawner/settings_table.py) and docs/options.md (from the traits)
 	python3 -m deploy.reference
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/python -m deploy.options'
 

@@ -10,7 +10,16 @@ import sys
 from pathlib import Path
 
 from deploy.settings import from_environment
-from gpu_swarm_spawner import HUB_TEMPLATES, access, contract, disk, gate, hubdb, internals
+from gpu_swarm_spawner import (
+    HUB_TEMPLATES,
+    access,
+    contract,
+    disk,
+    gate,
+    hubdb,
+    internals,
+    settings_table,
+)
 from gpu_swarm_spawner.keeper import FreshResolver
 from gpu_swarm_spawner.priority import CPUPriority
 
@@ -29,6 +38,21 @@ def secret(name):
     return (SECRETS / name).read_text().strip()
 
 
+# ---- the settings that are one option each ---------------------------------------------------
+# Every setting the table gives a trait (gpu_swarm_spawner/settings_table.py: GPUHUB_LINE_MAX_WAIT
+# sets c.GPUSwarmSpawner.line_max_wait, ...) is set to its value here, for the classes in use;
+# the options that take more than one setting's value as it is are set below.
+IN_USE = {"JupyterHub", "CPUPriority", "SwarmSpawner"}
+if cfg.spawner != "stock-swarm":
+    IN_USE.add("GPUSwarmSpawner")
+if cfg.auth == "github":
+    IN_USE.add("WorkshopGitHubOAuthenticator")
+for setting in settings_table.SETTINGS:
+    cls, _, trait = setting.trait.partition(".")
+    if cls in IN_USE:
+        setattr(c[cls], trait, getattr(cfg, setting.attribute))
+
+
 # ---- hub, proxy, database ------------------------------------------------------------------
 c.JupyterHub.hub_bind_url = "http://0.0.0.0:8081"
 c.JupyterHub.hub_connect_url = "http://hub:8081"  # the hub's name on the overlay network
@@ -43,11 +67,8 @@ c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
 # the hub's own HTTP client asks Docker's DNS each time (at most every 2 s) instead of keeping
 # an answer for its 600 s TTL: a restarted proxy has a new address (keeper.FreshResolver)
 c.JupyterHubHTTPClient.connector_options = {"resolver": FreshResolver(), "ttl_dns_cache": 2}
-c.JupyterHub.log_level = cfg.log_level
 # once up, the hub gives its and the proxy's containers more CPU weight than servers and tunes
 # its garbage collector (priority.py)
-c.CPUPriority.cpu_shares = cfg.hub_cpu_shares
-c.CPUPriority.stack = cfg.stack
 CPUPriority.install()
 # the home page says why the last start failed (templates/hub/home.html)
 c.JupyterHub.template_paths = [HUB_TEMPLATES]
@@ -57,20 +78,16 @@ c.Authenticator.admin_users = set(cfg.admin_users)
 if cfg.auth == "github":
     # organizations, org:team pairs, and the roster file (deploy/stack.github.yml mounts it)
     c.JupyterHub.authenticator_class = "gpu_swarm_spawner.auth.WorkshopGitHubOAuthenticator"
-    c.WorkshopGitHubOAuthenticator.client_id = cfg.github_client_id
     c.WorkshopGitHubOAuthenticator.client_secret = secret("github_client_secret")
-    c.WorkshopGitHubOAuthenticator.github_url = cfg.github_url
     c.WorkshopGitHubOAuthenticator.oauth_callback_url = cfg.public_url + "/hub/oauth_callback"
     c.WorkshopGitHubOAuthenticator.allowed_organizations = set(cfg.allowed_orgs)
     # read:org lets the hub see private organization and team memberships
     c.WorkshopGitHubOAuthenticator.scope = ["read:org"]
-    c.WorkshopGitHubOAuthenticator.roster_file = cfg.roster_file
     # access ends when the organizer says so: every GPUHUB_ACCESS_CHECK_INTERVAL seconds the hub
     # checks who may still be here, asking GitHub with each participant's own token, kept
     # encrypted in their auth_state with the generated key (access.py)
     c.WorkshopGitHubOAuthenticator.enable_auth_state = True
     c.CryptKeeper.keys = [secret("crypt_key")]
-    c.WorkshopGitHubOAuthenticator.access_check_interval = cfg.access_check_interval
     access.install()
 else:
     # the demo: JupyterHub's shared-password login. Any username with the generated demo
@@ -166,17 +183,13 @@ if cfg.simulated_gpus:
 
 # ---- user servers -----------------------------------------------------------------------------
 # Shared by GPUSwarmSpawner and the stock SwarmSpawner baseline (a subclass reads these too).
-c.SwarmSpawner.image = cfg.singleuser_image
 # start-singleuser: the tutorial start hook, then jupyterhub-singleuser
 c.SwarmSpawner.cmd = ["start-singleuser"]
 # Servers reach the hub's API through the proxy: unlike the hub, it keeps its address when the
 # hub restarts, and answers at once (503) while the hub is away instead of leaving connections
 # to a vanished address hanging.
 c.SwarmSpawner.hub_connect_url = "http://proxy:8000"
-c.SwarmSpawner.network_name = cfg.network
-c.SwarmSpawner.start_timeout = cfg.start_timeout
 c.SwarmSpawner.http_timeout = 60
-c.SwarmSpawner.poll_interval = cfg.poll_interval
 c.SwarmSpawner.default_url = "/lab"
 # CPU (cores) and memory (bytes) limits as the settings checked them; None: no limit (the
 # traits keep their defaults)
@@ -204,9 +217,6 @@ else:
     gate.install()
     # ... and a burst's connections wait in the hub's queue instead of being dropped and retried
     gate.deepen_listen_backlog()
-    c.GPUSwarmSpawner.slices_per_server = cfg.slices_per_server
-    c.GPUSwarmSpawner.placement_policy = cfg.placement
-    c.GPUSwarmSpawner.docker_api_threads = cfg.docker_api_threads
     if cfg.pids_limit is not None:
         c.GPUSwarmSpawner.pids_limit = cfg.pids_limit  # 0: no limit
     c.GPUSwarmSpawner.service_labels = {contract.STACK_LABEL: cfg.stack}
@@ -216,7 +226,6 @@ else:
     # sees at the same path and makes their folder in), else a volume on the machine that runs
     # the server; the published tutorials and the dataset cache (shared storage at the same
     # path on every machine): tutorials read-only, datasets as GPUHUB_DATASETS_MODE says
-    c.GPUSwarmSpawner.homes_dir = cfg.homes_dir
     c.GPUSwarmSpawner.volumes = {
         **({} if cfg.homes_dir else {contract.HOME_VOLUME: "/home/jovyan"}),
         **(
@@ -230,22 +239,14 @@ else:
             else {}
         ),
     }
-    # the spawn page: environments (NAME=IMAGE, the first is the default) and who may take a
-    # full GPU (all slices of the chosen GPU): off, admins or all
+    # the spawn page's environments (NAME=IMAGE, the first is the default)
     if cfg.environments:
         c.GPUSwarmSpawner.allowed_images = cfg.environments
         c.GPUSwarmSpawner.image = next(iter(cfg.environments.values()))
-    c.GPUSwarmSpawner.full_gpu_for = cfg.full_gpu
-    c.GPUSwarmSpawner.waiting_line = cfg.waiting_line
-    c.GPUSwarmSpawner.line_max_length = cfg.line_max_length
-    c.GPUSwarmSpawner.line_max_wait = cfg.line_max_wait
-    c.GPUSwarmSpawner.cpu_only_servers = cfg.cpu_only
-    c.GPUSwarmSpawner.cpu_only_max_servers = cfg.cpu_only_max
     # the disk: every server's container carries its participant's budget and the safety line
-    # for its machine's disk watch; past the line the watch stops the biggest writer, and the
-    # hub (every 10 s) stops that server too and tells its participant why (disk.py)
-    c.GPUSwarmSpawner.disk_budget_gb = cfg.disk_budget_gb
-    c.GPUSwarmSpawner.disk_safety_percent = cfg.disk_safety_percent
+    # (set above) for its machine's disk watch; past the line the watch stops the biggest
+    # writer, and the hub (every 10 s) stops that server too and tells its participant why
+    # (disk.py)
     if cfg.disk_safety_percent:
         disk.install()
     # what the organizer's dashboard reads: spawn events and the waiting line (events.py)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NoReturn, TypeVar
 
+from gpu_swarm_spawner.settings_table import SETTINGS
+
 V = TypeVar("V")
 
 _KEY = re.compile(r"^GPUHUB_[A-Z0-9_]+$")
@@ -309,21 +311,10 @@ def unknown_keys(config: dict[str, tuple[str, int]], known: set[str], source: st
 RENAMED = {"GPUHUB_GPU_SLICES": "GPUHUB_SLICES_PER_SERVER"}
 
 #: Keys of deploy/settings.env that the deploy steps fill in with what they find while deploying
-#: (the public URL, image ids, secret versions, ...), for the stack files and the hub. Their
-#: defaults are placeholders; a config file that sets one is refused.
-FILLED_BY_DEPLOY = (
-    "GPUHUB_PUBLIC_URL",
-    "GPUHUB_SIMULATED_GPUS",
-    "GPUHUB_ROSTER_FILE",
-    "GPUHUB_HUB_IMAGE_ID",
-    "GPUHUB_SINGLEUSER_IMAGE_ID",
-    "GPUHUB_TUTORIAL_SYNC_REPLICAS",
-    "GPUHUB_DOCKER_SOCKET",
-    "GPUHUB_TLS_CERT_VERSION",
-    "GPUHUB_TLS_KEY_VERSION",
-    "GPUHUB_GITHUB_SECRET_VERSION",
-    "GPUHUB_TUTORIAL_TOKEN_VERSION",
-)
+#: (the public URL, image ids, secret versions, ...), for the stack files and the hub
+#: (``by_deploy`` in the table). Their defaults are placeholders; a config file that sets one is
+#: refused.
+FILLED_BY_DEPLOY = tuple(s.name for s in SETTINGS if s.by_deploy)
 
 
 def _warn(line: str) -> None:

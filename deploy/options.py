@@ -18,6 +18,8 @@ import re
 import sys
 from pathlib import Path
 
+from gpu_swarm_spawner import settings_table
+
 from . import reference
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,10 +67,19 @@ def own_traits(cls, package: str = PACKAGE) -> dict:
 
 def set_from(hub_config: str) -> dict[tuple[str, str], str]:
     """``{(class, trait): GPUHUB_X}`` for each option ``jupyterhub_config.py`` sets from a
-    setting."""
+    setting: those the settings table gives a trait (set in its one loop), and those it sets
+    by hand."""
+    from_table = {
+        tuple(setting.trait.split(".")): setting.name
+        for setting in settings_table.SETTINGS
+        if setting.trait
+    }
     return {
-        (cls, trait): "GPUHUB_" + attribute.upper()
-        for cls, trait, attribute in _FROM_SETTING.findall(hub_config)
+        **from_table,
+        **{
+            (cls, trait): "GPUHUB_" + attribute.upper()
+            for cls, trait, attribute in _FROM_SETTING.findall(hub_config)
+        },
     }
 
 

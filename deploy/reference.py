@@ -1,11 +1,15 @@
-"""docs/configuration.md, generated from deploy/settings.env: every setting, its default and the
-comment that documents it, grouped as the file groups them.
+"""The files written from the settings table (gpu_swarm_spawner/settings_table.py):
+deploy/settings.env
+(every setting, its default and its comment), docs/configuration.md (rendered from that file's
+text, grouped as it groups them) and the ``environment:`` of the services in deploy/stack*.yml
+that the table sends settings to.
 
-``render(text)`` is a pure function of the file's text. ``python -m deploy.reference`` writes the
-page (``make docs``); ``--check`` writes nothing and exits 1 when the page differs from what
-``render`` gives, so a setting changed without regenerating the page fails the unit tests.
+``render(text)`` is a pure function of settings.env's text, ``environment(text, service,
+names)`` of a stack file's. ``python -m deploy.reference`` writes them (``make docs``);
+``--check`` writes nothing and exits 1 naming each file that differs from what the table gives,
+so a setting changed without regenerating fails the unit tests.
 
-How the file is read (the config file's line format, deploy/config.example.env):
+How settings.env is read for the page (the config file's line format, deploy/config.example.env):
 
 - the comment lines at the top, up to the first blank line, introduce the page;
 - a comment line of the form ``# ---- title ----`` starts a group of its own;
@@ -21,13 +25,18 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpu_swarm_spawner import settings_table
+from gpu_swarm_spawner.settings_table import ENVIRONMENTS, Setting
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = Path("deploy/settings.env")
 PAGE = Path("docs/configuration.md")
 STALE = f"{PAGE} is stale: run make docs"
+DEPLOY = Path("deploy")
 
 #: The title of the settings above the file's first ``# ---- title ----`` line.
 FIRST_GROUP = "Settings an organizer may set"
@@ -156,8 +165,8 @@ def render(settings_env_text: str) -> str:
     out = [
         "# Configuration reference",
         "",
-        "<!-- Generated from deploy/settings.env by `make docs` (python -m deploy.reference): "
-        "edit that file, then run make docs. -->",
+        "<!-- Generated from gpu_swarm_spawner/settings_table.py by `make docs` (python -m "
+        "deploy.reference): edit that table, then run make docs. -->",
         "",
         "Every setting of the hub, with its default and what it does, as `deploy/settings.env` "
         "declares it. How to write the values an organizer sets most (limits, admins, "
@@ -194,28 +203,64 @@ def render(settings_env_text: str) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def main(argv: list[str] | None = None, root: Path = REPO) -> int:
+def environment(text: str, service: str, names: Iterable[str]) -> str:
+    """A stack file's text with ``service``'s ``environment:`` passing ``names``, each as
+    ``NAME: ${NAME}`` (what ``docker stack deploy`` interpolates from the settings)."""
+    lines = text.split("\n")
+    start = lines.index(f"  {service}:")
+    end = next(
+        (i for i in range(start + 1, len(lines)) if re.match(r"^ {0,2}[^ #]", lines[i])),
+        len(lines),
+    )
+    at = lines.index("    environment:", start, end) + 1
+    after = at
+    while after < end and lines[after].startswith("      "):
+        after += 1
+    passed = [f"      {name}: ${{{name}}}" for name in names]
+    return "\n".join(lines[:at] + passed + lines[after:])
+
+
+def generated(root: Path, settings: Sequence[Setting] = settings_table.SETTINGS) -> dict[Path, str]:
+    """{path under ``root``: its text} of every file the table writes."""
+    env = settings_table.settings_env(settings)
+    files = {SETTINGS: env, PAGE: render(env)}
+    for to, (name, service) in ENVIRONMENTS.items():
+        path = DEPLOY / name
+        text = files.get(path) or (root / path).read_text(encoding="utf-8")
+        files[path] = environment(text, service, [s.name for s in settings if to in s.to])
+    return files
+
+
+def main(
+    argv: list[str] | None = None,
+    root: Path = REPO,
+    settings: Sequence[Setting] = settings_table.SETTINGS,
+) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m deploy.reference",
-        description=f"Write {PAGE} from {SETTINGS}.",
+        description=f"Write {SETTINGS}, {PAGE} and the stack files' environments from "
+        "gpu_swarm_spawner/settings_table.py.",
     )
     parser.add_argument(
-        "--check", action="store_true", help=f"write nothing; exit 1 when {PAGE} is stale"
+        "--check", action="store_true", help="write nothing; exit 1 when a file is stale"
     )
     args = parser.parse_args(argv)
-    page = render((root / SETTINGS).read_text(encoding="utf-8"))
-    target = root / PAGE
-    current = target.read_text(encoding="utf-8") if target.exists() else None
+    stale = []
+    for path, text in generated(root, settings).items():
+        target = root / path
+        current = target.read_text(encoding="utf-8") if target.exists() else None
+        if current == text:
+            continue
+        stale.append(path)
+        if not args.check:
+            target.write_text(text, encoding="utf-8")
+            print(f"wrote {path}")
     if args.check:
-        if current != page:
-            print(STALE, file=sys.stderr)
-            return 1
-        return 0
-    if current == page:
-        print(f"{PAGE} is up to date")
-    else:
-        target.write_text(page, encoding="utf-8")
-        print(f"wrote {PAGE}")
+        for path in stale:
+            print(f"{path} is stale: run make docs", file=sys.stderr)
+        return 1 if stale else 0
+    if not stale:
+        print("every generated file is up to date")
     return 0
 
 

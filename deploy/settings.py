@@ -32,7 +32,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 from deploy import values as typed
 from gpu_swarm_spawner import roster
@@ -40,13 +40,13 @@ from gpu_swarm_spawner.contract import (
     DISK_BUDGET_MAX_GB,
     DISK_SAFETY_RANGE,
     GUARD_KEYS,
-    MAX_SLICES_PER_GPU,
     GuardSettings,
     guard_number,
 )
-from gpu_swarm_spawner.egress import Egress, EgressError, read_egress
+from gpu_swarm_spawner.egress import EgressError, read_egress
+from gpu_swarm_spawner.settings_table import SETTINGS, Setting
 from tutorial_sync import credentials
-from tutorial_sync.repos import Repo, ReposError, parse_repos, redact
+from tutorial_sync.repos import ReposError, parse_repos, redact
 
 from .envfile import (
     RENAMED,
@@ -75,12 +75,10 @@ REPO = DEFAULTS.parent.parent
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*$")
 _STACK = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
-TLS_MODES = ("acme", "self-signed", "files", "off")
 #: What GitHub's client ids are made of ("Iv1.8a61f9b3a7aba766", "Ov23liA1b2C3d4E5f6G7").
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 #: One e-mail address, what Caddy hands Let's Encrypt as the account's contact.
 _ONE_ADDRESS = re.compile(r"^[^\s@,;<>]+@[^\s@,;<>.][^\s@,;<>]*\.[^\s@,;<>]+$")
-AUTH_MODES = ("github", "local")
 
 # ---- checks -------------------------------------------------------------------------------
 
@@ -124,38 +122,27 @@ def _typed(settings, key) -> tuple[object, list[str]]:
         return None, [f"{key} is {value!r}; {e}"]
 
 
-#: Every whole-number setting and the range the checks hold it to (``None``: no upper bound).
-#: Config reads each as an ``int`` (CONVERTERS); a new one is declared here, once.
-WHOLE_NUMBERS: dict[str, tuple[int, int | None]] = {
-    "GPUHUB_HTTP_PORT": (1, 65535),
-    "GPUHUB_HTTPS_PORT": (1, 65535),
-    "GPUHUB_REGISTRY_PORT": (1, 65535),
-    "GPUHUB_SLICES_PER_GPU": (1, MAX_SLICES_PER_GPU),
-    "GPUHUB_SLICES_PER_SERVER": (1, MAX_SLICES_PER_GPU),
-    "GPUHUB_SIMULATE_IF_NO_GPU": (0, 16),
-    "GPUHUB_START_TIMEOUT": (10, None),
-    "GPUHUB_POLL_INTERVAL": (1, None),
-    "GPUHUB_DOCKER_API_THREADS": (1, 64),
-    "GPUHUB_HUB_CPU_SHARES": (0, 262144),
-    "GPUHUB_IDLE_TIMEOUT": (0, None),
-    "GPUHUB_CULL_EVERY": (1, None),
-    "GPUHUB_ACCESS_CHECK_INTERVAL": (0, 3600),
-    "GPUHUB_MAX_AGE": (0, None),
-    "GPUHUB_TUTORIAL_POLL": (1, None),
-    "GPUHUB_TUTORIAL_SYNC_REPLICAS": (0, 1),  # filled by the deploy
-    "GPUHUB_GUARD_METRICS_PORT": (0, 65535),
-    "GPUHUB_LINE_MAX_LENGTH": (0, None),
-    "GPUHUB_LINE_MAX_WAIT": (0, None),
-    "GPUHUB_CPU_ONLY_MAX": (0, None),
-}
+#: The settings the checks and Config are made from (gpu_swarm_spawner/settings_table.py),
+#: read when they run.
+DECLARED: tuple[Setting, ...] = SETTINGS
 
 
-def _numbers(settings) -> list[str]:
+def _declared(settings, declared: tuple[Setting, ...]) -> list[str]:
+    """What the table declares of each setting: a number's range, a word's choices."""
     errors = []
-    for key, (low, high) in WHOLE_NUMBERS.items():
-        errors += _int(settings, key, low, high)
-    if errors:
-        return errors
+    for setting in declared:
+        if setting.read == "number":
+            errors += _int(settings, setting.name, setting.low, setting.high)
+        if setting.choices:
+            errors += _choice(settings, setting.name, setting.choices)
+    return errors
+
+
+def _numbers(settings, declared: tuple[Setting, ...]) -> list[str]:
+    """The numbers that depend on each other (once each is a whole number in its range)."""
+    errors = []
+    if any(_int(settings, s.name, s.low, s.high) for s in declared if s.read == "number"):
+        return errors  # told by _declared
     if int(settings["GPUHUB_SLICES_PER_SERVER"]) > int(settings["GPUHUB_SLICES_PER_GPU"]):
         errors.append(
             f"GPUHUB_SLICES_PER_SERVER is {settings['GPUHUB_SLICES_PER_SERVER']} but a GPU has "
@@ -187,8 +174,7 @@ def _limits(settings, mode) -> list[str]:
 
 
 def _login(settings, exists) -> list[str]:
-    errors = _choice(settings, "GPUHUB_AUTH", AUTH_MODES)
-    errors += _typed(settings, "GPUHUB_ADMIN_USERS")[1]
+    errors = _typed(settings, "GPUHUB_ADMIN_USERS")[1]
     if settings.get("GPUHUB_AUTH") != "github":
         return errors
     client_id = settings.get("GPUHUB_GITHUB_CLIENT_ID", "")
@@ -231,7 +217,7 @@ def _login(settings, exists) -> list[str]:
 
 
 def _tls(settings, exists) -> list[str]:
-    errors = _choice(settings, "GPUHUB_TLS", TLS_MODES)
+    errors = []
     host = settings.get("GPUHUB_HOSTNAME", "")
     mode = settings.get("GPUHUB_TLS")
     private = _is_address(host) or host == "localhost" or "." not in host
@@ -264,7 +250,8 @@ def _tls(settings, exists) -> list[str]:
 def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") -> list[str]:
     """Every problem of a complete set of settings, one line each, naming the key to fix.
     ``mode`` "up" (production) also needs a hostname and explicit limits."""
-    errors = _numbers(settings) + _limits(settings, mode)
+    errors = _declared(settings, DECLARED) + _numbers(settings, DECLARED)
+    errors += _limits(settings, mode)
     errors += _login(settings, exists) + _tls(settings, exists)
     host, wrong = _typed(settings, "GPUHUB_HOSTNAME")
     if mode == "up" and not settings.get("GPUHUB_HOSTNAME"):
@@ -285,22 +272,16 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     if not _STACK.match(settings.get("GPUHUB_STACK", "")):
         errors.append("GPUHUB_STACK: use lower-case letters, digits, - and _")
     errors += _subnet(settings.get("GPUHUB_NETWORK_SUBNET", ""))
-    errors += _choice(settings, "GPUHUB_PLACEMENT", ("spread", "pack"))
-    errors += _choice(settings, "GPUHUB_SPAWNER", ("gpu", "stock-swarm"))
     if settings.get("GPUHUB_SPAWNER") == "stock-swarm" and not settings.get("GPUHUB_NAMED_SLOTS"):
         errors.append(
             "GPUHUB_SPAWNER is stock-swarm but GPUHUB_NAMED_SLOTS is empty; name the slot kind "
             "it reserves, e.g. GPUHUB_NAMED_SLOTS=NVIDIA-GPU"
         )
-    errors += _choice(settings, "GPUHUB_FULL_GPU", ("admins", "all", "off"))
-    errors += _choice(settings, "GPUHUB_WAITING_LINE", ("offer", "auto", "off"))
-    errors += _choice(settings, "GPUHUB_CPU_ONLY", ("on", "off"))
     try:  # the servers' own reader (the spawner's egress trait)
         read_egress(settings.get("GPUHUB_EGRESS", ""))
     except EgressError as e:
         errors.append(f"GPUHUB_EGRESS: {e}")
     errors += _environments(settings.get("GPUHUB_ENVIRONMENTS", ""))
-    errors += _choice(settings, "GPUHUB_DATASETS_MODE", ("ro", "rw"))
     errors += _shared_folders(settings)
     errors += _guard(settings)
     for key in ("GPUHUB_DISK_BUDGET_GB", "GPUHUB_DISK_SAFETY_PERCENT"):
@@ -679,155 +660,91 @@ def environments(value: str) -> dict[str, str]:
     return out
 
 
-#: How each setting that is not a plain string is read (every other key of settings.env is a
-#: ``str``). A value that does not convert is a SettingsError naming the key, where it was set
-#: and what to write; ``problems`` checks these keys with the same functions.
-CONVERTERS: dict[str, Callable[[str], object]] = {
-    **dict.fromkeys(WHOLE_NUMBERS, _whole_number),
-    # the guard's numbers, read as the guard reads them
-    **{key: functools.partial(guard_number, key) for key in GUARD_KEYS[1:]},
-    "GPUHUB_SIMULATED_GPUS": _flag,
-    "GPUHUB_CPU_ONLY": _on,
-    "GPUHUB_ADMIN_USERS": typed.usernames,
-    "GPUHUB_ALLOWED_ORGS": typed.organizations,
-    "GPUHUB_HOSTNAME": typed.hostname,
-    "GPUHUB_CPU_LIMIT": typed.cores,
-    "GPUHUB_MEM_LIMIT": typed.memory,
-    "GPUHUB_PIDS_LIMIT": typed.tasks,
-    "GPUHUB_TUTORIAL_REPOS": parse_repos,  # [Repo]: the sync service's reader, once
-    "GPUHUB_ENVIRONMENTS": environments,
-    "GPUHUB_EGRESS": read_egress,
-    "GPUHUB_DISK_BUDGET_GB": disk_budget,
-    "GPUHUB_DISK_SAFETY_PERCENT": disk_safety,
+def _text(value: str) -> str:
+    return value
+
+
+#: How Config reads each kind of setting (``Setting.read`` in the table): a value that does not
+#: convert is a SettingsError naming the key, where it was set and what to write; ``problems``
+#: checks the settings with the same functions.
+READERS: dict[str, Callable[[str], object]] = {
+    "text": _text,
+    "number": _whole_number,
+    "flag": _flag,
+    "on": _on,
+    "usernames": typed.usernames,
+    "organizations": typed.organizations,
+    "hostname": typed.hostname,
+    "cores": typed.cores,
+    "memory": typed.memory,
+    "tasks": typed.tasks,
+    "repos": parse_repos,  # [Repo]: the sync service's reader, once
+    "environments": environments,
+    "egress": read_egress,
+    "disk_budget": disk_budget,
+    "disk_safety": disk_safety,
 }
 
-#: The one written form of each value that has more than one: what Config keeps in ``values``,
-#: so that the stack hands the hub (whose ``from_environment`` reads it back with CONVERTERS)
-#: the value that was checked, not the organizer's spelling of it.
+#: The one written form of each kind of value that has more than one: what Config keeps in
+#: ``values``, so that the stack hands the hub (whose ``from_environment`` reads it back with
+#: the same reader) the value that was checked, not the organizer's spelling of it.
+WRITERS: dict[str, Callable[[object], str]] = {
+    "usernames": typed.names_written,
+    "organizations": typed.names_written,
+    "hostname": str,
+    "cores": typed.cores_written,
+    "memory": typed.memory_written,
+    "tasks": lambda n: "" if n is None else str(n),
+    "egress": lambda e: e.written(),
+}
+
+
+def _reader(setting: Setting) -> Callable[[str], object]:
+    if setting.read == "guard_number":  # the guard's numbers, read as the guard reads them
+        return functools.partial(guard_number, setting.name)
+    return READERS[setting.read]
+
+
+#: Each setting's reader, and the writer of those with one written form (from the table).
+CONVERTERS: dict[str, Callable[[str], object]] = {s.name: _reader(s) for s in SETTINGS}
 WRITTEN: dict[str, Callable[[object], str]] = {
-    "GPUHUB_ADMIN_USERS": typed.names_written,
-    "GPUHUB_ALLOWED_ORGS": typed.names_written,
-    "GPUHUB_HOSTNAME": str,
-    "GPUHUB_CPU_LIMIT": typed.cores_written,
-    "GPUHUB_MEM_LIMIT": typed.memory_written,
-    "GPUHUB_PIDS_LIMIT": lambda n: "" if n is None else str(n),
-    "GPUHUB_EGRESS": lambda e: e.written(),
+    s.name: WRITERS[s.read] for s in SETTINGS if s.read in WRITERS
 }
 
 
 @dataclass(frozen=True, repr=False)
-class Config:
-    """Every setting, read once: ``values`` (GPUHUB_X -> the string the stack files
-    interpolate, in its one written form: WRITTEN), ``origin`` (where each came from, for
-    messages) and one typed attribute per key of deploy/settings.env, named after it without
-    GPUHUB_, in lower case (``cfg.slices_per_server``, ``cfg.environments``). Built by ``read`` or
-    ``from_environment``; ``with_values`` gives a changed copy (never change ``values``)."""
+class _Settings:
+    """What Config holds besides its typed attributes, and what it does."""
 
     values: dict[str, str]
     origin: dict[str, str] = field(default_factory=dict)
     config_file: str = ""  # "" when none
 
-    # in deploy/settings.env's order; tests/unit/test_settings.py holds the two lists together
-    stack: str = field(init=False)
-    http_port: int = field(init=False)
-    network: str = field(init=False)
-    network_subnet: str = field(init=False)
-    base_image: str = field(init=False)
-    hub_image: str = field(init=False)
-    singleuser_image: str = field(init=False)
-    slices_per_gpu: int = field(init=False)
-    simulate_if_no_gpu: int = field(init=False)
-    named_slots: str = field(init=False)
-    spawner: str = field(init=False)
-    start_timeout: int = field(init=False)
-    docker_api_threads: int = field(init=False)
-    hub_cpu_shares: int = field(init=False)
-    slices_per_server: int = field(init=False)
-    placement: str = field(init=False)
-    poll_interval: int = field(init=False)
-    admin_users: list[str] = field(init=False)
-    auth: str = field(init=False)
-    github_client_id: str = field(init=False)
-    github_client_secret: str = field(init=False)
-    github_client_secret_file: str = field(init=False)
-    github_url: str = field(init=False)
-    allowed_orgs: list[str] = field(init=False)
-    roster: str = field(init=False)
-    access_check_interval: int = field(init=False)
-    hostname: str = field(init=False)
-    tls: str = field(init=False)
-    tls_cert: str = field(init=False)
-    tls_key: str = field(init=False)
-    acme_email: str = field(init=False)
-    https_port: int = field(init=False)
-    registry_port: int = field(init=False)
-    environments: dict[str, str] = field(init=False)
-    full_gpu: str = field(init=False)
-    waiting_line: str = field(init=False)
-    line_max_length: int = field(init=False)
-    line_max_wait: int = field(init=False)
-    cpu_only: bool = field(init=False)
-    cpu_only_max: int = field(init=False)
-    cpu_limit: float | None = field(init=False)  # cores; None: no limit
-    mem_limit: int | None = field(init=False)  # bytes; None: no limit
-    pids_limit: int | None = field(init=False)  # tasks; 0 or None: no limit
-    log_level: str = field(init=False)
-    egress: Egress = field(init=False)  # what the servers may reach (gpu_swarm_spawner.egress)
-    state_dir: str = field(init=False)
-    tutorial_repos: list[Repo] = field(init=False)
-    tutorial_token_file: str = field(init=False)
-    tutorial_poll: int = field(init=False)
-    tutorials_dir: str = field(init=False)
-    datasets_dir: str = field(init=False)
-    datasets_mode: str = field(init=False)
-    homes_dir: str = field(init=False)
-    idle_timeout: int = field(init=False)
-    cull_every: int = field(init=False)
-    max_age: int = field(init=False)
-    guard_mode: str = field(init=False)
-    guard_warn_percent: float = field(init=False)
-    guard_stop_percent: float = field(init=False)
-    guard_grace_seconds: float = field(init=False)
-    guard_metrics_port: int = field(init=False)
-    disk_budget_gb: float = field(init=False)  # GiB; 0: no budget
-    disk_safety_percent: int = field(init=False)  # 0: no safety line
-    metrics_interval: str = field(init=False)
-    metrics_retention: str = field(init=False)
-    # filled in while deploying (FILLED_BY_DEPLOY)
-    public_url: str = field(init=False)
-    simulated_gpus: bool = field(init=False)
-    roster_file: str = field(init=False)
-    hub_image_id: str = field(init=False)
-    singleuser_image_id: str = field(init=False)
-    tutorial_sync_replicas: int = field(init=False)
-    docker_socket: str = field(init=False)
-    tls_cert_version: str = field(init=False)
-    tls_key_version: str = field(init=False)
-    github_secret_version: str = field(init=False)
-    tutorial_token_version: str = field(init=False)
+    #: The settings its attributes are made from (``config_class``).
+    declared: ClassVar[tuple[Setting, ...]] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "values", dict(self.values))
         object.__setattr__(self, "origin", dict(self.origin))
         problems = []
-        for attribute in typed_attributes():
-            key = key_of(attribute)
+        for setting in self.declared:
+            key = setting.name
             if key not in self.values:
                 problems.append(f"{key} is not set; deploy/settings.env lists every setting")
                 continue
             value = self.values[key]
             where = self.origin.get(key, "the settings")
             try:
-                converted = CONVERTERS.get(key, str)(value)
+                converted = _reader(setting)(value)
             except typed.Entries as e:  # redact: a URL's credentials stay out of every line
                 problems += [redact(f"{where}: {key}: {line}") for line in e.lines]
                 continue
             except ValueError as e:
                 problems.append(redact(f"{where}: {key} is {value!r}; {e}"))
                 continue
-            object.__setattr__(self, attribute, converted)
-            if key in WRITTEN:
-                self.values[key] = WRITTEN[key](converted)
+            object.__setattr__(self, setting.attribute, converted)
+            if setting.read in WRITERS:
+                self.values[key] = WRITERS[setting.read](converted)
         if problems:
             raise SettingsError(problems)
 
@@ -846,6 +763,34 @@ class Config:
     def __repr__(self) -> str:  # the client secret stays out of logs and tracebacks
         shown = {k: _shown(k, v) for k, v in self.values.items()}
         return f"Config(config_file={self.config_file!r}, values={shown!r})"
+
+
+def config_class(declared: tuple[Setting, ...]) -> type:
+    """The typed settings for a table: ``_Settings`` with one attribute per setting, named
+    after it without GPUHUB_, in lower case, of the type its reader gives."""
+    return dataclasses.make_dataclass(
+        "Config",
+        [(s.attribute, s.type, field(init=False)) for s in declared],
+        bases=(_Settings,),
+        namespace={"__doc__": _CONFIG_DOC, "__module__": __name__, "declared": tuple(declared)},
+        frozen=True,
+        repr=False,
+    )
+
+
+_CONFIG_DOC = """Every setting, read once: ``values`` (GPUHUB_X -> the string the stack files
+    interpolate, in its one written form: WRITTEN), ``origin`` (where each came from, for
+    messages) and one typed attribute per setting of gpu_swarm_spawner/settings_table.py, named
+    after it without GPUHUB_, in lower case (``cfg.slices_per_server``, ``cfg.environments``),
+    typed as its reader gives it (settings_table.TYPES). Built by ``read`` or
+    ``from_environment``; ``with_values`` gives a changed copy (never change ``values``).
+
+    Made from the table (``config_class``) so that a setting is declared once: each
+    attribute's name and type are its Setting's ``attribute`` and ``type``; ``python -m deploy
+    settings`` prints the values."""
+
+#: The organizer's settings, typed (``config_class`` of the table).
+Config = config_class(SETTINGS)
 
 
 def _shown(key: str, value: str) -> str:
@@ -867,9 +812,9 @@ def from_the_environment(config: Config) -> str:
     return f"from the environment, over {over}: {shown} (to use the file's: unset {unset})"
 
 
-def typed_attributes() -> list[str]:
-    """Config's attribute for each setting, in deploy/settings.env's order."""
-    return [f.name for f in dataclasses.fields(Config) if not f.init]
+def typed_attributes(config_type: type | None = None) -> list[str]:
+    """Config's attribute for each setting, in the table's (and deploy/settings.env's) order."""
+    return [f.name for f in dataclasses.fields(config_type or Config) if not f.init]
 
 
 def key_of(attribute: str) -> str:

@@ -1,7 +1,9 @@
 """GPUSwarmSpawner's settings: every configurable trait, its default and its check.
 
 ``GPUSwarmSpawner`` (spawner.py) inherits them, so ``c.GPUSwarmSpawner.<name>`` sets them; they
-live here so that spawner.py reads as the spawn path. Renamed settings keep their old names
+live here so that spawner.py reads as the spawn path. A trait that mirrors an organizer's number
+setting takes its default and least value from the settings table
+(``settings_table.number``), where that setting is declared. Renamed settings keep their old names
 as deprecated aliases (as dockerspawner's ``_deprecated_aliases`` do).
 """
 
@@ -23,7 +25,7 @@ from traitlets import (
     validate,
 )
 
-from . import contract, naming, placement, profiles
+from . import contract, naming, placement, profiles, settings_table
 from .egress import INTERNET, EgressError, read_egress
 from .internals import SpawnerInternals
 
@@ -70,8 +72,7 @@ class GPUSwarmSpawnerTraits(SpawnerInternals):
     # ---- configuration ----------------------------------------------------------------------
 
     slices_per_server = _AtLeast(
-        1,
-        least=1,
+        *settings_table.number("GPUHUB_SLICES_PER_SERVER"),
         advice="every server needs a slice (use 1 for a shared GPU)",
         config=True,
         help="""
@@ -253,8 +254,7 @@ class GPUSwarmSpawnerTraits(SpawnerInternals):
     )
 
     docker_api_threads = _AtLeast(
-        4,
-        least=1,
+        *settings_table.number("GPUHUB_DOCKER_API_THREADS"),
         config=True,
         help="""
         Threads for blocking Docker API calls, shared by all servers of the hub
@@ -345,8 +345,7 @@ class GPUSwarmSpawnerTraits(SpawnerInternals):
     )
 
     cpu_only_max_servers = _AtLeast(
-        0,
-        least=0,
+        *settings_table.number("GPUHUB_CPU_ONLY_MAX"),
         expected="0 (no limit) or more",
         advice="write a number of servers such as 20",
         config=True,
@@ -420,8 +419,7 @@ class GPUSwarmSpawnerTraits(SpawnerInternals):
     )
 
     line_max_length = _AtLeast(
-        0,
-        least=0,
+        *settings_table.number("GPUHUB_LINE_MAX_LENGTH"),
         expected="0 (no limit) or more",
         advice="write a number of participants such as 100",
         config=True,
@@ -432,8 +430,7 @@ class GPUSwarmSpawnerTraits(SpawnerInternals):
     )
 
     line_max_wait = _AtLeast(
-        3600,
-        least=0,
+        *settings_table.number("GPUHUB_LINE_MAX_WAIT"),
         expected="0 (no limit) or more seconds",
         advice="write a number of seconds such as 3600",
         config=True,

@@ -4,12 +4,14 @@ docs/ leads somewhere, docs/README.md lists every page, and the README stays sho
 
 Hermetic: these tests read the repository's files and write only under tmp_path."""
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
 from deploy import reference
+from gpu_swarm_spawner import settings_table
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = REPO / "deploy" / "settings.env"
@@ -182,25 +184,54 @@ def test_a_changed_comment_or_default_changes_the_reference():
     assert reference.render(SAMPLE.replace("GPUHUB_STACK=gpuhub", "GPUHUB_STACK=hub2")) != page
 
 
-def test_check_fails_with_one_line_when_the_page_is_stale(tmp_path, capsys):
+def test_every_file_written_from_the_settings_table_is_what_the_table_gives(capsys):
+    """deploy/settings.env, docs/configuration.md and the stack files' environments."""
+    assert reference.main(["--check"], root=REPO) == 0, capsys.readouterr().err
+
+
+def a_checkout(tmp_path) -> Path:
+    """The files make docs writes, as the repository has them, under ``tmp_path``."""
     (tmp_path / "deploy").mkdir()
     (tmp_path / "docs").mkdir()
-    settings = tmp_path / "deploy" / "settings.env"
-    settings.write_text(SETTINGS.read_text(encoding="utf-8"), encoding="utf-8")
+    for stack in (REPO / "deploy").glob("stack*.yml"):
+        (tmp_path / "deploy" / stack.name).write_text(stack.read_text())
+    return tmp_path
 
-    assert reference.main(["--check"], root=tmp_path) == 1, "no page at all is stale"
-    assert reference.main([], root=tmp_path) == 0
-    assert (tmp_path / "docs" / "configuration.md").read_text() == reference.render(
-        settings.read_text()
+
+def test_check_names_each_stale_file_and_make_docs_writes_it(tmp_path, capsys):
+    root = a_checkout(tmp_path)
+    assert reference.main(["--check"], root=root) == 1, "no settings.env or page is stale"
+    assert reference.main([], root=root) == 0
+    for name in ("deploy/settings.env", "docs/configuration.md", "deploy/stack.yml"):
+        assert (root / name).read_text() == (REPO / name).read_text()
+    assert reference.main(["--check"], root=root) == 0
+
+    changed = tuple(
+        dataclasses.replace(s, doc="The stack.") if s.name == "GPUHUB_STACK" else s
+        for s in settings_table.SETTINGS
     )
-    assert reference.main(["--check"], root=tmp_path) == 0
-
-    settings.write_text(settings.read_text().replace("Name of the Swarm stack", "The stack"))
     capsys.readouterr()
-    assert reference.main(["--check"], root=tmp_path) == 1
-    assert capsys.readouterr().err == "docs/configuration.md is stale: run make docs\n"
-    assert reference.main([], root=tmp_path) == 0
-    assert reference.main(["--check"], root=tmp_path) == 0
+    assert reference.main(["--check"], root=root, settings=changed) == 1
+    assert capsys.readouterr().err == (
+        "deploy/settings.env is stale: run make docs\n"
+        "docs/configuration.md is stale: run make docs\n"
+    )
+    assert reference.main([], root=root, settings=changed) == 0
+    assert reference.main(["--check"], root=root, settings=changed) == 0
+    assert "# The stack.\nGPUHUB_STACK=gpuhub\n" in (root / "deploy" / "settings.env").read_text()
+
+
+def test_the_stack_passes_a_service_exactly_the_settings_the_table_sends_it():
+    """What reaches each service's environment is the table's ``to``, nothing more."""
+    for to, (name, service) in settings_table.ENVIRONMENTS.items():
+        text = (REPO / "deploy" / name).read_text()
+        found = re.search(
+            rf"\n  {service}:\n(?:    .*\n)*?    environment:\n((?:      .*\n)*)", text
+        )
+        lines = found.group(1)
+        passed = re.findall(r"^      (GPUHUB_[A-Z0-9_]+): \$\{\1\}$", lines, re.M)
+        assert len(passed) == len(lines.splitlines()), "only settings, each as ${ITSELF}"
+        assert passed == [s.name for s in settings_table.SETTINGS if to in s.to], (name, service)
 
 
 # ---- the options reference (docs/options.md, from the traits) ---------------------------------

@@ -16,16 +16,18 @@ import pytest
 from jupyterhub.app import JupyterHub
 from jupyterhub.authenticators.shared import SharedPasswordAuthenticator
 from jupyterhub.objects import Hub
+from traitlets import TraitError
 from traitlets.config.loader import PyFileConfigLoader
 from traitlets.utils.importstring import import_item
 
 from deploy import stack
 from deploy.limits import Machine
-from deploy.settings import SettingsError, key_of, read
+from deploy.settings import SettingsError, from_environment, key_of, read
 from deploy.steps import GENERATED
 from deploy.values import GIB
-from gpu_swarm_spawner import GPUSwarmSpawner, access, contract, disk, internals
+from gpu_swarm_spawner import GPUSwarmSpawner, access, contract, disk, internals, settings_table
 from gpu_swarm_spawner.auth import WorkshopGitHubOAuthenticator
+from gpu_swarm_spawner.settings_table import Setting
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_PASSWORD = "2e4dfa3d9c0b4f6e8a1d7c5b3e9f0a12"  # 32 hex characters, as ensure_secrets makes
@@ -320,9 +322,8 @@ def test_the_hub_config_reads_only_settings_the_stack_passes_to_the_hub():
         and node.value.id == "cfg"
     }
     assert len(read) > 25, read
-    stacks = "".join((REPO / "deploy" / f).read_text() for f in ("stack.yml", "stack.github.yml"))
-    passed = set(re.findall(r"^      (GPUHUB_[A-Z0-9_]+): \$\{\1\}$", stacks, re.M))
-    missing = sorted(key_of(name) for name in read if key_of(name) not in passed)
+    read |= {setting.attribute for setting in settings_table.SETTINGS if setting.trait}
+    missing = sorted(key_of(name) for name in read if key_of(name) not in stack_passes())
     assert not missing, f"the hub's environment in deploy/stack*.yml lacks {missing}"
     # no setting read around the Config: only where the container keeps secrets and data
     environ = set(re.findall(r"os\.environ(?:\.get)?\(\s*\"(\w+)\"", source))
@@ -537,3 +538,109 @@ def test_the_hub_loads_its_config_without_the_gpu_machines_code(hub_config):
     of worker_setup (the GPU machines' code, its NVML test double)."""
     out = in_a_fresh_process(HUB_IMPORTS)
     assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
+# ---- one setting declared once reaches every place ---------------------------------------------
+
+
+def with_a_new_setting() -> tuple[Setting, tuple[Setting, ...]]:
+    """The table with a new setting, GPUHUB_PLACEMENT_ATTEMPTS, for the hub's one trait
+    GPUSwarmSpawner.placement_attempts (before the settings the deploy fills in)."""
+    new = Setting(
+        "GPUHUB_PLACEMENT_ATTEMPTS",
+        "5",
+        read="number",
+        low=1,
+        to=("hub",),
+        trait="GPUSwarmSpawner.placement_attempts",
+        doc="How many GPUs a spawn tries.",
+    )
+    table = settings_table.SETTINGS
+    at = next(i for i, s in enumerate(table) if s.by_deploy)
+    return new, (*table[:at], new, *table[at:])
+
+
+def test_a_setting_added_to_the_table_reaches_the_check_config_stack_hub_and_docs(
+    hub_config, tmp_path, monkeypatch
+):
+    from deploy import reference
+    from deploy import settings as settings_module
+
+    new, table = with_a_new_setting()
+    # the docs and the stack: make docs writes it into settings.env, the reference, the hub's
+    # environment
+    (tmp_path / "deploy").mkdir()
+    for name in ("stack.yml", "stack.github.yml", "stack.tls.yml"):
+        (tmp_path / "deploy" / name).write_text((REPO / "deploy" / name).read_text())
+    files = reference.generated(tmp_path, table)
+    env = files[Path("deploy/settings.env")]
+    assert "# How many GPUs a spawn tries.\nGPUHUB_PLACEMENT_ATTEMPTS=5\n" in env
+    assert "### GPUHUB_PLACEMENT_ATTEMPTS\n\nDefault: `5`\n" in files[Path("docs/configuration.md")]
+    assert (
+        "      GPUHUB_PLACEMENT_ATTEMPTS: ${GPUHUB_PLACEMENT_ATTEMPTS}\n"
+        in (files[Path("deploy/stack.yml")])
+    )
+    assert "GPUHUB_PLACEMENT_ATTEMPTS" not in files[Path("deploy/stack.github.yml")]
+    # the check: its range
+    defaults = tmp_path / "settings.env"
+    defaults.write_text(env)
+    values = settings_module.merge(settings_module.read_defaults(str(defaults)), {}, {}).values
+    values = {**values, **dict.fromkeys(LIMITS, "")}
+    monkeypatch.setattr(settings_module, "DECLARED", table)
+    found = settings_module.problems({**values, "GPUHUB_PLACEMENT_ATTEMPTS": "0"}, mode="demo")
+    assert "GPUHUB_PLACEMENT_ATTEMPTS is 0; write at least 1" in found
+    # Config: a typed attribute
+    config_type = settings_module.config_class(table)
+    assert "placement_attempts" in settings_module.typed_attributes(config_type)
+    # the hub: jupyterhub_config.py sets the trait from what the stack passes
+    monkeypatch.setattr(settings_table, "SETTINGS", table)
+    monkeypatch.setattr(settings_module, "Config", config_type)
+    monkeypatch.setattr(settings_module, "DEFAULTS", defaults)
+    config = hub_config(PLACEMENT_ATTEMPTS="7")
+    assert config.GPUSwarmSpawner.placement_attempts == 7
+    assert spawner_of(config).placement_attempts == 7
+
+
+def test_every_setting_with_a_trait_sets_it_to_its_value(hub_config):
+    """The hub config's one loop: each trait the table names is set from its setting (here to a
+    value other than the default), for the classes in use."""
+    changed = {
+        "GPUHUB_STACK": "workshop",
+        "GPUHUB_LINE_MAX_WAIT": "60",
+        "GPUHUB_PLACEMENT": "pack",
+        "GPUHUB_CPU_ONLY": "off",
+        "GPUHUB_DISK_BUDGET_GB": "2.5",
+        "GPUHUB_LOG_LEVEL": "DEBUG",
+    }
+    config = hub_config(**{k.removeprefix("GPUHUB_"): v for k, v in changed.items()})
+    cfg = from_environment({**dict.fromkeys(LIMITS, ""), **changed}, machine=MACHINE)
+    traits = [s for s in settings_table.SETTINGS if s.trait]
+    assert len(traits) > 20
+    for setting in traits:
+        cls, _, trait = setting.trait.partition(".")
+        if cls == "WorkshopGitHubOAuthenticator":
+            assert cls not in config, "a class not in use is not configured"
+            continue
+        assert config[cls][trait] == getattr(cfg, setting.attribute), setting.name
+    assert config.GPUSwarmSpawner.line_max_wait == 60
+    assert config.GPUSwarmSpawner.placement_policy == "pack"
+    assert config.GPUSwarmSpawner.cpu_only_servers is False
+    assert config.CPUPriority.stack == "workshop"
+    assert config.JupyterHub.log_level == "DEBUG"
+
+
+#: the limits, which the stack passes resolved ("": no limit)
+LIMITS = ("GPUHUB_CPU_LIMIT", "GPUHUB_MEM_LIMIT", "GPUHUB_PIDS_LIMIT")
+
+
+def test_a_trait_that_mirrors_a_setting_has_its_default_and_least_value():
+    for name, trait in (
+        ("GPUHUB_LINE_MAX_WAIT", "line_max_wait"),
+        ("GPUHUB_SLICES_PER_SERVER", "slices_per_server"),
+        ("GPUHUB_CPU_ONLY_MAX", "cpu_only_max_servers"),
+    ):
+        setting = settings_table.BY_NAME[name]
+        declared = GPUSwarmSpawner.class_traits()[trait]
+        assert (declared.default_value, declared.min) == (int(setting.default), setting.low)
+    with pytest.raises(TraitError, match="line_max_wait must be 0 .no limit. or more seconds"):
+        GPUSwarmSpawner(line_max_wait=-1)

@@ -7,6 +7,7 @@ line naming it and the fix."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import unicodedata
 from pathlib import Path
@@ -241,12 +242,15 @@ def test_the_hub_and_the_join_share_one_limit_of_slices_a_gpu(monkeypatch, capsy
     hub = settings.resolve_auto(settings.Settings(values, {}), machine).values
     assert settings.problems(hub, mode="demo") == []
     # the check's range is the contract's limit, as the join's is
-    ranges = {key: settings.WHOLE_NUMBERS[key] for key in SLICE_KEYS}
+    ranges = {s.name: (s.low, s.high) for s in settings.DECLARED if s.name in SLICE_KEYS}
     assert ranges == dict.fromkeys(SLICE_KEYS, (1, MAX_SLICES_PER_GPU))
     assert advertise.MAX_SLICES_PER_GPU == MAX_SLICES_PER_GPU
     for limit in (MAX_SLICES_PER_GPU, 8):
-        for key in SLICE_KEYS:
-            monkeypatch.setitem(settings.WHOLE_NUMBERS, key, (1, limit))
+        declared = tuple(
+            dataclasses.replace(s, high=limit) if s.name in SLICE_KEYS else s
+            for s in settings.DECLARED
+        )
+        monkeypatch.setattr(settings, "DECLARED", declared)
         monkeypatch.setattr(advertise, "MAX_SLICES_PER_GPU", limit)
         over = {**hub, "GPUHUB_SLICES_PER_GPU": str(limit + 1)}
         assert f"GPUHUB_SLICES_PER_GPU is {limit + 1}; write at least 1 and at most {limit}" in (

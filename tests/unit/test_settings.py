@@ -28,7 +28,6 @@ from deploy.envfile import (
 )
 from deploy.limits import Machine, auto_limits, resolve_auto, servers_here
 from deploy.settings import (
-    CONVERTERS,
     PLACEHOLDERS,
     Config,
     config_file,
@@ -37,7 +36,6 @@ from deploy.settings import (
     placeholders,
     problems,
     read,
-    typed_attributes,
 )
 from deploy.values import GIB, MIB
 from gpu_swarm_spawner.egress import Egress
@@ -326,6 +324,14 @@ def test_placeholders_that_do_not_matter_for_the_setup_are_let_through():
         ({"GPUHUB_IDLE_TIMEOUT": "90m"}, "GPUHUB_IDLE_TIMEOUT is '90m'; write a whole number"),
         ({"GPUHUB_HTTPS_PORT": "80", "GPUHUB_HTTP_PORT": "80"}, "must differ"),
         ({"GPUHUB_HTTPS_PORT": "70000"}, "GPUHUB_HTTPS_PORT is 70000; write at least 1"),
+        ({"GPUHUB_LINE_MAX_WAIT": "-1"}, "GPUHUB_LINE_MAX_WAIT is -1; write at least 0"),
+        ({"GPUHUB_START_TIMEOUT": "5"}, "GPUHUB_START_TIMEOUT is 5; write at least 10"),
+        (
+            {"GPUHUB_WAITING_LINE": "yes"},
+            "GPUHUB_WAITING_LINE is 'yes'; write one of: offer, auto, off",
+        ),
+        ({"GPUHUB_CPU_ONLY": "1"}, "GPUHUB_CPU_ONLY is '1'; write one of: on, off"),
+        ({"GPUHUB_PLACEMENT": "wide"}, "GPUHUB_PLACEMENT is 'wide'; write one of: spread, pack"),
         ({"GPUHUB_MEM_LIMIT": "16 XB"}, "GPUHUB_MEM_LIMIT is '16 XB'"),
         ({"GPUHUB_MEM_LIMIT": "16"}, "GPUHUB_MEM_LIMIT is '16'; that is 16 bytes"),
         ({"GPUHUB_CPU_LIMIT": "-1"}, "GPUHUB_CPU_LIMIT is '-1'"),
@@ -578,12 +584,6 @@ def test_load_takes_the_old_name_and_checks_it_under_the_new_one(tmp_path):
 
 
 # ---- one typed object: read, from_environment, Config ------------------------------------
-
-
-def test_config_has_one_attribute_per_setting_in_the_files_order():
-    keys = list(read_defaults(str(DEFAULTS)))
-    assert [settings_module.key_of(name) for name in typed_attributes()] == keys
-    assert set(CONVERTERS) <= set(keys)
 
 
 def test_every_variable_the_stack_files_interpolate_is_a_setting():
