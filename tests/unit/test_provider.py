@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -271,3 +272,160 @@ async def test_only_the_end_of_a_long_output_is_kept(tmp_path):
     chatty = script(tmp_path, "chatty", "head -c 20000 /dev/zero | tr '\\0' x\necho\necho LAST\n")
     ran = await run(chatty, timeout=10)
     assert len(ran.output) == 8192 and ran.output.endswith("x\nLAST\n")
+
+
+# ---- the recipes (deploy/providers/) run against stand-ins of the clouds' tools -------------
+
+RECIPES = Path(__file__).parents[2] / "deploy" / "providers"
+#: Stand-ins for aws, gcloud and az: each call is logged; the group's size is $FAKE_SIZE; a
+#: resize prints $FAKE_REFUSAL and exits $FAKE_STATUS when set; the activity log or error list
+#: prints $FAKE_WHY; Azure's instances are gpuvm000001 (id 1) and gpuvm000002 (id 2).
+FAKES = {
+    "aws": """case "$2" in
+  describe-auto-scaling-groups) echo "$FAKE_SIZE" ;;
+  set-desired-capacity) [ -z "$FAKE_REFUSAL" ] || { cat "$FAKE_REFUSAL"; exit "$FAKE_STATUS"; } ;;
+  describe-scaling-activities) cat "$FAKE_WHY" ;;
+esac
+""",
+    "gcloud": """case "$4" in
+  describe) echo "$FAKE_SIZE" ;;
+  resize) [ -z "$FAKE_REFUSAL" ] || { cat "$FAKE_REFUSAL" >&2; exit "$FAKE_STATUS"; } ;;
+  list-errors) cat "$FAKE_WHY" ;;
+esac
+""",
+    "az": """case "$2" in
+  show) echo "$FAKE_SIZE" ;;
+  scale) [ -z "$FAKE_REFUSAL" ] || { cat "$FAKE_REFUSAL" >&2; exit "$FAKE_STATUS"; } ;;
+  list-instances) printf 'gpuvm000001\\t1\\ngpuvm000002\\t2\\n' ;;
+esac
+""",
+}
+
+
+def recipe(name: str) -> dict[str, str]:
+    """A recipe's settings, read as the config file is (deploy/envfile.py)."""
+    from deploy.envfile import parse_env
+
+    found = parse_env((RECIPES / f"{name}.env").read_bytes(), f"{name}.env")
+    return {key: value for key, (value, _line) in found.items()}
+
+
+def recipe_provider(name: str, tmp_path: Path, **fake: str) -> tuple[Provider, Path]:
+    settings = recipe(name)
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir(exist_ok=True)
+    for tool, body in FAKES.items():
+        script(bin_dir, tool, f'echo "{tool} $*" >> {log}\n{body}')
+    env = {
+        **settings,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_SIZE": "2",
+        "FAKE_REFUSAL": "",
+        "FAKE_STATUS": "1",
+        "FAKE_WHY": "/dev/null",
+        **fake,
+    }
+    commands = Commands(
+        settings["GPUHUB_FLEET_GROW_COMMAND"],
+        settings["GPUHUB_FLEET_REMOVE_COMMAND"],
+        settings["GPUHUB_FLEET_WHY_COMMAND"],
+        timeout=float(settings["GPUHUB_FLEET_COMMAND_TIMEOUT"]),
+    )
+    return Provider(commands, env=env, sleep=Sleeps()), log
+
+
+def calls(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("name", ["aws", "gcp", "azure"])
+def test_each_recipe_reads_as_a_config_file_and_its_commands_as_shell(name):
+    settings = recipe(name)
+    assert settings["GPUHUB_FLEET_GROUP"] == "gpu-workshop"
+    assert "NOT WIRED YET" in (RECIPES / f"{name}.env").read_text()
+    for key in ("GROW", "REMOVE", "WHY"):
+        line = command_line(settings[f"GPUHUB_FLEET_{key}_COMMAND"], count=3, machine="gpu-1")
+        checked = subprocess.run(["sh", "-n", "-c", line], capture_output=True, text=True)
+        assert checked.returncode == 0, (key, checked.stderr)
+
+
+GROWN = {
+    "aws": "aws autoscaling set-desired-capacity --auto-scaling-group-name gpu-workshop "
+    "--desired-capacity 3",
+    "gcp": "gcloud compute instance-groups managed resize gpu-workshop --zone europe-west4-a "
+    "--size 3 --quiet",
+    "azure": "az vmss scale --resource-group workshop-rg --name gpu-workshop --new-capacity 3 "
+    "--output none",
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROWN))
+async def test_a_recipes_grow_resizes_the_group_and_never_shrinks_it(name, tmp_path):
+    grows, log = recipe_provider(name, tmp_path)
+    assert (await grows.grow(3)).ok
+    assert calls(log)[-1] == GROWN[name]
+    log.unlink()
+    for smaller in (2, 1):  # the group has 2: nothing but the look at its size
+        assert (await grows.grow(smaller)).ok
+    verb = {"aws": "set-desired-capacity", "gcp": " resize ", "azure": " scale "}[name]
+    assert len(calls(log)) == 2 and not any(verb in call for call in calls(log))
+
+
+REMOVED = {
+    "aws": ("i-0abc123", "aws autoscaling terminate-instance-in-auto-scaling-group --instance-id "
+            "i-0abc123 --should-decrement-desired-capacity"),
+    "gcp": ("gpu-workshop-x7k2", "gcloud compute instance-groups managed delete-instances "
+            "gpu-workshop --zone europe-west4-a --instances gpu-workshop-x7k2 --quiet"),
+    "azure": ("gpuvm000002", "az vmss delete-instances --resource-group workshop-rg --name "
+              "gpu-workshop --instance-ids 2 --output none"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(REMOVED))
+async def test_a_recipes_remove_takes_out_the_named_machine(name, tmp_path):
+    machine, expected = REMOVED[name]
+    removes, log = recipe_provider(name, tmp_path)
+    outcome = await removes.remove(machine)
+    assert outcome.ok, outcome.output
+    assert calls(log)[-1] == expected
+
+
+async def test_azures_remove_of_a_machine_it_does_not_have_says_so(tmp_path):
+    removes, log = recipe_provider("azure", tmp_path)
+    outcome = await removes.remove("gpuvm000009")
+    assert (outcome.ok, outcome.kind) == (False, UNKNOWN)
+    assert "no instance of the scale set has the computer name gpuvm000009" in outcome.told()
+    assert not any("delete-instances" in c for c in calls(log))
+
+
+REFUSED = [
+    ("azure", "azure/quota.txt", "", QUOTA),
+    ("azure", "azure/sku-not-available.txt", "", NO_CAPACITY),
+    ("azure", "azure/expired-login.txt", "", AUTH),
+    ("gcp", "gcp/reauth.txt", "", AUTH),
+    ("aws", "aws/expired-token.txt", "", AUTH),
+    # AWS and Google say yes to the size; why the machine never came is in the group's log
+    ("aws", "", "aws/insufficient-capacity.txt", NO_CAPACITY),
+    ("aws", "", "aws/instance-limit.txt", QUOTA),
+    ("gcp", "", "gcp/zone-exhausted-operation.txt", NO_CAPACITY),
+]
+
+
+@pytest.mark.parametrize(("name", "refusal", "why", "kind"), REFUSED)
+async def test_a_recipe_reports_the_clouds_recorded_refusals_as_their_kind(
+    name, refusal, why, kind, tmp_path
+):
+    fake = {"FAKE_STATUS": "254" if name == "aws" else "1"}
+    if refusal:
+        fake["FAKE_REFUSAL"] = str(RECORDED / refusal)
+    if why:
+        fake["FAKE_WHY"] = str(RECORDED / why)
+    grows, _ = recipe_provider(name, tmp_path, **fake)
+    grown = await grows.grow(3)
+    looked = await grows.why()
+    if refusal:
+        assert (grown.ok, grown.kind) == (False, kind)
+        assert looked.ok  # nothing in the log
+    else:
+        assert grown.ok
+        assert (looked.ok, looked.kind) == (False, kind)
