@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
         "--name-by-instance-id",
         action="store_true",
         help="AWS: the machine takes its EC2 instance id as its hostname, which the remove "
-        "command of deploy/providers/aws.env takes",
+        "command of docs/providers/aws.env takes",
     )
     args = parser.parse_args(argv)
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout

@@ -86,7 +86,7 @@ class Machine:
 
 @dataclass(frozen=True)
 class Settings:
-    """The fleet's settings (``GPUHUB_FLEET_*``, proposed: docs/autoscaling.md)."""
+    """The fleet's settings (proposed, not settings yet: docs/autoscaling.md)."""
 
     min_machines: int = 0
     max_machines: int = 4
@@ -239,7 +239,7 @@ def _grow(
         if for_slices and line:
             return Decision(
                 NOTHING,
-                f"{len(line)} wait for {_slices(wanted)} and {_slices(free)} are free, but the "
+                f"{len(line)} wait for {_slices(wanted)} with {_slices(free)} free, but the "
                 f"fleet is at its maximum ({settings.max_machines} machines)",
             )
         return None
@@ -254,8 +254,8 @@ def _grow(
     if for_slices:
         who = f"{len(line)} wait for {_slices(wanted)}" if line else "nobody waits"
         why.append(
-            f"{who} and the fleet keeps {_slices(settings.margin)} free; {_slices(free)} are "
-            f"free and {len(coming)} machine(s) on their way"
+            f"{who} and the fleet keeps {_slices(settings.margin)} free; {_slices(free)} free "
+            f"now and {len(coming)} machine(s) on their way"
         )
     if lowest > len(counted) + for_slices:
         written = settings.schedule.describe() if settings.schedule.entries else "none"

@@ -5,7 +5,7 @@ participants used, from the fleet's history. Pure, standard library only; the da
 A machine is paid for from the moment the hub asked the cloud for it (the cloud bills a
 machine that boots) until it is gone, whether it ever held a server or not; a machine the
 organizer joined by hand is paid for from when it joined. The price is the organizer's figure
-per machine-hour (``GPUHUB_FLEET_PRICE_PER_HOUR``, proposed), so the cost is an estimate: the
+per machine-hour (a proposed setting, docs/autoscaling.md), so the cost is an estimate: the
 cloud's bill rounds, discounts and adds disks and traffic.
 """
 

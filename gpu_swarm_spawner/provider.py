@@ -5,7 +5,7 @@ and the line are told. Not wired yet (docs/autoscaling.md); standard library onl
 Every cloud keeps a group of identical machines and resizes it on request (AWS Auto Scaling
 groups, Google Cloud managed instance groups, Azure VM scale sets); the hub only says how many
 and which one may go. The provider is therefore two shell commands of the organizer's, with
-an optional third (recipes for the three clouds' own tools in ``deploy/providers/``):
+an optional third (recipes for the three clouds' own tools in ``docs/providers/``):
 
 - ``grow``: make the group ``{count}`` machines;
 - ``remove``: take machine ``{machine}`` (its swarm hostname) out of the group, the group
@@ -16,8 +16,7 @@ an optional third (recipes for the three clouds' own tools in ``deploy/providers
   command prints; Azure's scale command waits and fails itself.
 
 ``{count}`` and ``{machine}`` are replaced in the command (a machine's name must be a plain
-hostname or instance id, so nothing in it reaches the shell as code), and the same values are in
-the command's environment as ``GPUHUB_FLEET_COUNT`` and ``GPUHUB_FLEET_MACHINE``.
+hostname or instance id, so nothing in it reaches the shell as code).
 
 A command runs as ``/bin/sh -c`` in a process group of its own, with no input (a tool that
 prompts gets end-of-file instead of hanging); past ``timeout`` seconds the whole group is killed
@@ -77,7 +76,7 @@ PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple(
 #: What the organizer is told to do, by kind.
 ADVICE = {
     QUOTA: "the cloud's quota for these machines is used up; ask the cloud for a higher quota "
-    "(its console's quotas page) or lower GPUHUB_FLEET_MAX_MACHINES",
+    "(its console's quotas page) or lower the fleet's maximum of machines",
     NO_CAPACITY: "the cloud has no machine of this type free in the group's zone(s) right now; "
     "the hub asks again later (a group allowed more zones or machine types finds them sooner)",
     AUTH: "the provider command's sign-in has expired; sign in again where the hub runs it "
@@ -210,8 +209,8 @@ async def run(command: str, timeout: float, env: Mapping[str, str] | None = None
 
 @dataclass(frozen=True)
 class Commands:
-    """The provider's commands (``GPUHUB_FLEET_GROW_COMMAND``, ``..._REMOVE_COMMAND``,
-    ``..._WHY_COMMAND``, proposed) and how they are run."""
+    """The provider's commands (proposed settings, docs/autoscaling.md) and how they are
+    run."""
 
     grow: str
     remove: str
@@ -259,11 +258,11 @@ class Provider:
         if count < 0:
             raise ValueError(f"a group cannot have {count} machines")
         line = command_line(self.commands.grow, count=count)
-        return await self._call(line, f"grow the group to {count}", GPUHUB_FLEET_COUNT=str(count))
+        return await self._call(line, f"grow the group to {count}")
 
     async def remove(self, machine: str) -> Outcome:
         line = command_line(self.commands.remove, machine=machine)
-        return await self._call(line, f"remove {machine}", GPUHUB_FLEET_MACHINE=machine)
+        return await self._call(line, f"remove {machine}")
 
     async def why(self) -> Outcome:
         """The group's latest failure as the cloud tells it: ``ok`` False with its kind when the
@@ -277,12 +276,11 @@ class Provider:
             return Outcome(False, kind, ran.status, ran.output, ran.seconds, ran.attempts, "why")
         return ran
 
-    async def _call(self, line: str, what: str, **values: str) -> Outcome:
-        env = {**self.env, **values}
+    async def _call(self, line: str, what: str) -> Outcome:
         spent, attempt, delay = 0.0, 0, self.commands.retry_delay
         while True:
             attempt += 1
-            ran = await run(line, self.commands.timeout, env)
+            ran = await run(line, self.commands.timeout, self.env)
             spent += ran.seconds
             if ran.status == 0:
                 return Outcome(True, "", 0, ran.output, spent, attempt, what)

@@ -1,5 +1,5 @@
 """The fleet's schedule: how many GPU machines the organizer wants at each time of the day, read
-from one setting (``GPUHUB_FLEET_SCHEDULE``, proposed; docs/autoscaling.md). Pure, standard
+from one setting (proposed, not a setting yet: docs/autoscaling.md). Pure, standard
 library only.
 
 The setting is a list of entries, each a number of machines and the time of day it starts:
@@ -91,7 +91,7 @@ class Schedule:
         return f"{written} ({self.zone})"
 
 
-def read_schedule(text: str, zone: str = "UTC", name: str = "GPUHUB_FLEET_SCHEDULE") -> Schedule:
+def read_schedule(text: str, zone: str = "UTC", name: str = "the schedule") -> Schedule:
     """``text`` (the setting ``name``) read into a ``Schedule`` in the time zone ``zone``; a
     ``ScheduleError`` saying what to write instead when it cannot be read."""
     zone = zone.strip() or "UTC"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from gpu_swarm_spawner import capacity
 from gpu_swarm_spawner.capacity import Decision, Machine, Settings
-from gpu_swarm_spawner.cost import Span, usage
+from gpu_swarm_spawner.cost import Span, Usage, usage
 
 HOUR = 3600.0
 MINUTE = 60.0
@@ -118,6 +118,7 @@ class Day:
     unserved: int  # sessions that ended while still in line
     boxes: list[Box]
     restarted: int  # sessions started again after their machine was taken back
+    usage: Usage  # machine-hours and slice-hours (cost.py)
 
     def p95_wait(self) -> float:
         waits = sorted(self.waits)
@@ -224,5 +225,15 @@ def replay(
         now += TICK_S
 
     machines = [Span(b.asked or DAY_START, b.gone_at, b.slices) for b in boxes]
-    hours = usage(machines, servers, now).machine_hours
-    return Day(waits, hours, ended_by_removal, decisions, told, unserved, boxes, restarted)
+    used = usage(machines, servers, now, price_per_hour=14.0)
+    return Day(
+        waits,
+        used.machine_hours,
+        ended_by_removal,
+        decisions,
+        told,
+        unserved,
+        boxes,
+        restarted,
+        used,
+    )

@@ -102,6 +102,8 @@ def test_no_schedule_asks_for_nothing():
 )
 def test_a_schedule_that_cannot_be_read_says_what_to_write(text, zone, said):
     with pytest.raises(ScheduleError, match="^GPUHUB_FLEET_SCHEDULE: ") as refused:
+        read_schedule(text, zone, name="GPUHUB_FLEET_SCHEDULE")
+    with pytest.raises(ScheduleError, match="^the schedule: "):
         read_schedule(text, zone)
     assert said in str(refused.value)
 
@@ -114,7 +116,7 @@ def test_people_waiting_beyond_the_free_slices_grow_the_group_by_what_they_need(
     [decision] = decide(NOW, fleet, [1] * 5, SETTINGS)
     assert (decision.action, decision.target) == (GROW, 3)  # 4 missing slices: 2 machines
     assert "5 wait for 5 slices" in decision.reason
-    assert "1 slice are free and 0 machine(s) on their way" in decision.reason
+    assert "1 slice free now and 0 machine(s) on their way" in decision.reason
 
 
 def test_machines_on_their_way_are_counted_so_the_hub_never_asks_twice():
