@@ -16,8 +16,10 @@ cloud (spot) or lost is ``gone`` like one removed; gone machines count for nothi
 The rules of ``decide``, in order:
 
 1. A machine on its way for longer than ``Settings.join_within`` is **given up**: it is no
-   longer counted as on its way, and the provider removes it (the cloud's group then stops
-   paying for it).
+   longer counted as on its way. The provider removes it when the hub can name it (it reached
+   the swarm but never became usable); one the swarm never saw has no name the hub knows, and
+   the organizer is told to remove it in the cloud's console (the group is never made smaller
+   by its size: the cloud would pick which machine goes, perhaps one with servers).
 2. A draining machine that has a server again (a spawn slipped in before the pause) is
    **resumed**; while people wait, a draining machine is resumed before any new one is asked
    for (it is there, and paid for).
@@ -143,10 +145,11 @@ def decide(
     blocked_until: float = 0.0,
     blocked_why: str = "",
 ) -> list[Decision]:
-    """This round's decisions (at least one: ``NOTHING`` with its reason when there is nothing
-    to do). ``line``: the slices each waiting participant needs, head first (a full GPU as that
-    GPU's slices); ``blocked_until``: the provider's back-off after the cloud said no (epoch
-    seconds), ``blocked_why`` what it said."""
+    """This round's decisions, in the order to carry them out (a machine given up is
+    removed before the group is grown past it); at least one: ``NOTHING`` with its reason when
+    there is nothing to do. ``line``: the slices each waiting participant needs, head first (a
+    full GPU as that GPU's slices); ``blocked_until``: the provider's back-off after the cloud
+    said no (epoch seconds), ``blocked_why`` what it said."""
     decisions: list[Decision] = []
     coming = []
     for m in fleet:
@@ -155,8 +158,8 @@ def decide(
                 Decision(
                     GIVE_UP,
                     f"{m.name} was asked for {_minutes(now - m.asked)} ago and has not joined "
-                    f"(limit {_minutes(settings.join_within)}); it is removed and no longer "
-                    "counted as on its way",
+                    f"(limit {_minutes(settings.join_within)}); it is no longer counted as on "
+                    "its way",
                     machine=m.name,
                 )
             )
