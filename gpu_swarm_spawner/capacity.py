@@ -1,0 +1,333 @@
+"""How many GPU machines the hub wants, and which one may go: the decision of one round. Pure,
+standard library only; the hub's loop (not wired yet, docs/autoscaling.md) reads the fleet and
+the line, calls ``decide``, and carries the decisions out through the provider
+(``provider.py``) and Swarm.
+
+A machine's life, as the hub counts it (``STATES``):
+
+    asked ──▶ booting ──▶ joining ──▶ ready ──▶ draining ──▶ leaving ──▶ gone
+      (the group was grown;   (in the swarm,     (paused: no new    (the provider
+       no machine seen yet)    not usable yet)    servers)           removes it)
+
+``asked``, ``booting`` and ``joining`` are *on their way*: they are counted as the slices a new
+machine brings, so the hub never asks twice for the same people. A machine taken back by the
+cloud (spot) or lost is ``gone`` like one removed; gone machines count for nothing.
+
+The rules of ``decide``, in order:
+
+1. A machine on its way for longer than ``Settings.join_within`` is **given up**: it is no
+   longer counted as on its way. The provider removes it when the hub can name it (it reached
+   the swarm but never became usable); one the swarm never saw has no name the hub knows, and
+   the organizer is told to remove it in the cloud's console (the group is never made smaller
+   by its size: the cloud would pick which machine goes, perhaps one with servers).
+2. A draining machine that has a server again (a spawn slipped in before the pause) is
+   **resumed**; while people wait, a draining machine is resumed before any new one is asked
+   for (it is there, and paid for).
+3. **Grow** when the free slices, those the machines on their way bring included, do not
+   cover the people waiting plus ``margin`` (free slices kept ready for the next arrivals, so
+   that they need not wait a boot): by as many machines as the missing slices need; or when
+   the schedule's floor (``schedule.py``) or ``min_machines`` is above the machines there and
+   on their way. Never above ``max_machines``, and never while the provider's back-off lasts
+   after the cloud said no (the caller passes ``blocked_until``).
+4. Otherwise, with nobody waiting, **drain** one machine: one that has held no server for
+   ``empty_for`` seconds, when the others' free slices still cover ``margin`` and the fleet
+   stays at or above its floor; one machine at a time (none while another drains or leaves).
+5. A draining machine that is still empty is **removed** through the provider.
+
+Never is a machine with a server on it drained to removal or removed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .line import about
+from .schedule import Schedule
+
+STATES = ("asked", "booting", "joining", "ready", "draining", "leaving", "gone")
+#: Machines the hub counts as coming: asked for, not usable yet.
+ON_ITS_WAY = frozenset({"asked", "booting", "joining"})
+#: Machines in the cloud's group that the hub still counts (not being removed, not gone).
+COUNTED = ON_ITS_WAY | {"ready", "draining"}
+
+#: What ``decide`` may say; each decision names one.
+GROW, GIVE_UP, RESUME, DRAIN, REMOVE, NOTHING = (
+    "grow",
+    "give up",
+    "resume",
+    "drain",
+    "remove",
+    "nothing",
+)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One GPU machine of the fleet, as the hub sees it this round."""
+
+    name: str  # the swarm's hostname, or the cloud's id while it has none ("asked-3")
+    state: str  # one of STATES
+    since: float  # epoch seconds it has been in ``state`` since
+    asked: float = 0.0  # when the hub asked the cloud for it; 0: not asked by the hub
+    servers: int = 0  # participants' servers on it
+    free: int = 0  # free GPU slices (ready machines)
+    slices: int = 0  # GPU slices in all
+    last_server: float | None = None  # when it last held a server; None: never
+
+    def __post_init__(self):
+        if self.state not in STATES:
+            raise ValueError(f"unknown machine state {self.state!r}; one of {', '.join(STATES)}")
+
+    def empty_since(self) -> float:
+        """Since when it has held no server (it became ready empty, or its last one stopped)."""
+        return self.since if self.last_server is None else max(self.last_server, self.since)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The fleet's settings (proposed, not settings yet: docs/autoscaling.md)."""
+
+    min_machines: int = 0
+    max_machines: int = 4
+    slices_per_machine: int = 3  # slices a new machine is expected to bring
+    empty_for: float = 900.0  # seconds a machine may hold no server before it is given back
+    margin: int = 0  # free slices kept ready: grow below it, give back only above it
+    boot_and_join: float = 300.0  # expected seconds from asking to a ready machine
+    join_within: float = 900.0  # a machine not ready this long after it was asked is given up
+    schedule: Schedule = field(default_factory=Schedule)
+
+    def __post_init__(self):
+        if not 0 <= self.min_machines <= self.max_machines:
+            raise ValueError(
+                f"the fleet's minimum ({self.min_machines}) must be from 0 to its maximum "
+                f"({self.max_machines})"
+            )
+        if self.slices_per_machine < 1:
+            raise ValueError(
+                f"a new machine must bring at least 1 slice, not {self.slices_per_machine}"
+            )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One thing to do, and why, in the words the dashboard shows."""
+
+    action: str  # GROW, GIVE_UP, RESUME, DRAIN, REMOVE or NOTHING
+    reason: str
+    machine: str = ""  # GIVE_UP, RESUME, DRAIN, REMOVE: which one
+    target: int = 0  # GROW: the group's new size (machines counted, new ones included)
+
+
+def floor(settings: Settings, now: float) -> int:
+    """The fewest machines to have now: ``min_machines``, or the schedule's number when higher,
+    the schedule read one boot-and-join ahead so that machines are ready at the time written;
+    never above ``max_machines``."""
+    scheduled = settings.schedule.most(now, now + settings.boot_and_join)
+    return min(max(settings.min_machines, scheduled), settings.max_machines)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min"
+
+
+def _slices(n: int) -> str:
+    return f"{n} slice{'s' if n != 1 else ''}"
+
+
+def decide(
+    now: float,
+    fleet: Sequence[Machine],
+    line: Sequence[int],
+    settings: Settings,
+    blocked_until: float = 0.0,
+    blocked_why: str = "",
+) -> list[Decision]:
+    """This round's decisions, in the order to carry them out (a machine given up is
+    removed before the group is grown past it); at least one: ``NOTHING`` with its reason when
+    there is nothing to do. ``line``: the slices each waiting participant needs, head first (a
+    full GPU as that GPU's slices); ``blocked_until``: the provider's back-off after the cloud
+    said no (epoch seconds), ``blocked_why`` what it said."""
+    decisions: list[Decision] = []
+    coming = []
+    for m in fleet:
+        if m.state in ON_ITS_WAY and m.asked and now - m.asked > settings.join_within:
+            decisions.append(
+                Decision(
+                    GIVE_UP,
+                    f"{m.name} was asked for {_minutes(now - m.asked)} ago and has not joined "
+                    f"(limit {_minutes(settings.join_within)}); it is no longer counted as on "
+                    "its way",
+                    machine=m.name,
+                )
+            )
+        elif m.state in ON_ITS_WAY:
+            coming.append(m)
+    given_up = {d.machine for d in decisions}
+    counted = [m for m in fleet if m.state in COUNTED and m.name not in given_up]
+    ready = [m for m in counted if m.state == "ready"]
+    draining = [m for m in counted if m.state == "draining"]
+    leaving = [m for m in fleet if m.state == "leaving"]
+
+    for m in draining:
+        if m.servers:
+            decisions.append(
+                Decision(
+                    RESUME,
+                    f"{m.name} got a server while it was being paused; it stays",
+                    machine=m.name,
+                )
+            )
+    resumed = {d.machine for d in decisions if d.action == RESUME}
+    draining = [m for m in draining if m.name not in resumed]
+
+    wanted = sum(line)
+    free = sum(m.free for m in ready) + sum(m.free for m in counted if m.name in resumed)
+    if wanted and free < wanted and draining:
+        # the soonest and cheapest slices: those of a machine that is there and paid for
+        back = max(draining, key=lambda m: (m.free, m.name))
+        decisions.append(
+            Decision(
+                RESUME,
+                f"{len(line)} wait for {_slices(wanted)}; {back.name} is resumed instead of "
+                "being given back",
+                machine=back.name,
+            )
+        )
+        free += back.free
+        draining = [m for m in draining if m is not back]
+
+    grow = _grow(now, counted, coming, line, free, settings, blocked_until, blocked_why)
+    if grow is not None:
+        decisions.append(grow)
+    elif not line and not leaving and not draining:
+        drain = _drain(now, counted, ready, settings)
+        if drain is not None:
+            decisions.append(drain)
+
+    for m in draining:  # those with a server were resumed above
+        decisions.append(
+            Decision(
+                REMOVE,
+                f"{m.name} is paused and still holds no server; the provider removes it",
+                machine=m.name,
+            )
+        )
+    if not decisions or all(d.action == NOTHING for d in decisions):
+        return decisions or [Decision(NOTHING, _steady(now, counted, coming, line, settings))]
+    return [d for d in decisions if d.action != NOTHING]
+
+
+def _grow(
+    now: float,
+    counted: list[Machine],
+    coming: list[Machine],
+    line: Sequence[int],
+    free: int,
+    settings: Settings,
+    blocked_until: float,
+    blocked_why: str,
+) -> Decision | None:
+    """A GROW decision (or a NOTHING saying why not) when the line and the margin, or the
+    floor, ask for more machines than are there and on their way; None when nothing is
+    missing."""
+    wanted = sum(line)
+    short = wanted + settings.margin - free - settings.slices_per_machine * len(coming)
+    for_slices = math.ceil(short / settings.slices_per_machine) if short > 0 else 0
+    lowest = floor(settings, now)
+    target = min(settings.max_machines, max(lowest, len(counted) + for_slices))
+    if target <= len(counted):
+        if for_slices and line:
+            return Decision(
+                NOTHING,
+                f"{len(line)} wait for {_slices(wanted)} with {_slices(free)} free, but the "
+                f"fleet is at its maximum ({settings.max_machines} machines)",
+            )
+        return None
+    if now < blocked_until:
+        return Decision(
+            NOTHING,
+            f"{target - len(counted)} more machine(s) wanted, but the cloud said no"
+            f"{f' ({blocked_why})' if blocked_why else ''}; asking again in "
+            f"{_minutes(blocked_until - now)}",
+        )
+    why = []
+    if for_slices:
+        who = f"{len(line)} wait for {_slices(wanted)}" if line else "nobody waits"
+        why.append(
+            f"{who} and the fleet keeps {_slices(settings.margin)} free; {_slices(free)} free "
+            f"now and {len(coming)} machine(s) on their way"
+        )
+    if lowest > len(counted) + for_slices:
+        written = settings.schedule.describe() if settings.schedule.entries else "none"
+        why.append(
+            f"the fleet keeps at least {lowest} machines now (minimum {settings.min_machines}, "
+            f"schedule: {written})"
+        )
+    if len(counted) + for_slices > settings.max_machines:
+        why.append(f"held to the maximum, {settings.max_machines}")
+    return Decision(GROW, f"grow the group to {target} machines: {'; '.join(why)}", target=target)
+
+
+def _drain(
+    now: float, counted: list[Machine], ready: list[Machine], settings: Settings
+) -> Decision | None:
+    """A DRAIN decision for the machine empty the longest, when one may go."""
+    if len(counted) - 1 < floor(settings, now):
+        return None
+    empty = [m for m in ready if not m.servers and now - m.empty_since() >= settings.empty_for]
+    for m in sorted(empty, key=lambda m: (m.empty_since(), m.name)):
+        others = sum(o.free for o in ready if o is not m)
+        if others >= settings.margin:
+            return Decision(
+                DRAIN,
+                f"{m.name} has held no server for {_minutes(now - m.empty_since())} and the "
+                f"others' {_slices(others)} free cover the margin ({settings.margin}); it is "
+                "paused, then removed",
+                machine=m.name,
+            )
+    return None
+
+
+def _steady(
+    now: float,
+    counted: list[Machine],
+    coming: list[Machine],
+    line: Sequence[int],
+    settings: Settings,
+) -> str:
+    if coming:
+        return f"{len(coming)} machine(s) on their way; waiting for them to join"
+    if line:
+        return f"{len(line)} wait; the machines there and on their way cover them"
+    return f"{len(counted)} machine(s); none may go yet (floor {floor(settings, now)})"
+
+
+# ---- what the line is told ------------------------------------------------------------------
+
+
+def boot_and_join(samples: Sequence[float], default: float) -> float:
+    """The expected seconds from asking for a machine to its being ready: the median of the
+    last joins seen (``samples``, most recent last; the last 10 count), else ``default``."""
+    recent = [s for s in samples[-10:] if s > 0]
+    return statistics.median(recent) if recent else default
+
+
+def arrival(now: float, fleet: Sequence[Machine], expected: float) -> float | None:
+    """Seconds until the first machine on its way is likely ready (at least a minute while it
+    is not); None when none is on its way."""
+    coming = [m for m in fleet if m.state in ON_ITS_WAY]
+    if not coming:
+        return None
+    soonest = min((m.asked or m.since) + expected for m in coming)
+    return max(soonest - now, 60.0)
+
+
+def on_its_way_message(seconds: float | None) -> str:
+    """What people in line read beside their place: "A GPU machine is on its way (about 4
+    minutes)."; "" when no machine is on its way."""
+    if seconds is None:
+        return ""
+    return f"A GPU machine is on its way ({about(seconds)})."

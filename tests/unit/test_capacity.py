@@ -1,0 +1,425 @@
+"""The fleet's decisions (gpu_swarm_spawner/capacity.py), its schedule (schedule.py) and its cost
+(cost.py): round by round on made-up fleets, then on a workshop day replayed without a cloud
+(tests/unit/fleet_day.py) against a fixed fleet sized for the peak, with the cloud saying no,
+a machine that never joins and a machine taken back."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from gpu_swarm_spawner import capacity
+from gpu_swarm_spawner.capacity import (
+    DRAIN,
+    GIVE_UP,
+    GROW,
+    NOTHING,
+    REMOVE,
+    RESUME,
+    Machine,
+    Settings,
+    arrival,
+    boot_and_join,
+    decide,
+    on_its_way_message,
+)
+from gpu_swarm_spawner.cost import Span, usage
+from gpu_swarm_spawner.schedule import Schedule, ScheduleError, read_schedule
+
+from . import fleet_day
+from .fleet_day import HOUR, MINUTE, Provider, replay, workshop_day
+
+NOW = 1_800_000_000.0  # some epoch second
+SETTINGS = Settings(min_machines=0, max_machines=4, slices_per_machine=3, empty_for=600)
+
+
+def ready(name, free=3, servers=0, since=NOW - 3600, last_server=None, slices=3):
+    return Machine(
+        name, "ready", since, servers=servers, free=free, slices=slices, last_server=last_server
+    )
+
+
+def utc(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()
+
+
+def actions(decisions):
+    return [(d.action, d.machine or d.target) for d in decisions]
+
+
+# ---- the schedule -----------------------------------------------------------------------------
+
+
+def test_the_schedule_reads_the_issues_spelling_and_the_short_one_alike():
+    issue = read_schedule("10 machines from 08:45, 4 machines after 17:00")
+    short = read_schedule("4 from 17:00; 10 from 8:45")
+    assert issue.entries == short.entries == ((8 * 60 + 45, 10), (17 * 60, 4))
+    assert issue.describe() == "10 from 08:45, 4 from 17:00 (UTC)"
+
+
+@pytest.mark.parametrize(
+    ("clock", "machines"),
+    [("08:44", 4), ("08:45", 10), ("16:59", 10), ("17:00", 4), ("23:59", 4), ("03:00", 4)],
+)
+def test_each_entry_holds_from_its_minute_and_the_last_one_through_the_night(clock, machines):
+    schedule = read_schedule("10 from 08:45, 4 from 17:00")
+    assert schedule.at(utc(f"2026-11-27T{clock}")) == machines
+
+
+def test_times_are_wall_clock_times_of_the_named_zone_in_summer_and_winter():
+    berlin = read_schedule("10 from 08:45, 4 from 17:00", zone="Europe/Berlin")
+    assert berlin.at(utc("2026-07-01T06:45")) == 10  # 08:45 summer time (UTC+2)
+    assert berlin.at(utc("2026-07-01T06:44")) == 4
+    assert berlin.at(utc("2026-01-15T07:45")) == 10  # 08:45 winter time (UTC+1)
+    assert berlin.at(utc("2026-01-15T06:45")) == 4  # 07:45 there
+
+
+def test_most_looks_ahead_to_the_next_rise():
+    schedule = read_schedule("10 from 08:45, 4 from 17:00")
+    at_0840 = utc("2026-11-27T08:40")
+    assert schedule.most(at_0840, at_0840 + 300) == 10
+    assert schedule.most(at_0840, at_0840 + 240) == 4
+    assert Schedule().most(at_0840, at_0840 + 300) == 0
+
+
+def test_no_schedule_asks_for_nothing():
+    schedule = read_schedule("  ")
+    assert schedule.entries == () and schedule.at(NOW) == 0
+    assert schedule.describe() == "no schedule"
+
+
+@pytest.mark.parametrize(
+    ("text", "zone", "said"),
+    [
+        ("10 from 8.45", "UTC", "'10 from 8.45' is not an entry of the schedule; write machines"),
+        ("ten from 08:45", "UTC", "e.g. '10 from 08:45, 4 from 17:00'"),
+        ("10 from 24:00", "UTC", "'10 from 24:00' has no such time of day; write HH:MM"),
+        ("10 from 08:60", "UTC", "has no such time of day"),
+        ("10 from 08:45, 4 from 8:45", "UTC", "two entries start at 08:45; keep one of them"),
+        ("10 from 08:45", "Berlin", "unknown time zone 'Berlin'; write an IANA name"),
+    ],
+)
+def test_a_schedule_that_cannot_be_read_says_what_to_write(text, zone, said):
+    with pytest.raises(ScheduleError, match="^GPUHUB_FLEET_SCHEDULE: ") as refused:
+        read_schedule(text, zone, name="GPUHUB_FLEET_SCHEDULE")
+    with pytest.raises(ScheduleError, match="^the schedule: "):
+        read_schedule(text, zone)
+    assert said in str(refused.value)
+
+
+# ---- growing --------------------------------------------------------------------------------
+
+
+def test_people_waiting_beyond_the_free_slices_grow_the_group_by_what_they_need():
+    fleet = [ready("gpu-0", free=1)]
+    [decision] = decide(NOW, fleet, [1] * 5, SETTINGS)
+    assert (decision.action, decision.target) == (GROW, 3)  # 4 missing slices: 2 machines
+    assert "5 wait for 5 slices" in decision.reason
+    assert "1 slice free now and 0 machine(s) on their way" in decision.reason
+
+
+def test_machines_on_their_way_are_counted_so_the_hub_never_asks_twice():
+    coming = Machine("asked-1", "asked", NOW - 60, asked=NOW - 60)
+    fleet = [ready("gpu-0", free=0), coming]
+    assert actions(decide(NOW, fleet, [1, 1, 1], SETTINGS)) == [(NOTHING, 0)]
+    assert "on their way" in decide(NOW, fleet, [1, 1, 1], SETTINGS)[0].reason
+    assert actions(decide(NOW, fleet, [1, 1, 1, 1], SETTINGS)) == [(GROW, 3)]
+
+
+def test_a_full_gpu_in_line_counts_its_slices():
+    assert actions(decide(NOW, [ready("gpu-0", free=2)], [3], SETTINGS)) == [(GROW, 2)]
+
+
+def test_the_margin_is_kept_free_for_the_next_arrivals():
+    with_margin = Settings(max_machines=4, slices_per_machine=3, margin=2)
+    assert actions(decide(NOW, [ready("gpu-0", free=1)], [], with_margin)) == [(GROW, 2)]
+    assert "nobody waits and the fleet keeps 2 slices free" in (
+        decide(NOW, [ready("gpu-0", free=1)], [], with_margin)[0].reason
+    )
+    assert actions(decide(NOW, [ready("gpu-0", free=2)], [], with_margin)) == [(NOTHING, 0)]
+
+
+def test_never_above_the_maximum_and_the_line_is_told_why():
+    fleet = [ready(f"gpu-{i}", free=0) for i in range(4)]
+    [decision] = decide(NOW, fleet, [1] * 7, SETTINGS)
+    assert decision.action == NOTHING
+    assert "at its maximum (4 machines)" in decision.reason
+    [capped] = decide(NOW, fleet[:3], [1] * 7, SETTINGS)
+    assert (capped.action, capped.target) == (GROW, 4)
+    assert "held to the maximum, 4" in capped.reason
+
+
+def test_the_minimum_and_the_schedule_are_floors_asked_for_one_boot_ahead():
+    schedule = read_schedule("3 from 08:45, 1 from 17:00")
+    settings = Settings(min_machines=1, max_machines=4, boot_and_join=300, schedule=schedule)
+    early = decide(utc("2026-11-27T08:39"), [ready("gpu-0")], [], settings)
+    assert actions(early) == [(NOTHING, 0)]
+    [decision] = decide(utc("2026-11-27T08:41"), [ready("gpu-0")], [], settings)
+    assert (decision.action, decision.target) == (GROW, 3)
+    assert "at least 3 machines now (minimum 1, schedule: 3 from 08:45" in decision.reason
+    assert actions(decide(utc("2026-11-27T20:00"), [], [], settings)) == [(GROW, 1)]
+
+
+def test_while_the_cloud_said_no_nothing_is_asked_and_the_reason_says_when_again():
+    fleet = [ready("gpu-0", free=0)]
+    [decision] = decide(NOW, fleet, [1], SETTINGS, NOW + 300, "quota exceeded")
+    assert decision.action == NOTHING
+    assert "the cloud said no (quota exceeded); asking again in 5 min" in decision.reason
+    assert actions(decide(NOW + 300, fleet, [1], SETTINGS, NOW + 300, "quota exceeded")) == [
+        (GROW, 2)
+    ]
+
+
+def test_a_machine_that_never_joins_is_given_up_and_no_longer_counted():
+    stuck = Machine("asked-1", "booting", NOW - 800, asked=NOW - 1000)
+    fleet = [ready("gpu-0", free=0), stuck]
+    decisions = decide(NOW, fleet, [1], SETTINGS)
+    assert actions(decisions) == [(GIVE_UP, "asked-1"), (GROW, 2)]
+    assert decisions[0].reason == (
+        "asked-1 was asked for 17 min ago and has not joined (limit 15 min); it is no longer "
+        "counted as on its way"
+    )
+    within = [ready("gpu-0", free=0), Machine("asked-1", "booting", NOW, asked=NOW - 800)]
+    assert actions(decide(NOW, within, [1], SETTINGS)) == [(NOTHING, 0)]
+
+
+def test_a_machine_joined_by_hand_is_never_given_up():
+    joining = Machine("by-hand", "joining", NOW - 5000)
+    assert GIVE_UP not in [d.action for d in decide(NOW, [joining], [], SETTINGS)]
+
+
+# ---- giving back ----------------------------------------------------------------------------
+
+
+def test_the_machine_empty_the_longest_is_drained_when_the_others_cover_the_margin():
+    settings = Settings(max_machines=4, slices_per_machine=3, empty_for=600, margin=3)
+    fleet = [
+        ready("gpu-0", free=1, servers=2),
+        ready("gpu-1", last_server=NOW - 700),
+        ready("gpu-2", last_server=NOW - 900),
+    ]
+    [decision] = decide(NOW, fleet, [], settings)
+    assert (decision.action, decision.machine) == (DRAIN, "gpu-2")
+    assert "gpu-2 has held no server for 15 min and the others' 4 slices free cover" in (
+        decision.reason
+    )
+
+
+def test_a_machine_with_a_server_is_never_drained_however_long_ago_its_last_start():
+    fleet = [ready("gpu-0", free=2, servers=1, last_server=NOW - 9000), ready("gpu-1")]
+    assert actions(decide(NOW, fleet, [], SETTINGS)) == [(DRAIN, "gpu-1")]
+    assert actions(decide(NOW, fleet[:1], [], SETTINGS)) == [(NOTHING, 0)]
+
+
+def test_no_machine_goes_before_its_empty_time_nor_while_people_wait():
+    fleet = [ready("gpu-0", last_server=NOW - 500), ready("gpu-1", free=0, servers=3)]
+    assert actions(decide(NOW, fleet, [], SETTINGS)) == [(NOTHING, 0)]
+    fleet = [ready("gpu-0", free=3, last_server=NOW - 5000), ready("gpu-1", free=0, servers=3)]
+    assert DRAIN not in [d.action for d in decide(NOW, fleet, [1], SETTINGS)]
+
+
+def test_no_machine_goes_when_the_others_would_not_cover_the_margin_or_the_floor():
+    fleet = [ready("gpu-0", free=1, servers=2), ready("gpu-1")]
+    tight = Settings(max_machines=4, slices_per_machine=3, margin=2)
+    assert actions(decide(NOW, fleet, [], tight)) == [(NOTHING, 0)]
+    floor = Settings(min_machines=2, max_machines=4, slices_per_machine=3)
+    assert actions(decide(NOW, fleet, [], floor)) == [(NOTHING, 0)]
+
+
+def test_one_machine_at_a_time_then_removed_when_still_empty():
+    fleet = [ready("gpu-0"), ready("gpu-1"), Machine("gpu-2", "draining", NOW - 30, slices=3)]
+    assert actions(decide(NOW, fleet, [], SETTINGS)) == [(REMOVE, "gpu-2")]
+    leaving = [ready("gpu-0"), ready("gpu-1"), Machine("gpu-2", "leaving", NOW - 30)]
+    assert actions(decide(NOW, leaving, [], SETTINGS)) == [(NOTHING, 0)]
+
+
+def test_a_paused_machine_that_got_a_server_is_resumed_never_removed():
+    raced = Machine("gpu-1", "draining", NOW - 30, servers=1, free=2, slices=3)
+    assert actions(decide(NOW, [ready("gpu-0", free=0, servers=3), raced], [], SETTINGS)) == [
+        (RESUME, "gpu-1")
+    ]
+
+
+def test_people_waiting_resume_a_paused_machine_before_a_new_one_is_asked_for():
+    paused = Machine("gpu-1", "draining", NOW - 30, free=3, slices=3)
+    decisions = decide(NOW, [ready("gpu-0", free=0, servers=3), paused], [1, 1], SETTINGS)
+    assert actions(decisions) == [(RESUME, "gpu-1")]
+    assert "2 wait for 2 slices; gpu-1 is resumed instead of being given back" in (
+        decisions[0].reason
+    )
+    more = decide(NOW, [ready("gpu-0", free=0, servers=3), paused], [1] * 5, SETTINGS)
+    assert actions(more) == [(RESUME, "gpu-1"), (GROW, 3)]
+    covered = decide(NOW, [ready("gpu-0", free=2, servers=1), paused], [1, 1], SETTINGS)
+    assert actions(covered) == [(REMOVE, "gpu-1")]  # the free slices cover them: it goes on
+
+
+def test_an_unknown_state_or_impossible_settings_are_refused():
+    with pytest.raises(ValueError, match="unknown machine state 'up'"):
+        Machine("gpu-0", "up", NOW)
+    with pytest.raises(ValueError, match=r"minimum \(5\) must be from 0 to its maximum \(4\)"):
+        Settings(min_machines=5, max_machines=4)
+    with pytest.raises(ValueError, match="at least 1 slice"):
+        Settings(slices_per_machine=0)
+
+
+# ---- what the line is told ------------------------------------------------------------------
+
+
+def test_the_boot_and_join_time_is_the_median_of_the_recent_joins():
+    assert boot_and_join([], 300) == 300
+    assert boot_and_join([200, 400, 250], 300) == 250
+    assert boot_and_join([9999] * 5 + [100] * 10, 300) == 100  # only the last 10
+
+
+def test_the_line_is_told_when_the_first_machine_on_its_way_is_likely_ready():
+    fleet = [
+        ready("gpu-0"),
+        Machine("asked-1", "asked", NOW - 60, asked=NOW - 60),
+        Machine("asked-2", "booting", NOW - 10, asked=NOW - 120),
+    ]
+    assert arrival(NOW, fleet, 360) == 240
+    assert on_its_way_message(arrival(NOW, fleet, 360)) == (
+        "A GPU machine is on its way (about 4 minutes)."
+    )
+    late = [Machine("asked-1", "joining", NOW, asked=NOW - 900)]
+    assert arrival(NOW, late, 300) == 60  # overdue: still "about a minute", never negative
+    assert arrival(NOW, [ready("gpu-0")], 300) is None
+    assert on_its_way_message(None) == ""
+
+
+# ---- cost -----------------------------------------------------------------------------------
+
+
+def test_machine_hours_and_cost_beside_the_slice_hours_used():
+    machines = [Span(0, 2 * HOUR, 4), Span(HOUR, None, 4)]
+    servers = [Span(0, HOUR, 1), Span(HOUR, 3 * HOUR, 2)]
+    used = usage(machines, servers, now=3 * HOUR, price_per_hour=14)
+    assert used.machine_hours == 4
+    assert (used.slice_hours_offered, used.slice_hours_used) == (16, 5)
+    assert used.cost == 56
+    assert used.describe() == (
+        "4.0 machine-hours, 5.0 of 16.0 slice-hours used (31%), about $56.00 at $14 an hour"
+    )
+    assert usage(machines, servers, now=3 * HOUR).describe().endswith("used (31%)")
+    assert usage([], [], now=0).used_share == 0
+    assert usage([Span(0, 5 * HOUR, 1)], [], now=HOUR).machine_hours == 1  # up to now only
+
+
+def test_a_negative_price_is_refused():
+    with pytest.raises(ValueError, match="cannot be negative"):
+        usage([], [], 0, price_per_hour=-1)
+
+
+# ---- a workshop day, replayed ---------------------------------------------------------------
+
+#: What an organizer of the replayed day would set: the fixed fleet's 5 machines as the
+#: maximum, one machine kept, 2 slices kept free, machines given back after 10 empty minutes.
+DAY = Settings(
+    min_machines=1,
+    max_machines=5,
+    slices_per_machine=8,
+    empty_for=10 * MINUTE,
+    margin=2,
+    boot_and_join=5 * MINUTE,
+)
+#: Issue 41's goal: at most this share of the fixed fleet's machine-hours.
+GOAL_SHARE = 0.6
+
+
+@pytest.fixture(scope="module")
+def day():
+    sessions = workshop_day()
+    fixed = replay(sessions, fixed=5)
+    driven = replay(sessions, settings=DAY, start_machines=1)
+    return sessions, fixed, driven
+
+
+def test_the_replayed_day_has_a_morning_peak_a_lunch_dip_and_an_afternoon_that_empties(day):
+    sessions, fixed, _ = day
+
+    def using(hour):
+        return sum(1 for s in sessions if s.start <= hour * HOUR < s.end)
+
+    assert using(11) == 40 and using(13) < 10 and using(14) > 25 > using(16) > using(17.5)
+    assert fixed.p95_wait() == 0 and fixed.unserved == 0  # sized for the peak
+
+
+def test_the_driven_fleet_keeps_the_wait_within_one_boot_of_the_fixed_fleets(day):
+    _, fixed, driven = day
+    assert driven.unserved == 0
+    assert driven.p95_wait() <= fixed.p95_wait() + DAY.boot_and_join
+
+
+def test_no_server_is_ended_by_a_machine_given_back(day):
+    _, _, driven = day
+    removed = [d for _, d in driven.decisions if d.action == REMOVE]
+    assert len(removed) >= 3  # machines were given back during the day
+    assert driven.servers_ended_by_removal == 0
+
+
+def test_the_driven_fleet_uses_fewer_machine_hours_near_what_an_instant_cloud_would(day):
+    """An instant cloud (machines ready at once, given back the moment they empty) is the best
+    any policy can do on this day without moving servers; the driven fleet stays close to it."""
+    sessions, fixed, driven = day
+    instant = Settings(min_machines=0, max_machines=5, slices_per_machine=8, empty_for=0)
+    best = replay(sessions, settings=instant, provider=Provider(boot_s=0))
+    share, best_share = (d.machine_hours / fixed.machine_hours for d in (driven, best))
+    assert share < 0.9
+    assert share <= best_share + 0.1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 41's 0.6 is not reached on this day: servers cannot move, so a machine goes "
+    "only when its last participant leaves, and the afternoon's leavers are spread over every "
+    "machine; even an instant cloud needs about 0.8 of the fixed fleet's hours here",
+)
+def test_issue_41s_machine_hours_goal(day):
+    _, fixed, driven = day
+    assert driven.machine_hours <= GOAL_SHARE * fixed.machine_hours
+
+
+def test_quota_refusals_are_told_backed_off_and_the_line_served_once_the_cloud_says_yes():
+    refusing = Provider(refuse=lambda now: "quota exceeded" if now < 9.5 * HOUR else "")
+    driven = replay(workshop_day(), settings=DAY, provider=refusing, start_machines=1)
+    told = [when for when, what in driven.told if what == "quota exceeded"]
+    assert told and min(told) < 9.2 * HOUR
+    gaps = [b - a for a, b in zip(told, told[1:])]
+    assert min(gaps) >= refusing.backoff_s  # backed off, not asked every round
+    blocked = [d for _, d in driven.decisions if "the cloud said no (quota exceeded)" in d.reason]
+    assert blocked  # the dashboard's reason while it waits
+    assert driven.unserved == 0 and driven.servers_ended_by_removal == 0
+    assert max(driven.waits) < 40 * MINUTE  # served once the cloud said yes
+
+
+def test_a_machine_that_never_joins_is_given_up_within_its_bound_and_replaced():
+    stuck = Provider(never_joins=1)
+    driven = replay(workshop_day(), settings=DAY, provider=stuck, start_machines=1)
+    never = next(b for b in driven.boxes if b.ready_at == float("inf"))
+    given_up = [t for t, d in driven.decisions if d.action == GIVE_UP and d.machine == never.name]
+    assert given_up and given_up[0] - never.asked <= DAY.join_within + fleet_day.ROUND_S
+    assert never.gone_at == given_up[0]
+    assert driven.unserved == 0
+
+
+def test_a_machine_taken_back_is_a_machine_gone_and_its_participants_start_again():
+    sessions = workshop_day()
+    before = replay(sessions, settings=DAY, start_machines=1)
+    busy = max((b for b in before.boxes if b.asked and b.asked < 10 * HOUR), key=lambda b: b.slices)
+    driven = replay(sessions, settings=DAY, start_machines=1, take_back=(11 * HOUR, busy.name))
+    taken = next(b for b in driven.boxes if b.name == busy.name)
+    assert taken.state == "gone" and taken.gone_at == pytest.approx(11 * HOUR, abs=15)
+    assert driven.restarted > 0  # its participants were in line again
+    assert driven.unserved == 0 and driven.servers_ended_by_removal == 0
+    grown_after = [d for t, d in driven.decisions if d.action == GROW and t >= 11 * HOUR]
+    assert grown_after  # a machine asked for in its place
+
+
+def test_the_rounds_reasons_are_dashboard_sentences():
+    sessions = workshop_day()
+    driven = replay(sessions, settings=DAY, start_machines=1)
+    said = {d.action for _, d in driven.decisions}
+    assert {GROW, DRAIN, REMOVE} <= said
+    assert all(d.reason and d.reason[0].isalnum() for _, d in driven.decisions)
+    assert capacity.STATES[0] == "asked"

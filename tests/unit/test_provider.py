@@ -1,0 +1,428 @@
+"""The provider's commands (gpu_swarm_spawner/provider.py) run for real as small scripts in the
+test's folder that print what the clouds' tools printed (tests/unit/providers/, SOURCES.md
+says where each text comes from), hang, prompt, or exit non-zero: what each failure is read
+as, which are retried, the hard time limit, and what the organizer is told."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_swarm_spawner import provider
+from gpu_swarm_spawner.provider import (
+    AUTH,
+    HUNG,
+    NO_CAPACITY,
+    QUOTA,
+    UNKNOWN,
+    Commands,
+    Provider,
+    backoff,
+    classify,
+    command_line,
+    last_line,
+    run,
+)
+
+RECORDED = Path(__file__).parent / "providers"
+#: Each recorded text, the kind it must be read as, and the exit status its tool gives (the
+#: AWS CLI 254 for an error the service returned, gcloud and az 1).
+CASES = [
+    ("aws/insufficient-capacity.txt", NO_CAPACITY, 0),  # from the activity log: printed fine
+    ("aws/spot-no-capacity.txt", NO_CAPACITY, 0),
+    ("aws/instance-limit.txt", QUOTA, 0),
+    ("aws/expired-token.txt", AUTH, 254),
+    ("gcp/zone-exhausted.txt", NO_CAPACITY, 1),
+    ("gcp/zone-exhausted-operation.txt", NO_CAPACITY, 0),
+    ("gcp/quota.txt", QUOTA, 1),
+    ("gcp/reauth.txt", AUTH, 1),
+    ("azure/sku-not-available.txt", NO_CAPACITY, 1),
+    ("azure/allocation-failed.txt", NO_CAPACITY, 1),
+    ("azure/quota.txt", QUOTA, 1),
+    ("azure/expired-login.txt", AUTH, 1),
+]
+
+
+def test_every_recorded_text_is_a_case_and_has_its_source():
+    files = sorted(str(p.relative_to(RECORDED)) for p in RECORDED.rglob("*.txt"))
+    assert files == sorted(name for name, _, _ in CASES)
+    sources = (RECORDED / "SOURCES.md").read_text()
+    assert all(f"`{name}`" in sources for name in files)
+
+
+@pytest.mark.parametrize(("name", "kind", "status"), CASES)
+def test_each_clouds_refusal_is_read_as_its_kind(name, kind, status):
+    assert classify((RECORDED / name).read_text()) == kind
+
+
+def test_text_no_pattern_knows_is_unknown():
+    assert classify("Error: something else went wrong\n") == UNKNOWN
+    assert classify("") == UNKNOWN
+
+
+class Sleeps:
+    """The delays a provider waited between tries, without waiting them."""
+
+    def __init__(self):
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def script(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """A stand-in for a cloud's tool: prints a file, records its arguments, exits with the
+    status given."""
+    log = tmp_path / "calls"
+    body = f'echo "$*" >> {log}\ncat "$1"\nexit "$2"\n'
+    return script(tmp_path, "cloud-cli", body), log
+
+
+@pytest.mark.parametrize(("name", "kind", "status"), [c for c in CASES if c[2] != 0])
+async def test_a_refused_grow_is_reported_with_its_kind_and_not_retried(cli, name, kind, status):
+    tool, log = cli
+    sleeps = Sleeps()
+    commands = Commands(grow=f"{tool} {RECORDED / name} {status} {{count}}", remove="x {machine}")
+    outcome = await Provider(commands, env={}, sleep=sleeps).grow(3)
+    assert (outcome.ok, outcome.kind, outcome.status, outcome.attempts) == (
+        False,
+        kind,
+        status,
+        1,
+    )
+    assert sleeps.delays == []  # a quota, a stock-out or a sign-in is not fixed by asking again
+    assert log.read_text().split()[-1] == "3"
+    told = outcome.told()
+    assert told.startswith(f"grow the group to 3 failed ({kind}, exit status {status}: ")
+    assert told.endswith(provider.ADVICE[kind])
+
+
+async def test_an_unknown_failure_is_tried_again_with_growing_delays(cli, tmp_path):
+    tool, log = cli
+    (tmp_path / "odd.txt").write_text("Error: something else went wrong\n")
+    sleeps = Sleeps()
+    commands = Commands(grow=f"{tool} {tmp_path}/odd.txt 2 {{count}}", remove="x {machine}")
+    outcome = await Provider(commands, env={}, sleep=sleeps).grow(2)
+    assert (outcome.ok, outcome.kind, outcome.attempts) == (False, UNKNOWN, 3)
+    assert sleeps.delays == [2.0, 4.0]
+    assert len(log.read_text().splitlines()) == 3
+    assert outcome.told() == (
+        "grow the group to 2 failed after 3 tries (failed, exit status 2: Error: something "
+        "else went wrong): the command failed; run it by hand to see why"
+    )
+
+
+async def test_a_failure_then_success_ends_the_call(tmp_path):
+    counter = tmp_path / "tries"
+    flaky = script(
+        tmp_path,
+        "flaky",
+        f'echo x >> {counter}\n[ "$(wc -l < {counter})" -ge 2 ] && exit 0\necho timeout; exit 1\n',
+    )
+    sleeps = Sleeps()
+    outcome = await Provider(Commands(f"{flaky} {{count}}", "x {machine}"), sleep=sleeps).grow(1)
+    assert (outcome.ok, outcome.kind, outcome.attempts, sleeps.delays) == (True, "", 2, [2.0])
+    assert outcome.told() == "grow the group to 1: done"
+
+
+async def test_a_remove_gets_the_machine_in_its_line(cli, tmp_path):
+    tool, log = cli
+    (tmp_path / "empty.txt").write_text("")
+    commands = Commands(grow="x {count}", remove=f"{tool} {tmp_path}/empty.txt 0 {{machine}}")
+    outcome = await Provider(commands, env={}).remove("gpu-2")
+    assert (outcome.ok, outcome.what) == (True, "remove gpu-2")
+    assert log.read_text().split()[-1] == "gpu-2"
+
+
+@pytest.mark.parametrize("name", ["gpu-1; rm -rf /", "$(reboot)", "a b", "-rf", ""])
+async def test_a_machine_name_that_is_not_a_plain_name_never_reaches_the_shell(name):
+    commands = Commands(grow="true {count}", remove="echo {machine}")
+    with pytest.raises(ValueError, match="is not a hostname or instance id"):
+        await Provider(commands).remove(name or "~")
+    with pytest.raises(ValueError, match="cannot have -1 machines"):
+        await Provider(commands).grow(-1)
+
+
+def test_only_the_providers_placeholders_are_replaced():
+    line = command_line('az vmss scale -g "${GROUP}" -n {x} --new-capacity {count}', count=4)
+    assert line == 'az vmss scale -g "${GROUP}" -n {x} --new-capacity 4'
+    assert command_line("delete {machine} {machine}", machine="i-0abc") == "delete i-0abc i-0abc"
+
+
+async def test_a_command_that_hangs_is_killed_with_its_children_and_reported(tmp_path):
+    pids = tmp_path / "pids"
+    hangs = script(tmp_path, "hangs", f"echo starting\nsleep 60 &\necho $! > {pids}\nsleep 60\n")
+    sleeps = Sleeps()
+    commands = Commands(f"{hangs} {{count}}", "x {machine}", timeout=0.5, attempts=2)
+    started = time.monotonic()
+    outcome = await Provider(commands, sleep=sleeps).grow(5)
+    assert time.monotonic() - started < 10
+    assert (outcome.ok, outcome.kind, outcome.status, outcome.attempts) == (False, HUNG, None, 2)
+    assert outcome.output.strip() == "starting"
+    assert outcome.told().startswith("grow the group to 5 failed after 2 tries (hung, no answer")
+    child = int(pids.read_text())
+    for _ in range(50):  # the background sleep was in the killed group
+        if not _alive(child):
+            break
+        await asyncio.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"  # a zombie is dead
+
+
+async def test_a_command_that_prompts_gets_no_input_instead_of_hanging(tmp_path):
+    asks = script(tmp_path, "asks", 'printf "Do you want to continue (Y/n)? "\nread yes\nexit 3\n')
+    keyboard, typing = os.pipe()  # the hub's own input: open, and nobody ever types
+    saved = os.dup(0)
+    os.dup2(keyboard, 0)
+    try:
+        ran = await run(asks, timeout=3)
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, keyboard, typing):
+            os.close(fd)
+    assert ran.status == 3 and ran.seconds < 2
+    assert ran.output == "Do you want to continue (Y/n)? "
+
+
+async def test_what_a_command_leaves_running_is_ended_with_it(tmp_path):
+    pids = tmp_path / "pids"
+    leaves = script(tmp_path, "leaves", f"sleep 60 &\necho $! > {pids}\necho done\n")
+    ran = await run(leaves, timeout=10)
+    assert (ran.status, ran.output) == (0, "done\n")
+    assert ran.seconds < 2  # not held until the background sleep ends
+    child = int(pids.read_text())
+    for _ in range(50):
+        if not _alive(child):
+            break
+        await asyncio.sleep(0.05)
+    assert not _alive(child)
+
+
+async def test_why_reads_the_groups_last_failure_from_what_it_prints(cli, tmp_path):
+    tool, _ = cli
+    recorded = RECORDED / "aws" / "insufficient-capacity.txt"
+    commands = Commands("x {count}", "x {machine}", why=f"{tool} {recorded} 0")
+    outcome = await Provider(commands, env={}).why()
+    assert (outcome.ok, outcome.kind, outcome.status) == (False, NO_CAPACITY, 0)
+    assert "no machine of this type free" in outcome.told()
+    (tmp_path / "fine.txt").write_text("Successful\n")
+    calm = Commands("x {count}", "x {machine}", why=f"{tool} {tmp_path}/fine.txt 0")
+    assert (await Provider(calm, env={}).why()).ok
+    assert (await Provider(Commands("x {count}", "x {machine}")).why()).ok
+
+
+@pytest.mark.parametrize(
+    ("grow", "remove", "said"),
+    [
+        ("aws autoscaling set-desired-capacity", "x {machine}", "must say where the group's"),
+        ("x {count}", "gcloud ... delete-instances", "must say where the machine's name"),
+    ],
+)
+def test_commands_without_their_placeholder_are_refused_with_an_example(grow, remove, said):
+    with pytest.raises(ValueError, match=said):
+        Commands(grow, remove)
+    with pytest.raises(ValueError, match="at least 1 try"):
+        Commands("x {count}", "x {machine}", attempts=0)
+
+
+def test_the_hub_waits_longer_after_each_stock_out_and_steadily_after_a_quota():
+    assert [backoff(NO_CAPACITY, n) for n in (1, 2, 3, 5, 9)] == [60, 120, 240, 900, 900]
+    assert backoff(QUOTA, 1) == backoff(QUOTA, 7) == 600
+    assert backoff(AUTH, 3) == 300
+    assert [backoff(HUNG, n) for n in (0, 1, 2, 6)] == [30, 30, 60, 600]
+
+
+def test_the_line_is_told_the_truth_when_no_machine_can_come():
+    assert "no GPU machine free right now" in provider.FOR_THE_LINE[NO_CAPACITY]
+    assert "organizers have been told" in provider.FOR_THE_LINE[QUOTA]
+    assert set(provider.FOR_THE_LINE) == set(provider.ADVICE) == set(provider.KINDS)
+
+
+def test_the_last_line_that_says_something():
+    assert last_line("first\n\nsecond  \n \n") == "second"
+    assert last_line("x" * 500) == "x" * 300
+    assert last_line("") == ""
+
+
+async def test_only_the_end_of_a_long_output_is_kept(tmp_path):
+    chatty = script(tmp_path, "chatty", "head -c 20000 /dev/zero | tr '\\0' x\necho\necho LAST\n")
+    ran = await run(chatty, timeout=10)
+    assert len(ran.output) == 8192 and ran.output.endswith("x\nLAST\n")
+
+
+# ---- the recipes (docs/providers/) run against stand-ins of the clouds' tools -------------
+
+RECIPES = Path(__file__).parents[2] / "docs" / "providers"
+#: Stand-ins for aws, gcloud and az: each call is logged; the group's size is $FAKE_SIZE; a
+#: resize prints $FAKE_REFUSAL and exits $FAKE_STATUS when set; the activity log or error list
+#: prints $FAKE_WHY; Azure's instances are gpuvm000001 (id 1) and gpuvm000002 (id 2).
+FAKES = {
+    "aws": """case "$2" in
+  describe-auto-scaling-groups) echo "$FAKE_SIZE" ;;
+  set-desired-capacity) [ -z "$FAKE_REFUSAL" ] || { cat "$FAKE_REFUSAL"; exit "$FAKE_STATUS"; } ;;
+  describe-scaling-activities) cat "$FAKE_WHY" ;;
+esac
+""",
+    "gcloud": """case "$4" in
+  describe) echo "$FAKE_SIZE" ;;
+  resize) [ -z "$FAKE_REFUSAL" ] || { cat "$FAKE_REFUSAL" >&2; exit "$FAKE_STATUS"; } ;;
+  list-errors) cat "$FAKE_WHY" ;;
+esac
+""",
+    "az": """case "$2" in
+  show) echo "$FAKE_SIZE" ;;
+  scale) [ -z "$FAKE_REFUSAL" ] || { cat "$FAKE_REFUSAL" >&2; exit "$FAKE_STATUS"; } ;;
+  list-instances) printf 'gpuvm000001\\t1\\ngpuvm000002\\t2\\n' ;;
+esac
+""",
+}
+
+
+def recipe(name: str) -> dict[str, str]:
+    """A recipe's settings, read as the config file is (deploy/envfile.py)."""
+    from deploy.envfile import parse_env
+
+    found = parse_env((RECIPES / f"{name}.env").read_bytes(), f"{name}.env")
+    return {key: value for key, (value, _line) in found.items()}
+
+
+def recipe_provider(name: str, tmp_path: Path, **fake: str) -> tuple[Provider, Path]:
+    settings = recipe(name)
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir(exist_ok=True)
+    for tool, body in FAKES.items():
+        script(bin_dir, tool, f'echo "{tool} $*" >> {log}\n{body}')
+    env = {
+        **settings,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_SIZE": "2",
+        "FAKE_REFUSAL": "",
+        "FAKE_STATUS": "1",
+        "FAKE_WHY": "/dev/null",
+        **fake,
+    }
+    commands = Commands(
+        settings["GPUHUB_FLEET_GROW_COMMAND"],
+        settings["GPUHUB_FLEET_REMOVE_COMMAND"],
+        settings["GPUHUB_FLEET_WHY_COMMAND"],
+        timeout=float(settings["GPUHUB_FLEET_COMMAND_TIMEOUT"]),
+    )
+    return Provider(commands, env=env, sleep=Sleeps()), log
+
+
+def calls(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("name", ["aws", "gcp", "azure"])
+def test_each_recipe_reads_as_a_config_file_and_its_commands_as_shell(name):
+    settings = recipe(name)
+    assert settings["GPUHUB_FLEET_GROUP"] == "gpu-workshop"
+    assert "NOT WIRED YET" in (RECIPES / f"{name}.env").read_text()
+    for key in ("GROW", "REMOVE", "WHY"):
+        line = command_line(settings[f"GPUHUB_FLEET_{key}_COMMAND"], count=3, machine="gpu-1")
+        checked = subprocess.run(["sh", "-n", "-c", line], capture_output=True, text=True)
+        assert checked.returncode == 0, (key, checked.stderr)
+
+
+GROWN = {
+    "aws": "aws autoscaling set-desired-capacity --auto-scaling-group-name gpu-workshop "
+    "--desired-capacity 3",
+    "gcp": "gcloud compute instance-groups managed resize gpu-workshop --zone europe-west4-a "
+    "--size 3 --quiet",
+    "azure": "az vmss scale --resource-group workshop-rg --name gpu-workshop --new-capacity 3 "
+    "--output none",
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROWN))
+async def test_a_recipes_grow_resizes_the_group_and_never_shrinks_it(name, tmp_path):
+    grows, log = recipe_provider(name, tmp_path)
+    assert (await grows.grow(3)).ok
+    assert calls(log)[-1] == GROWN[name]
+    log.unlink()
+    for smaller in (2, 1):  # the group has 2: nothing but the look at its size
+        assert (await grows.grow(smaller)).ok
+    verb = {"aws": "set-desired-capacity", "gcp": " resize ", "azure": " scale "}[name]
+    assert len(calls(log)) == 2 and not any(verb in call for call in calls(log))
+
+
+REMOVED = {
+    "aws": ("i-0abc123", "aws autoscaling terminate-instance-in-auto-scaling-group --instance-id "
+            "i-0abc123 --should-decrement-desired-capacity"),
+    "gcp": ("gpu-workshop-x7k2", "gcloud compute instance-groups managed delete-instances "
+            "gpu-workshop --zone europe-west4-a --instances gpu-workshop-x7k2 --quiet"),
+    "azure": ("gpuvm000002", "az vmss delete-instances --resource-group workshop-rg --name "
+              "gpu-workshop --instance-ids 2 --output none"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(REMOVED))
+async def test_a_recipes_remove_takes_out_the_named_machine(name, tmp_path):
+    machine, expected = REMOVED[name]
+    removes, log = recipe_provider(name, tmp_path)
+    outcome = await removes.remove(machine)
+    assert outcome.ok, outcome.output
+    assert calls(log)[-1] == expected
+
+
+async def test_azures_remove_of_a_machine_it_does_not_have_says_so(tmp_path):
+    removes, log = recipe_provider("azure", tmp_path)
+    outcome = await removes.remove("gpuvm000009")
+    assert (outcome.ok, outcome.kind) == (False, UNKNOWN)
+    assert "no instance of the scale set has the computer name gpuvm000009" in outcome.told()
+    assert not any("delete-instances" in c for c in calls(log))
+
+
+REFUSED = [
+    ("azure", "azure/quota.txt", "", QUOTA),
+    ("azure", "azure/sku-not-available.txt", "", NO_CAPACITY),
+    ("azure", "azure/expired-login.txt", "", AUTH),
+    ("gcp", "gcp/reauth.txt", "", AUTH),
+    ("aws", "aws/expired-token.txt", "", AUTH),
+    # AWS and Google say yes to the size; why the machine never came is in the group's log
+    ("aws", "", "aws/insufficient-capacity.txt", NO_CAPACITY),
+    ("aws", "", "aws/instance-limit.txt", QUOTA),
+    ("gcp", "", "gcp/zone-exhausted-operation.txt", NO_CAPACITY),
+]
+
+
+@pytest.mark.parametrize(("name", "refusal", "why", "kind"), REFUSED)
+async def test_a_recipe_reports_the_clouds_recorded_refusals_as_their_kind(
+    name, refusal, why, kind, tmp_path
+):
+    fake = {"FAKE_STATUS": "254" if name == "aws" else "1"}
+    if refusal:
+        fake["FAKE_REFUSAL"] = str(RECORDED / refusal)
+    if why:
+        fake["FAKE_WHY"] = str(RECORDED / why)
+    grows, _ = recipe_provider(name, tmp_path, **fake)
+    grown = await grows.grow(3)
+    looked = await grows.why()
+    if refusal:
+        assert (grown.ok, grown.kind) == (False, kind)
+        assert looked.ok  # nothing in the log
+    else:
+        assert grown.ok
+        assert (looked.ok, looked.kind) == (False, kind)
