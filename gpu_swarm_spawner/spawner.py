@@ -21,6 +21,12 @@ How a spawn runs, top-down (the methods appear in this order below):
    away for longer than ``server_lost_after`` while Swarm tries to bring it back; a server
    Swarm replaced goes on at its new address. After a hub restart, ``get_url`` says where
    each server answers now.
+
+Each step's details are a call away, with explicit arguments: ``spawner_server.py`` (the home,
+the firewall's inputs, the task until the server answers), ``spawner_health.py`` (poll's
+verdict, the stop) and ``spawner_page.py`` (the spawn page, progress, the dashboard's records)
+are functions and small objects that never read this class; ``spawner_gpu.py`` (the choice of
+a GPU, the line) is still a part of it.
 """
 
 from __future__ import annotations
