@@ -103,7 +103,6 @@ class GPUSwarmSpawner(GPUChoice, GPUSwarmSpawnerTraits):
     _away_since = None  # when (time.monotonic) poll first found the server away (recovering)
     _started_at = None  # when (time.monotonic) this start began
     _phases: dict = {}  # this start's marks (_phase), replaced by a new dict at each start
-    _progress_events = List()  # this start's stages, newest last (_report; progress reads them)
 
     # ---- what every server of the hub shares -------------------------------------------------
 
@@ -781,6 +780,13 @@ class GPUSwarmSpawner(GPUChoice, GPUSwarmSpawnerTraits):
         if kept != saved:
             self.write_row_now(user_options=kept)
 
+    def _save_state(self) -> None:
+        """Write this spawner's state to the hub's database now (JupyterHub itself writes it
+        only once a start or stop has finished)."""
+        self.write_row_now(state=self.get_state())
+
+    _progress_events = List()  # this start's stages, newest last (_report; progress reads them)
+
     async def progress(self):
         """The stages of this spawn, as they happen (JupyterHub stops reading at the end)."""
         async for stage in spawner_page.progress(lambda: self._progress_events):
@@ -867,11 +873,6 @@ class GPUSwarmSpawner(GPUChoice, GPUSwarmSpawnerTraits):
         # only a hub that stopped while this spawn waited finds it in the database
         self.line_lost = state.get("line_joined") or state.get("line_lost", 0)
         self.disk_stopped = state.get("disk_stopped", "")
-
-    def _save_state(self) -> None:
-        """Write this spawner's state to the hub's database now (JupyterHub itself writes it
-        only once a start or stop has finished)."""
-        self.write_row_now(state=self.get_state())
 
     def clear_gpu(self):
         self.gpu_uuid = ""
