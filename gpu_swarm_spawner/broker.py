@@ -37,6 +37,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from . import inventory, line, placement
 from .contract import KIND_PREFIXES
@@ -46,6 +47,9 @@ from .tasks import newest
 
 #: Reads the swarm: ``(nodes, tasks)`` as ``docker.APIClient.nodes()`` / ``.tasks()`` return them.
 ReadSwarm = Callable[[], Awaitable[tuple[list[dict], list[dict]]]]
+#: A Docker API call as the spawner makes it on the broker's threads:
+#: ``await docker("tasks", filters=...)``.
+Docker = Callable[..., Awaitable[Any]]
 
 
 @dataclass(eq=False)

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from docker.errors import NotFound
@@ -39,9 +39,6 @@ from .spawner_page import render
 
 #: How long a start waits for a leftover service of the same server to let go of its slices.
 LEFTOVER_WAIT_S = 20.0
-
-#: docker(method, *args, **kwargs): a Docker API call on the hub's threads
-Docker = Callable[..., Awaitable]
 
 
 def hub_disk_refusal(data_dir: str, min_free_mb: int, log_name: str) -> SpawnFailed | None:
@@ -117,7 +114,7 @@ class GPUChoice:
         rules: LineRules,
         *,
         read_swarm: broker.ReadSwarm,
-        docker: Docker,
+        docker: broker.Docker,
         log: logging.Logger | logging.LoggerAdapter,
         report: Callable[[int, str], None],
         record: Callable[..., None],
@@ -251,9 +248,9 @@ class GPUChoice:
             self.log.info("%s: no room on %s (their home), starting elsewhere", name, home)
         self.report(18, away_message(home, state, here or "another machine", volume))
 
-    def hold(self, reservation: broker.Reservation, attempt: int) -> Holding:
-        """What the server holds with ``reservation`` (its ``attempt``-th try), said in the log
-        and on the spawn page."""
+    def hold(self, reservation: broker.Reservation, try_number: int) -> Holding:
+        """What the server holds with ``reservation`` (its ``try_number``-th try), said in the
+        log and on the spawn page."""
         gpu = reservation.gpu
         kind = "SIMULATED GPU" if gpu.simulated else "MIG instance" if gpu.mig else "GPU"
         isolated = " (hardware-isolated)" if gpu.mig else ""
@@ -266,7 +263,7 @@ class GPUChoice:
             self.spawn.log_name,
             gpu.free,
             gpu.slices,
-            attempt,
+            try_number,
         )
         self.report(
             20,

@@ -1,23 +1,36 @@
-"""What participants and organizers see of a spawn: the spawn page's offer, the progress bar,
-the failure message, and the dashboard's records. Part of GPUSwarmSpawner (spawner.py).
+"""What participants and organizers see of a spawn: the spawn page's form and the choice read
+from it, the progress bar, the failure message on the hub's home page, and the dashboard's
+records.
+
+Pure functions over plain values, and one small object (``Reporter``) made with what it needs:
+GPUSwarmSpawner (spawner.py) calls them from JupyterHub's hooks with explicit arguments, so
+nothing here reads the spawner.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import jinja2
 from jupyterhub.utils import format_exception
 from tornado import web
-from traitlets import HasTraits, default
 
 from . import (
     events,
+    healing,
     line,
     profiles,
 )
+
+if TYPE_CHECKING:
+    from .attempt import Attempt
+    from .broker import GPUBroker
 
 TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
@@ -28,6 +41,81 @@ TEMPLATES = jinja2.Environment(
 def render(template: str, **values) -> str:
     """One of the spawner's HTML templates (templates/), filled in."""
     return TEMPLATES.get_template(template).render(**values)
+
+
+# ---- the spawn page --------------------------------------------------------------------------
+
+
+def spawn_form(offered: profiles.Offer) -> str:
+    """The spawn page's form for what ``offered`` lets the participant choose; "" when there is
+    nothing to choose (the server then starts at once)."""
+    if not offered.has_choices:
+        return ""
+    return render("spawn_options.html", offer=offered)
+
+
+def gpu_choice(user_options: dict, offered: profiles.Offer) -> tuple[bool, bool]:
+    """(a whole GPU, no GPU): what ``user_options`` asks for, held to ``offered``; a choice not
+    offered is HTTP 400 saying what is wrong. The environment (``user_options["image"]``) is
+    applied by DockerSpawner.start."""
+    try:
+        profiles.check_environment(user_options, offered)
+        choice = profiles.gpu_choice(user_options, offered)
+        profiles.check_line_choice(user_options)
+    except profiles.ChoiceError as e:
+        raise web.HTTPError(400, str(e)) from None
+    return choice == profiles.FULL, choice == profiles.NONE
+
+
+# ---- the hub's home page after a start ---------------------------------------------------------
+
+
+def failure_heading(disk_stopped: str, active: bool) -> str:
+    """The heading of ``failure_message``: the server did not start, or it was stopped (for its
+    machine's disk: ``disk_stopped`` says why)."""
+    if disk_stopped and not active:
+        return "Your server was stopped."
+    return "Your server did not start."
+
+
+def failure_message(
+    disk_stopped: str, line_lost: float, active: bool, error: BaseException | None
+) -> str:
+    """What the participant reads on the hub's home page (templates/hub) about their server,
+    not ``active``: why the hub stopped it for the disk of its machine (``disk_stopped``,
+    ``disk.py``); that a hub restart emptied the line they waited in since ``line_lost`` (epoch
+    s; 0: it did not); or what the latest start's ``error`` told them. "" when none applies."""
+    if disk_stopped and not active:
+        return disk_stopped
+    if line_lost and not active:
+        since = time.strftime("%H:%M", time.localtime(line_lost))
+        return (
+            f"You were waiting in line for a GPU (since {since}) when the hub restarted, "
+            "and the line was emptied. Nothing of yours was lost: start your server again "
+            "to take a new place in line."
+        )
+    if not error:
+        return ""
+    message, _ = format_exception(error, only_jupyterhub=True)
+    return message or f"The server could not start: {error}"
+
+
+# ---- progress ---------------------------------------------------------------------------------
+
+
+async def progress(stages: Callable[[], list[dict]]):
+    """The stages of a spawn as they are added (``stages()``: the current start's list, read
+    anew at each look); JupyterHub stops reading at the end of the spawn."""
+    seen = 0
+    while True:
+        found = stages()
+        while seen < len(found):
+            yield found[seen]
+            seen += 1
+        await asyncio.sleep(0.2)
+
+
+# ---- what the organizer's dashboard reads (events.py) ----------------------------------------
 
 
 def _line_writer(journal: events.Journal, log):
@@ -53,113 +141,29 @@ def _line_writer(journal: events.Journal, log):
     return write
 
 
-class SpawnPage(HasTraits):
-    """GPUSwarmSpawner's page, progress and records."""
+@dataclass(frozen=True)
+class Reporter:
+    """What one server's spawner tells as it goes: the stages of its current start for the
+    progress bar (kept by that start, ``attempt``: ``Attempt.progress``), and the events of the
+    organizer's dashboard, kept in ``dashboard_dir`` ("": none kept). Made by the spawner with
+    what it knows (``GPUSwarmSpawner.reporter``)."""
 
-    # ---- the spawn page ----------------------------------------------------------------------
+    log: logging.Logger
+    log_name: str
+    user: str
+    server: str
+    dashboard_dir: str
+    broker: GPUBroker
+    attempt: Attempt
 
-    def spawn_offer(self) -> profiles.Offer:
-        """What this user may choose: the environments of ``allowed_images``, a full GPU, no
-        GPU."""
-        images = self.allowed_images_now()
-        return profiles.offer(
-            images if isinstance(images, dict) else {},
-            self.image,
-            self.slices_per_server,
-            self.full_gpu_for,
-            is_admin=bool(getattr(self.user, "admin", False)),
-            cpu_only=self.cpu_only_servers,
-        )
+    def report(self, percent: int, message: str) -> None:
+        """A stage of the start for the progress bar (and the log); a repeat of the last is
+        dropped (``Attempt.report``)."""
+        if self.attempt.report(percent, message):
+            self.log.debug("Spawn progress of %s: %s%% %s", self.log_name, percent, message)
 
-    @default("options_form")
-    def _spawn_page_form(self):
-        def form(spawner):
-            offered = spawner.spawn_offer()
-            if not offered.has_choices:
-                return ""  # nothing to choose: the server starts at once
-            return render("spawn_options.html", offer=offered)
-
-        return form
-
-    @default("options_from_form")
-    def _spawn_page_form_reader(self):
-        return profiles.options_from_form
-
-    @default("apply_user_options")
-    def _default_apply_user_options(self):
-        def apply(spawner, user_options):
-            # the environment (user_options["image"]) is applied by DockerSpawner.start
-            try:
-                offered = spawner.spawn_offer()
-                profiles.check_environment(user_options, offered)
-                choice = profiles.gpu_choice(user_options, offered)
-                spawner.full_gpu_requested = choice == profiles.FULL
-                spawner.cpu_only_requested = choice == profiles.NONE
-                profiles.check_line_choice(user_options)
-            except profiles.ChoiceError as e:
-                raise web.HTTPError(400, str(e)) from None
-            spawner.forget_one_off_choices()
-
-        return apply
-
-    # ---- progress ---------------------------------------------------------------------------
-
-    def _report(self, progress: int, message: str) -> None:
-        """Record a stage of the spawn for the progress bar (and the log): this start's
-        (``attempt.Attempt.progress``)."""
-        if self.attempt.report(progress, message):
-            self.log.debug("Spawn progress of %s: %s%% %s", self.log_name, progress, message)
-
-    async def progress(self):
-        """The stages of this spawn, as they happen (JupyterHub stops reading at the end)."""
-        seen = 0
-        while True:
-            events = self.attempt.progress
-            while seen < len(events):
-                yield events[seen]
-                seen += 1
-            await asyncio.sleep(0.2)
-
-    @property
-    def failure_heading(self) -> str:
-        """The heading of ``failure_message`` on the hub's home page: the server did not start,
-        or it was stopped (for its machine's disk)."""
-        if self.disk_stopped and not self.active:
-            return "Your server was stopped."
-        return "Your server did not start."
-
-    @property
-    def failure_message(self) -> str:
-        """What the participant was told when this server's latest start failed; "" when it
-        did not fail (or a new start began), or why the hub stopped it for the disk of its
-        machine (``disk.py``) until the next start. The hub's home page shows it
-        (templates/hub)."""
-        if self.disk_stopped and not self.active:
-            return self.disk_stopped
-        if self.line_lost and not self.active:
-            since = time.strftime("%H:%M", time.localtime(self.line_lost))
-            return (
-                f"You were waiting in line for a GPU (since {since}) when the hub restarted, "
-                "and the line was emptied. Nothing of yours was lost: start your server again "
-                "to take a new place in line."
-            )
-        error = self.last_start_error
-        if not error:
-            return ""
-        message, _ = format_exception(error, only_jupyterhub=True)
-        return message or f"The server could not start: {error}"
-
-    def stopped_for_disk(self, reason: str, machine: str) -> None:
-        """The hub is stopping this server for the disk of ``machine`` (``disk.py``): its
-        participant reads ``reason`` on their page until their next start, and the dashboard
-        lists the stop."""
-        self.disk_stopped = reason
-        self._record(events.DISK_STOP, node=machine, reason=reason)
-
-    # ---- what the organizer's dashboard reads (events.py) ------------------------------------
-
-    def _journal(self) -> events.Journal | None:
-        """This hub's journal in ``dashboard_dir`` (None: none is kept). The broker's line is
+    def journal(self) -> events.Journal | None:
+        """The hub's journal in ``dashboard_dir`` (None: none is kept). The broker's line is
         written there too from the first call on."""
         if not self.dashboard_dir:
             return None
@@ -168,27 +172,17 @@ class SpawnPage(HasTraits):
             self.broker.on_line_change = _line_writer(journal, self.log)
         return journal
 
-    def _record(self, kind: str, **fields) -> None:
+    def record(self, kind: str, **fields) -> None:
         """An event for the dashboard; a failed write is logged, never raised."""
-        journal = self._journal()
+        journal = self.journal()
         if journal is None:
             return
-        event = events.Event(time.time(), kind, self.user.name, self.name or "", **fields)
+        event = events.Event(time.time(), kind, self.user, self.server, **fields)
         try:
             journal.record(event)
         except OSError as e:
             self.log.warning("Could not record '%s' of %s: %s", kind, self.log_name, e)
 
-    def forget_one_off_choices(self) -> None:
-        """JupyterHub keeps a start's options for the next start without options ("Start My
-        Server"). Waiting in line and starting without a GPU answer the moment (the GPUs were
-        full): the next start asks for a GPU again, and is offered both again if it must."""
-        saved = dict(self.saved_user_options())
-        kept = profiles.without_one_off_choices(saved)
-        if kept != saved:
-            self.write_row_now(user_options=kept)
-
-    def _save_state(self) -> None:
-        """Write this spawner's state to the hub's database now (JupyterHub itself writes it
-        only once a start or stop has finished)."""
-        self.write_row_now(state=self.get_state())
+    def healed(self, action: str, message: str) -> None:
+        """Something the hub put right about this server (``healing.py``)."""
+        healing.record(self.log, self.journal(), action, message, self.user, self.server)

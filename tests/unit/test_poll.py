@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from gpu_swarm_spawner import spawner_health
 from gpu_swarm_spawner.holding import Holding
+from gpu_swarm_spawner.reconcile import Health, Verdict
 
 from .clusters import node
 from .fake_docker import make_fake
@@ -166,3 +168,32 @@ async def test_a_node_that_reports_no_state_is_not_taken_for_ready():
     spawner = await running_server(poll_read_max_age=0, server_lost_after=0)
     spawner.nodes = [{"ID": "n1", "Description": {"Hostname": "alpha"}}]
     assert await spawner.poll() == "its machine is unknown, for 0 s"
+
+
+def test_the_verdict_keeps_an_away_server_for_the_grace_then_calls_it_stopped():
+    """``spawner_health.judge`` on plain values: no spawner, no swarm."""
+    away = Verdict(Health.RECOVERING, "its machine is down")
+
+    def judge(now, since, starting=False):
+        judged = spawner_health.judge(away, now, since, starting, 60.0, "alice")
+        return judged.answer, judged.away_since, [action for action, _ in judged.healed]
+
+    assert judge(100.0, None) == (None, 100.0, ["kept"])  # first seen away: the grace begins
+    assert judge(159.0, 100.0) == (None, 100.0, [])
+    assert judge(160.0, 100.0) == ("its machine is down, for 60 s", 100.0, ["lost"])
+    assert judge(100.0, None, starting=True) == (None, None, [])  # its start decides
+    back = spawner_health.judge(Verdict(Health.RUNNING), 130.0, 100.0, False, 60.0, "alice")
+    assert (back.answer, back.away_since) == (None, None)
+    assert back.healed == (("back", "alice answers again after 30 s away"),)
+    gone = spawner_health.judge(
+        Verdict(Health.GONE, "its service is gone"), 1.0, None, True, 60, "a"
+    )
+    assert gone.answer == "its service is gone"
+
+
+def test_the_hubs_record_follows_a_moved_server_only_when_it_connects_by_address():
+    assert spawner_health.moved("10.0.8.77", "10.0.8.5", "jupyter-alice", by_address=True)
+    assert not spawner_health.moved("10.0.8.77", "10.0.8.5", "jupyter-alice", by_address=False)
+    assert not spawner_health.moved("10.0.8.77", "10.0.8.77", "jupyter-alice", by_address=True)
+    assert not spawner_health.moved("10.0.8.77", "jupyter-alice", "jupyter-alice", True)
+    assert not spawner_health.moved("", "10.0.8.5", "jupyter-alice", by_address=True)

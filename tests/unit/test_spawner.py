@@ -15,8 +15,15 @@ from jupyterhub.objects import Hub
 from tornado import web
 from traitlets import TraitError
 
-from gpu_swarm_spawner import GPUSwarmSpawner, NoGPUSliceAvailable, SpawnFailed
+from gpu_swarm_spawner import (
+    GPUSwarmSpawner,
+    NoGPUSliceAvailable,
+    SpawnFailed,
+    spawner_page,
+    spawner_server,
+)
 from gpu_swarm_spawner import tasks as tasks_module
+from gpu_swarm_spawner.errors import SliceTaken
 from gpu_swarm_spawner.holding import Holding
 
 from .clusters import node, task
@@ -354,6 +361,44 @@ async def test_a_machine_without_the_image_fails_the_spawn_at_once_with_advice()
     assert re.search(
         r"w1 cannot get the server image .*--registry", failed.value.jupyterhub_message
     )
+
+
+def test_a_read_of_the_task_ends_the_start_only_where_the_task_will_not_come_up():
+    """``spawner_server.task_failure`` on plain readings: no spawner, no swarm."""
+    Phase = tasks_module.Phase
+
+    missing = 'invalid mount config for type "bind": bind source path does not exist: /srv/data'
+
+    def failure(phase, state="rejected", detail=missing):
+        reading = tasks_module.TaskReading(phase, state, detail)
+        return spawner_server.task_failure(reading, "beta", "jy-alice")
+
+    for phase, state in [(Phase.STARTING, "starting"), (Phase.RETRYING, "rejected")]:
+        assert failure(phase, state) is None
+    assert failure(Phase.RUNNING, "running") is None
+    assert isinstance(failure(Phase.UNPLACEABLE, "pending"), SliceTaken)
+    no_image = failure(Phase.NO_IMAGE)
+    assert no_image.reason == "image" and "beta cannot get the server image" in str(no_image)
+    no_mount = failure(Phase.NO_MOUNT)
+    assert no_mount.reason == "mount" and "lacks the shared folder /srv/data" in str(no_mount)
+    ended = failure(Phase.ENDED, "complete", "finished")
+    assert str(ended) == "Service jy-alice did not start: task complete: finished"
+
+
+def test_the_home_page_says_why_the_server_is_not_running_most_telling_first():
+    """``spawner_page.failure_message`` on plain values: the stop for the disk, then the line
+    a hub restart emptied, then the last start's error; none of it while the server runs."""
+    error = SpawnFailed("All GPU slices are in use (3/3).")
+    message = spawner_page.failure_message
+    assert message("The disk of beta is full.", 1.0, False, error) == "The disk of beta is full."
+    assert "waiting in line for a GPU" in message("", 1.0, False, error)
+    assert message("", 0, False, error) == "All GPU slices are in use (3/3)."
+    assert message("The disk of beta is full.", 1.0, True, None) == ""
+    assert message("", 0, False, None) == ""
+    assert spawner_page.failure_heading("The disk of beta is full.", False) == (
+        "Your server was stopped."
+    )
+    assert spawner_page.failure_heading("", False) == "Your server did not start."
 
 
 async def test_a_server_never_given_an_address_on_a_full_network_fails_with_the_organizer_s_fix(
