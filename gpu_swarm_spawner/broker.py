@@ -9,7 +9,8 @@ life of one reservation, one object from the choice to the end of the spawn:
     reservation.stands()                  # still claimed for its spawn (the start may use it)
     broker.created(spawner, service_id)   # the service exists: a task of it counts instead
     broker.placed(spawner)                # Swarm placed (or refused) it: Swarm counts it now
-    reservation.release()                 # the spawn ended, however it ended
+    broker.release(spawner)               # the spawn ended, however it ended (the start's
+                                          # finally; reservation.release() for one of them)
     reservation.forget()                  # ... or never began (the gate let it through)
 
 Participants who do not fit may wait in the *line* (``line.py`` decides who gets what):

@@ -1,8 +1,13 @@
 """GPUSwarmSpawner: each user's server is a Swarm service holding slices of one GPU.
 
-How a spawn runs, top-down (the methods appear in this order below). Before it, JupyterHub's
-spawn page shows ``options_form`` (what ``spawn_offer`` lets this user choose) and hands the
-choice to ``apply_user_options``.
+How a spawn runs, top-down (the methods appear in this order below). JupyterHub's spawn page
+shows ``options_form`` (what ``spawn_offer`` lets this user choose) and reads the posted form
+with ``options_from_form``; its spawn handler then asks the gate (step 0) before anything else.
+The names this class takes from dockerspawner: ``self.docker(method, ...)`` (every Docker call,
+run on the broker's thread pool: ``executor``), ``service_name``, ``object_id`` (the service's
+id once created), ``network_name``; what it takes from JupyterHub through the one door,
+``internals.SpawnerInternals``: ``log_name``, ``saved_user_options``, ``write_row_now``,
+``server_start_timeout`` and the ``ready``/``start_timeout`` hooks (docs/internals.md).
 
 0. ``refusal_before_spawn``: before JupyterHub's own work for a spawn, its spawn page and REST
    API ask it (``gate.py``). A participant no GPU has room for is refused there, with the same
@@ -10,28 +15,34 @@ choice to ``apply_user_options``.
    chooses a GPU with the placement policy (``placement.py``) over the swarm's inventory
    (``inventory.py``) and claims its slices at once: it hands back the spawn's one
    ``broker.Reservation`` (what it holds, where, its release), kept for ``start``.
-1. ``start`` (JupyterHub calls it) begins a new ``Attempt`` (``attempt.py``: this start's
+1. JupyterHub's ``User.spawn`` applies the options (``apply_user_options``: a whole GPU, or
+   none), adds the line's longest wait to ``start_timeout`` (``time_before_server_start``),
+   then calls ``start``, which begins a new ``Attempt`` (``attempt.py``: this start's
    marks, progress, wait and refusal) and takes the gate's reservation as it is while it stands
    (``reserve_gpu``): the broker chooses once per spawn. Without one, it reserves itself. No
    GPU fits: the participant is told so (``NoGPUSliceAvailable``, HTTP 503) before anything is
    created, or waits in the broker's line (``waiting_line``; ``line.py``) until slices are
    given to them. What the server then holds is one record, ``holding`` (``holding.py``),
    persisted in the hub's database (``get_state``) and emptied in ``clear_gpu``.
-2. ``SwarmSpawner.start`` (dockerspawner) then hops back into this class:
-   ``create_object`` creates the service from ``server_spec`` (the slices of ``holding`` as a
-   generic resource of its GPU's kind, its UUID in the environment), and ``start_object`` waits
-   for its task: each task read is classified by ``tasks.read_task``; Swarm refusing to place
-   it means another server took the slice first (``SliceTaken``: ``start`` reserves anew
-   without that GPU), a machine without the image fails at once, and the wait ends when the
-   server listens.
-3. JupyterHub asks ``get_ip_and_port`` where to connect: the task's address on the network.
+2. ``start`` calls dockerspawner's ``DockerSpawner.start`` (SwarmSpawner has none of its
+   own): it checks the image against ``allowed_images``, removes a stopped object of the same
+   name, and hops back into this class: ``create_object`` creates the service from
+   ``server_spec`` (the slices of ``holding`` as a generic resource of its GPU's kind, its UUID
+   in the environment), and ``start_object`` waits for its task: each task read is classified
+   by ``tasks.read_task``; Swarm refusing to place it means another server took the slice
+   first (``SliceTaken``: ``start`` reserves anew without that GPU), a machine without the
+   image fails at once, and the wait ends when the server listens.
+3. ``DockerSpawner.start`` then asks ``get_ip_and_port`` where to connect (the task's address
+   on the network) and returns it from ``start``; JupyterHub records it, checks the server
+   answers (its ``/api``) and adds the proxy's route.
 4. Later, ``poll`` reports the server stopped when it is gone (``reconcile.verdict``), or
    away for longer than ``server_lost_after`` while Swarm tries to bring it back; a server
    Swarm replaced goes on at its new address. After a hub restart, ``get_url`` says where
    each server answers now. ``stop`` asks the server to shut down, then removes its service.
 
 Each step's details are a call away, with explicit arguments: ``spawner_gpu.py`` (the choice
-of a GPU, its refusals, the line: ``GPUChoice``, made for a spawn by ``gpu_choice``),
+of a GPU, its refusals, the line: ``GPUChoice``, made by ``gpu_chooser`` from this
+spawner's current inputs whenever needed; it keeps no state of its own),
 ``spawner_server.py`` (the home, the firewall's inputs, the task until the server answers),
 ``spawner_health.py`` (poll's verdict, the stop) and ``spawner_page.py`` (the spawn page,
 progress, the dashboard's records) are functions and small objects that never read this
@@ -175,7 +186,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     @default("apply_user_options")
     def _default_apply_user_options(self):
         def apply(spawner, user_options):
-            full, none = spawner_page.gpu_choice(user_options, spawner.spawn_offer())
+            full, none = spawner_page.read_choice(user_options, spawner.spawn_offer())
             spawner.full_gpu_requested, spawner.cpu_only_requested = full, none
             spawner.forget_one_off_choices()
 
@@ -245,7 +256,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         if choice == profiles.NONE:
             return None
         request = self.gpu_request(full_gpu=choice == profiles.FULL)
-        gpus = self.gpu_choice()
+        gpus = self.gpu_chooser()
         try:
             reservation = await self.broker.reserve(self, request, self._read_swarm)
         except broker.NoRoom as e:
@@ -279,7 +290,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.line_lost = 0  # a new start: the message about a line lost to a restart goes
         self.disk_stopped = ""  # ... and the one about a stop for the disk
         self._away_since = None
-        gpus = self.gpu_choice()
+        gpus = self.gpu_chooser()
         try:
             full = self.hub_disk_refusal()
             if full is not None:
@@ -375,7 +386,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
 
     # ---- 1a. the GPU choice, a collaborator (spawner_gpu.py) ---------------------------------
 
-    def gpu_choice(self) -> GPUChoice:
+    def gpu_chooser(self) -> GPUChoice:
         """This spawn's choice of a GPU, given what it needs of this spawner: the broker, who
         the spawn is for, the line's settings, and what to do with progress and events."""
         return GPUChoice(
@@ -427,19 +438,19 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     ) -> broker.Reservation:
         """Slices of one GPU for this start's request (``GPUChoice.reserve``): ``handed``, the
         gate's reservation, while it stands; else the broker's choice, or a wait in line."""
-        return await self.gpu_choice().reserve(
+        return await self.gpu_chooser().reserve(
             self.gpu_request(), self.user_options, self.attempt, exclude, may_wait, handed
         )
 
     def _hold(self, reservation: broker.Reservation, try_number: int) -> None:
         """Take the reserved slices as this server's (create_object reads them)."""
         self.attempt.reservation = reservation
-        self.holding = self.gpu_choice().hold(reservation, try_number)
+        self.holding = self.gpu_chooser().hold(reservation, try_number)
         self.attempt.mark("slices")
 
     async def _place_without_gpu(self) -> Holding:
         """What a server without a GPU holds (``GPUChoice.place_without_gpu``)."""
-        return await self.gpu_choice().place_without_gpu(self._home_to_prefer())
+        return await self.gpu_chooser().place_without_gpu(self._home_to_prefer())
 
     def _joined_line(self, attempt: Attempt) -> None:
         """This spawn joined the line: the hub's database says so, and the dashboard's copy of
@@ -658,6 +669,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     async def _servers_subnets(self) -> list[str]:
         return await spawner_server.servers_subnets(self.broker, self.docker, self.network_name)
 
+    # what create_kwargs gives the service, for readers of one part (the tests of the hub's
+    # config and of the labels): create_object builds them from server_spec itself
     def service_resources(self) -> Resources:
         return service_spec.resources(self.limits(), self.extra_resources_spec, self.holding)
 
@@ -696,7 +709,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     # ---- 3. where the hub connects -----------------------------------------------------------
 
     async def get_ip_and_port(self):
-        """JupyterHub's hop after start: where to connect to the server (``connect_address``)."""
+        """dockerspawner's hop at the end of its start: where the hub connects to the server
+        (``connect_address``), which ``start`` returns to JupyterHub."""
         return await self.connect_address(self.task_ip)
 
     async def connect_address(self, task_ip: str) -> tuple[str, int]:

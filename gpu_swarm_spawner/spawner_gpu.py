@@ -2,7 +2,8 @@
 refusals before anything is made, and the waiting line.
 
 A collaborator of GPUSwarmSpawner (spawner.py), given its inputs: ``GPUChoice`` is made by the
-spawner for one spawn (``GPUSwarmSpawner.gpu_choice``) from the hub's broker, the spawn's
+spawner whenever it needs one (``GPUSwarmSpawner.gpu_chooser``; it keeps no state of its own,
+so each is the same choice) from the hub's broker, the spawn's
 ``Spawn`` (who it is for, where its home is), the hub's ``LineRules`` (the settings the line
 and servers without a GPU follow) and callbacks for what the spawner does with the outcome
 (the spawn page's progress, the dashboard's events, the hub's database). It never reads the

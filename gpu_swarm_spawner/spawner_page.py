@@ -54,7 +54,7 @@ def spawn_form(offered: profiles.Offer) -> str:
     return render("spawn_options.html", offer=offered)
 
 
-def gpu_choice(user_options: dict, offered: profiles.Offer) -> tuple[bool, bool]:
+def read_choice(user_options: dict, offered: profiles.Offer) -> tuple[bool, bool]:
     """(a whole GPU, no GPU): what ``user_options`` asks for, held to ``offered``; a choice not
     offered is HTTP 400 saying what is wrong. The environment (``user_options["image"]``) is
     applied by DockerSpawner.start."""
