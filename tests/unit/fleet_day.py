@@ -395,3 +395,12 @@ if __name__ == "__main__":
     for timeout in (IDLE_TIMEOUT, LUNCH_CULLED):
         print(f"GPUHUB_IDLE_TIMEOUT={timeout:.0f}")
         print(_table(workshop_day(idle_timeout=timeout)))
+    fixed = FIXED * (DAY_END - DAY_START) / HOUR
+    for timeout in (10 * MINUTE, 5 * MINUTE):
+        packed = packed_machine_hours(workshop_day(idle_timeout=timeout))
+        print(
+            f"servers moved at will, a {timeout / MINUTE:.0f}-minute culler: {packed / fixed:.2f}"
+        )
+    at_work = [Session(p.who, a, b) for p in workshop_people() for a, b in p.active()]
+    at_work_share = packed_machine_hours(at_work) / fixed
+    print(f"only the slices of people at work, moved at will: {at_work_share:.2f}")
