@@ -1,17 +1,40 @@
 """A workshop day replayed without a cloud, for the capacity policy's tests
-(tests/unit/test_capacity.py): pure, deterministic, on a clock of its own.
+(tests/unit/test_capacity.py) and its figures (docs/autoscaling.md): pure, deterministic, on a
+clock of its own (seconds of the day).
 
-The day (``workshop_day``): participants arrive over the morning (most at the start, some late),
-most break for lunch (their servers culled while they eat) and some of them do not come back,
-the rest leave over the afternoon; the culler ends a server a set time after its participant
-stopped using it. Each participant's server needs one slice; whoever finds none waits in line,
-first come first served, and the line's head takes the first free slice (on the busiest
-machine, the hub's ``pack``, so machines empty out).
+The day (``workshop_day``), one tutorial day of the kind this project grew from (README: an
+8-hour tutorial for 50+ people; issue 41: "arrivals over the morning, a lunch dip, people
+leaving in the afternoon, the culler on"). Each number is an assumption written down, not a
+record: no trace of a real day is kept in the project.
+
+- **48 participants, one GPU slice each, machines of 8 slices** (one 80 GB GPU joined with
+  ``--slice-memory 10GiB``): 6 machines hold everyone at once, the **fixed fleet** an organizer
+  sizes for the peak, started at 08:30 (before the first arrival) and stopped at 17:30 (after
+  the last person), 54 machine-hours.
+- **Arrivals over the morning**: the tutorial starts at 09:00; three in four arrive from 08:45
+  to 09:15, the others late, until 11:00. Each starts a server on arrival.
+- **Lunch, 12:30 to 13:30**: one in five work on through it (a training left running, a
+  notebook still at work: the culler sees activity); the others stop between 12:30 and 12:40,
+  and one in four of them does not come back; the rest return between 13:30 and 13:50.
+- **Leaving over the afternoon**: everyone still there leaves between 14:30 and 17:00 (the
+  tutorial's end), about half the room gone by 15:45.
+- **Nobody stops their own server**: they close the tab. A server ends when JupyterHub's idle
+  culler ends it, ``idle_timeout`` after its participant's last activity, at the culler's next
+  check (``GPUHUB_IDLE_TIMEOUT``, 5400 s by default, "outlasts a workshop's lunch break";
+  ``GPUHUB_CULL_EVERY``, 60 s), or when the organizer stops everything at 17:30. With the
+  default a server outlives the lunch hour, and its participant comes back to it; with a
+  timeout shorter than lunch it is ended while they eat and they start a new one.
 
 ``replay`` runs the day against a fleet: either fixed (``fixed`` machines ready all day) or
 driven by ``capacity.decide`` every ``ROUND_S`` seconds, with a provider that boots a machine
 in ``boot_s`` seconds and may say no, a machine that never joins, or a machine the cloud takes
-back. It returns what the goals are measured on.
+back. Whoever finds no slice waits in line, first come first served; each start is placed by
+the hub's own ``placement.choose`` under ``policy`` (``spread``, the hub's default, or
+``pack``), a returning participant first on the machine of their home volume while it has room
+(the hub's default, ``prefer_home_node``) unless ``shared_homes``. It returns what issue 41's
+goals are measured on; ``packed_machine_hours`` the least any fleet could pay for the same
+servers if they could move. ``python -m tests.unit.fleet_day`` prints docs/autoscaling.md's
+figures.
 """
 
 from __future__ import annotations
@@ -21,49 +44,121 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpu_swarm_spawner import capacity
+from gpu_swarm_spawner import capacity, placement
 from gpu_swarm_spawner.capacity import Decision, Machine, Settings
 from gpu_swarm_spawner.cost import Span, Usage, usage
+from gpu_swarm_spawner.inventory import GPU
 
 HOUR = 3600.0
 MINUTE = 60.0
-DAY_START = 8 * HOUR  # seconds after midnight; the replay's clock is seconds of the day
-DAY_END = 18 * HOUR
+DAY_START = 8.5 * HOUR  # seconds after midnight: the fixed fleet is started
+DAY_END = 17.5 * HOUR  # the organizer stops every machine (and so every server)
 TICK_S = 15.0
 ROUND_S = 30.0  # the hub's capacity round
-CULL_S = 20 * MINUTE  # the culler ends a server this long after its participant stopped
+PEOPLE = 48
+SLICES = 8  # a machine's slices
+FIXED = 6  # the fixed fleet: PEOPLE / SLICES, everyone at once
+IDLE_TIMEOUT = 5400.0  # GPUHUB_IDLE_TIMEOUT's default
+CULL_EVERY = 60.0  # GPUHUB_CULL_EVERY's default
+PRICE = 14.0  # dollars a machine-hour, the price the project's first event paid (issue 41)
+LUNCH_CULLED = 30 * MINUTE  # an organizer's GPUHUB_IDLE_TIMEOUT shorter than lunch
+
+#: What the organizer of the day sets for the hub's fleet: the fixed fleet's 6 machines as the
+#: most (the budget), one machine kept for the first arrivals, 2 slices kept free for the
+#: 09:00 rush (docs/autoscaling.md: the margin), the proposed defaults otherwise (15 empty
+#: minutes before a give-back, 5 minutes' boot-and-join).
+ORGANIZER = Settings(
+    min_machines=1,
+    max_machines=FIXED,
+    slices_per_machine=SLICES,
+    empty_for=15 * MINUTE,
+    margin=2,
+    boot_and_join=5 * MINUTE,
+)
+#: The best a fleet can do without moving servers: machines ready the moment they are asked
+#: for (``Provider(boot_s=0)``) and given back the moment they are empty.
+INSTANT = Settings(min_machines=0, max_machines=FIXED, slices_per_machine=SLICES, empty_for=0)
+
+
+@dataclass(frozen=True)
+class Person:
+    """One participant's day: active from ``arrive`` (to ``lunch``, None: works through it;
+    again from ``back``, None: does not come back) until ``leave``; seconds of the day."""
+
+    who: str
+    arrive: float
+    leave: float
+    lunch: float | None = None
+    back: float | None = None
+
+    def active(self) -> list[tuple[float, float]]:
+        """The stretches of time this person works."""
+        if self.lunch is None:
+            return [(self.arrive, self.leave)]
+        stretches = [(self.arrive, self.lunch)]
+        return stretches + [(self.back, self.leave)] if self.back is not None else stretches
 
 
 @dataclass(frozen=True)
 class Session:
-    """One participant's wish for a server: from ``start`` until ``end`` (seconds of the day;
-    the culler's delay included)."""
+    """One server a participant wants: from ``start`` until ``end`` (seconds of the day; the
+    culler's delay included)."""
 
     who: str
     start: float
     end: float
 
 
-def workshop_day(people: int = 40, seed: int = 41) -> list[Session]:
-    """The sessions of a day of ``people`` participants (deterministic for a ``seed``)."""
+def workshop_people(people: int = PEOPLE, seed: int = 41) -> list[Person]:
+    """The participants of the day (module docstring), deterministic for a ``seed``."""
     rng = random.Random(seed)
-    sessions = []
+    day = []
     for i in range(people):
-        who = f"p{i:02d}"
         late = i >= people * 3 // 4
-        arrive = rng.uniform(9.5, 11.0) * HOUR if late else rng.uniform(9.0, 9.5) * HOUR
-        leave = rng.uniform(14.5 * HOUR, 17.5 * HOUR)
+        arrive = rng.uniform(9.25, 11.0) if late else rng.uniform(8.75, 9.25)
+        leave = rng.uniform(14.5, 17.0) * HOUR
         kind = rng.random()
         if kind < 0.2:  # works through lunch
-            sessions.append(Session(who, arrive, leave + CULL_S))
+            day.append(Person(f"p{i:02d}", arrive * HOUR, leave))
             continue
         lunch = rng.uniform(12.5 * HOUR, 12.5 * HOUR + 10 * MINUTE)
-        sessions.append(Session(who, arrive, lunch + CULL_S))
-        if kind < 0.45:  # gone after lunch
-            continue
-        back = rng.uniform(13.5 * HOUR, 13.5 * HOUR + 20 * MINUTE)
-        sessions.append(Session(who, back, leave + CULL_S))
+        back = rng.uniform(13.5 * HOUR, 13.5 * HOUR + 20 * MINUTE) if kind >= 0.4 else None
+        day.append(Person(f"p{i:02d}", arrive * HOUR, leave, lunch, back))
+    return day
+
+
+def culled(idle_from: float, idle_timeout: float, cull_every: float = CULL_EVERY) -> float:
+    """When the culler, checking every ``cull_every`` seconds from the day's start, ends a
+    server idle since ``idle_from``."""
+    due = idle_from + idle_timeout
+    return DAY_START + math.ceil((due - DAY_START) / cull_every) * cull_every
+
+
+def servers_of(people: list[Person], idle_timeout: float = IDLE_TIMEOUT) -> list[Session]:
+    """The servers the day's ``people`` want with the culler at ``idle_timeout``: one from
+    arrival, kept through lunch when they are back before the culler ends it, else a new one on
+    their return; each ends at the culler's check after its last activity, or at the day's end.
+    An ``idle_timeout`` of 0 (no culling) keeps every server to the day's end."""
+    sessions = []
+    for person in people:
+        start = None
+        stretches = person.active()
+        for n, (begin, stop) in enumerate(stretches):
+            start = begin if start is None else start
+            end = culled(stop, idle_timeout) if idle_timeout else DAY_END
+            after = stretches[n + 1][0] if n + 1 < len(stretches) else math.inf
+            if end <= after:  # ended before they come back (or they never do)
+                sessions.append(Session(person.who, start, min(end, DAY_END)))
+                start = None
     return sorted(sessions, key=lambda s: (s.start, s.who))
+
+
+def workshop_day(
+    people: int = PEOPLE, seed: int = 41, idle_timeout: float = IDLE_TIMEOUT
+) -> list[Session]:
+    """The servers of the day (module docstring) for ``people``, with the culler at
+    ``idle_timeout``."""
+    return servers_of(workshop_people(people, seed), idle_timeout)
 
 
 @dataclass
@@ -92,6 +187,10 @@ class Box:
             slices=self.slices,
             last_server=self.last_server,
         )
+
+    def gpu(self) -> GPU:
+        """The machine's one GPU as the hub's inventory shows it."""
+        return GPU(f"GPU-{self.name}", self.name, self.name, self.slices, len(self.servers))
 
 
 @dataclass
@@ -131,12 +230,15 @@ def replay(
     settings: Settings | None = None,
     provider: Provider | None = None,
     start_machines: int = 0,
-    slices: int = 8,
+    slices: int = SLICES,
     take_back: tuple[float, str] | None = None,
+    policy: str = "spread",
+    shared_homes: bool = False,
 ) -> Day:
     """The day ``sessions`` against a fixed fleet of ``fixed`` machines, or (``settings``)
-    against the capacity policy starting with ``start_machines`` ready; ``take_back``: (time,
-    machine) the cloud takes back (spot), ending its servers, whose participants start again."""
+    against the capacity policy starting with ``start_machines`` ready; servers placed by the
+    hub's ``placement.choose`` under ``policy``; ``take_back``: (time, machine) the cloud takes
+    back (spot), ending its servers, whose participants start again."""
     provider = provider or Provider()
     now = DAY_START
     boxes = [
@@ -144,6 +246,7 @@ def replay(
     ]
     pending = list(sessions)
     line: list[tuple[Session, float]] = []  # (session, joined)
+    homes: dict[str, str] = {}  # who -> the machine of their last server (their home volume)
     waits: list[float] = []
     ended_by_removal = 0
     restarted = 0
@@ -164,7 +267,7 @@ def replay(
                 ready_at = math.inf
             boxes.append(Box(f"gpu-{len(boxes)}", "asked", now, now, slices, ready_at))
 
-    while now <= DAY_END:
+    while now < DAY_END:
         for box in boxes:
             if box.state in capacity.ON_ITS_WAY and now >= box.ready_at:
                 box.state, box.since = "ready", now
@@ -187,13 +290,16 @@ def replay(
             if session.end <= now:
                 unserved += 1
                 continue
-            usable = [b for b in boxes if b.state == "ready" and len(b.servers) < b.slices]
-            if not usable:
+            usable = {b.name: b for b in boxes if b.state == "ready"}  # paused: no new server
+            home = "" if shared_homes else homes.get(session.who, "")
+            gpu = placement.choose([b.gpu() for b in usable.values()], 1, policy, session.who, home)
+            if gpu is None:
                 still.append((session, joined))
                 continue
-            box = max(usable, key=lambda b: (len(b.servers), b.name))  # pack
+            box = usable[gpu.node_name]
             box.servers[session.who] = session.end
             box.last_server = now
+            homes[session.who] = box.name
             waits.append(now - joined)
             servers.append(Span(now, session.end, 1))
         line = still
@@ -225,7 +331,7 @@ def replay(
         now += TICK_S
 
     machines = [Span(b.asked or DAY_START, b.gone_at, b.slices) for b in boxes]
-    used = usage(machines, servers, now, price_per_hour=14.0)
+    used = usage(machines, servers, DAY_END, price_per_hour=PRICE)
     return Day(
         waits,
         used.machine_hours,
@@ -237,3 +343,64 @@ def replay(
         restarted,
         used,
     )
+
+
+def packed_machine_hours(sessions: list[Session], slices: int = SLICES) -> float:
+    """The machine-hours of a fleet that, every minute, held the day's servers on the fewest
+    machines (servers moved at will, machines ready at once): less than any fleet whose
+    servers stay where they started can pay."""
+    hours, now = 0.0, DAY_START
+    while now < DAY_END:
+        held = sum(1 for s in sessions if s.start <= now < s.end)
+        hours += math.ceil(held / slices) * MINUTE / HOUR
+        now += MINUTE
+    return hours
+
+
+def figures(sessions: list[Session], shared_homes: bool = False) -> dict[str, Day]:
+    """The day against the fixed fleet, the hub's fleet under each placement policy, and an
+    instant cloud under ``pack``."""
+    days = {"fixed": replay(sessions, fixed=FIXED)}
+    for policy in placement.POLICIES:
+        days[policy] = replay(
+            sessions, settings=ORGANIZER, start_machines=1, policy=policy, shared_homes=shared_homes
+        )
+    days["instant"] = replay(
+        sessions,
+        settings=INSTANT,
+        provider=Provider(boot_s=0),
+        policy="pack",
+        shared_homes=shared_homes,
+    )
+    return days
+
+
+def _table(sessions: list[Session]) -> str:
+    days = figures(sessions)
+    fixed = days["fixed"].machine_hours
+    rows = []
+    for name, day in days.items():
+        used = day.usage
+        rows.append(
+            f"| {name} | {used.machine_hours:.1f} | {used.machine_hours / fixed:.2f} | "
+            f"${used.cost:,.0f} | {used.used_share:.0%} | {day.p95_wait():.0f} s | "
+            f"{max(day.waits):.0f} s | {day.servers_ended_by_removal} |"
+        )
+    packed = packed_machine_hours(sessions)
+    rows.append(f"| servers moved at will | {packed:.1f} | {packed / fixed:.2f} | | | | | |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    for timeout in (IDLE_TIMEOUT, LUNCH_CULLED):
+        print(f"GPUHUB_IDLE_TIMEOUT={timeout:.0f}")
+        print(_table(workshop_day(idle_timeout=timeout)))
+    fixed = FIXED * (DAY_END - DAY_START) / HOUR
+    for timeout in (10 * MINUTE, 5 * MINUTE):
+        packed = packed_machine_hours(workshop_day(idle_timeout=timeout))
+        print(
+            f"servers moved at will, a {timeout / MINUTE:.0f}-minute culler: {packed / fixed:.2f}"
+        )
+    at_work = [Session(p.who, a, b) for p in workshop_people() for a, b in p.active()]
+    at_work_share = packed_machine_hours(at_work) / fixed
+    print(f"only the slices of people at work, moved at will: {at_work_share:.2f}")

@@ -5,11 +5,12 @@ a machine that never joins and a machine taken back."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import pytest
 
-from gpu_swarm_spawner import capacity
+from gpu_swarm_spawner import capacity, placement
 from gpu_swarm_spawner.capacity import (
     DRAIN,
     GIVE_UP,
@@ -312,85 +313,169 @@ def test_a_negative_price_is_refused():
 
 
 # ---- a workshop day, replayed ---------------------------------------------------------------
+#
+# The day and the organizer's settings are fleet_day's (its docstring says where each number
+# comes from): 48 participants, machines of 8 slices, a fixed fleet of 6 from 08:30 to 17:30.
 
-#: What an organizer of the replayed day would set: the fixed fleet's 5 machines as the
-#: maximum, one machine kept, 2 slices kept free, machines given back after 10 empty minutes.
-DAY = Settings(
-    min_machines=1,
-    max_machines=5,
-    slices_per_machine=8,
-    empty_for=10 * MINUTE,
-    margin=2,
-    boot_and_join=5 * MINUTE,
-)
 #: Issue 41's goal: at most this share of the fixed fleet's machine-hours.
 GOAL_SHARE = 0.6
+DAY = fleet_day.ORGANIZER
 
 
 @pytest.fixture(scope="module")
 def day():
+    """The day with the culler at its default (lunch outlasted): fixed, spread, pack, instant."""
     sessions = workshop_day()
-    fixed = replay(sessions, fixed=5)
-    driven = replay(sessions, settings=DAY, start_machines=1)
-    return sessions, fixed, driven
+    return sessions, fleet_day.figures(sessions)
 
 
-def test_the_replayed_day_has_a_morning_peak_a_lunch_dip_and_an_afternoon_that_empties(day):
-    sessions, fixed, _ = day
+@pytest.fixture(scope="module")
+def lunch_culled():
+    """The day with a culler shorter than lunch, so that machines empty while people eat."""
+    sessions = workshop_day(idle_timeout=fleet_day.LUNCH_CULLED)
+    return sessions, fleet_day.figures(sessions)
 
-    def using(hour):
+
+def test_the_replayed_day_has_a_morning_of_arrivals_a_lunch_dip_and_an_afternoon_that_empties():
+    people = fleet_day.workshop_people()
+
+    def working(hour):
+        return sum(any(a <= hour * HOUR < b for a, b in p.active()) for p in people)
+
+    assert len(people) == fleet_day.PEOPLE == fleet_day.FIXED * fleet_day.SLICES
+    assert 8.75 * HOUR <= min(p.arrive for p in people) < 9 * HOUR  # before the tutorial starts
+    assert 10 * HOUR < max(p.arrive for p in people) <= 11 * HOUR  # late arrivals
+    assert working(8.7) == 0 and working(9.25) == 36 and working(11) == 48
+    assert working(13) < 12 < working(14) and working(14) > 30  # most break, most come back
+    assert working(15.75) <= working(14) / 2 + 6 and working(17) == 0  # they leave
+
+
+def test_the_default_culler_outlasts_lunch_and_a_shorter_one_ends_the_servers_while_people_eat():
+    people = fleet_day.workshop_people()
+    kept = workshop_day()  # GPUHUB_IDLE_TIMEOUT's default, 90 min
+    culled = workshop_day(idle_timeout=fleet_day.LUNCH_CULLED)
+
+    def held(sessions, hour):
         return sum(1 for s in sessions if s.start <= hour * HOUR < s.end)
 
-    assert using(11) == 40 and using(13) < 10 and using(14) > 25 > using(16) > using(17.5)
-    assert fixed.p95_wait() == 0 and fixed.unserved == 0  # sized for the peak
+    assert len(kept) == len(people)  # one server each, all day
+    assert held(kept, 13.25) == 48 and held(kept, 14.5) < 48  # those who left at lunch culled
+    assert held(culled, 13.25) < 12  # only those working through lunch
+    returning = sum(1 for p in people if p.back is not None)
+    assert len(culled) == len(people) + returning  # a new server after lunch
+    assert all(s.end <= fleet_day.DAY_END for s in kept + culled)
 
 
-def test_the_driven_fleet_keeps_the_wait_within_one_boot_of_the_fixed_fleets(day):
-    _, fixed, driven = day
+def test_the_culler_ends_a_server_at_its_first_check_past_the_timeout():
+    lunch = 12.5 * HOUR + 10  # 12:30:10
+    assert fleet_day.culled(lunch, 5400) == 14 * HOUR + MINUTE  # 14:00:10 due, checked 14:01
+    assert fleet_day.culled(12.5 * HOUR, 5400) == 14 * HOUR  # due on a check
+    one = fleet_day.Person("ada", 9 * HOUR, 16 * HOUR, lunch=12.5 * HOUR, back=13.5 * HOUR)
+    assert fleet_day.servers_of([one], 5400) == [
+        fleet_day.Session("ada", 9 * HOUR, 17.5 * HOUR)  # due 17:30: the organizer stops it
+    ]
+    assert fleet_day.servers_of([one], 1800) == [
+        fleet_day.Session("ada", 9 * HOUR, 13 * HOUR),
+        fleet_day.Session("ada", 13.5 * HOUR, 16.5 * HOUR),
+    ]
+    assert fleet_day.servers_of([one], 0) == [fleet_day.Session("ada", 9 * HOUR, 17.5 * HOUR)]
+
+
+def test_the_fixed_fleet_is_sized_for_the_peak_and_paid_all_day(day):
+    _, days = day
+    fixed = days["fixed"]
+    assert fixed.p95_wait() == 0 and fixed.unserved == 0
+    assert fixed.machine_hours == pytest.approx(fleet_day.FIXED * 9)  # 08:30 to 17:30
+    assert fixed.usage.cost == pytest.approx(fleet_day.FIXED * 9 * fleet_day.PRICE)
+
+
+@pytest.mark.parametrize("policy", ["spread", "pack"])
+@pytest.mark.parametrize("culler", ["day", "lunch_culled"])
+def test_the_driven_fleet_keeps_the_wait_within_one_boot_of_the_fixed_fleets(
+    policy, culler, request
+):
+    _, days = request.getfixturevalue(culler)
+    driven = days[policy]
     assert driven.unserved == 0
-    assert driven.p95_wait() <= fixed.p95_wait() + DAY.boot_and_join
+    assert 0 < driven.p95_wait() <= days["fixed"].p95_wait() + DAY.boot_and_join
 
 
-def test_no_server_is_ended_by_a_machine_given_back(day):
-    _, _, driven = day
+@pytest.mark.parametrize("policy", ["spread", "pack"])
+def test_no_server_is_ended_by_a_machine_given_back(lunch_culled, policy):
+    _, days = lunch_culled
+    driven = days[policy]
     removed = [d for _, d in driven.decisions if d.action == REMOVE]
-    assert len(removed) >= 3  # machines were given back during the day
+    assert len(removed) >= 3  # machines were given back at lunch and in the afternoon
     assert driven.servers_ended_by_removal == 0
 
 
-def test_the_driven_fleet_uses_fewer_machine_hours_near_what_an_instant_cloud_would(day):
+def test_the_driven_fleet_pays_for_fewer_machine_hours_near_what_an_instant_cloud_would(
+    day, lunch_culled
+):
     """An instant cloud (machines ready at once, given back the moment they empty) is the best
-    any policy can do on this day without moving servers; the driven fleet stays close to it."""
-    sessions, fixed, driven = day
-    instant = Settings(min_machines=0, max_machines=5, slices_per_machine=8, empty_for=0)
-    best = replay(sessions, settings=instant, provider=Provider(boot_s=0))
-    share, best_share = (d.machine_hours / fixed.machine_hours for d in (driven, best))
-    assert share < 0.9
-    assert share <= best_share + 0.1
+    a fleet can do without moving servers; the driven fleet stays within a boot and an empty
+    quarter of an hour of it."""
+    for (_, days), most in ((day, 0.95), (lunch_culled, 0.87)):
+        fixed = days["fixed"].machine_hours
+        for policy in placement.POLICIES:
+            share = days[policy].machine_hours / fixed
+            assert share < most
+            assert share <= days["instant"].machine_hours / fixed + 0.05
+
+
+def test_pack_lets_a_machine_empty_where_spread_keeps_two_busy():
+    """Four participants on a fleet of two machines: ``pack`` (the hub's placement, imported by
+    the replay) puts them on one and the other is given back; ``spread`` keeps both."""
+    sessions = [fleet_day.Session(f"p{i}", 8.5 * HOUR + i * MINUTE, 11 * HOUR) for i in range(1, 5)]
+    fleet = Settings(max_machines=2, slices_per_machine=8, empty_for=10 * MINUTE)
+    packed = replay(sessions, settings=fleet, start_machines=2, policy="pack")
+    spread = replay(sessions, settings=fleet, start_machines=2, policy="spread")
+    all_day = [replace(s, end=fleet_day.DAY_END) for s in sessions]
+    for policy, held in (("pack", [0, 4]), ("spread", [2, 2])):
+        assert sorted(len(b.servers) for b in replay(all_day, fixed=2, policy=policy).boxes) == held
+    assert [b.gone_at is not None and b.gone_at < 9 * HOUR for b in packed.boxes].count(True) == 1
+    assert all(b.gone_at is None or b.gone_at > 11 * HOUR for b in spread.boxes)
+    assert packed.machine_hours < spread.machine_hours - 1.5
+    assert packed.p95_wait() == spread.p95_wait() == 0
+
+
+def test_no_fleet_whose_servers_stay_put_reaches_issue_41s_goal_on_this_day(day, lunch_culled):
+    """Why the goal below is expected to fail: even servers moved at will, every minute, onto
+    the fewest machines ready at once would need more than 0.6 of the fixed fleet's hours,
+    with the culler at its default (a server outlives its participant by 90 minutes) or at half
+    an hour; the hub's fleet cannot do better than that, nor than an instant cloud."""
+    for sessions, days in (day, lunch_culled):
+        fixed = days["fixed"].machine_hours
+        assert fleet_day.packed_machine_hours(sessions) > GOAL_SHARE * fixed + 3
+        assert fleet_day.packed_machine_hours(sessions) < days["instant"].machine_hours
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 41's 0.6 is not reached on this day: servers cannot move, so a machine goes "
-    "only when its last participant leaves, and the afternoon's leavers are spread over every "
-    "machine; even an instant cloud needs about 0.8 of the fixed fleet's hours here",
+    reason="issue 41's 0.6 is not reached on this day: servers cannot move and the culler "
+    "keeps each for 90 min after its participant's last activity, so a machine is paid until "
+    "its last participant leaves plus the culler's time; the hub's fleet pays 0.93 of the "
+    "fixed fleet's hours (spread and pack alike), an instant cloud 0.92, and servers moved at "
+    "will would still need 0.81 (0.85, 0.81 and 0.68 with a 30-minute culler)",
 )
 def test_issue_41s_machine_hours_goal(day):
-    _, fixed, driven = day
-    assert driven.machine_hours <= GOAL_SHARE * fixed.machine_hours
+    _, days = day
+    best = min(days[policy].machine_hours for policy in placement.POLICIES)
+    assert best <= GOAL_SHARE * days["fixed"].machine_hours
 
 
 def test_quota_refusals_are_told_backed_off_and_the_line_served_once_the_cloud_says_yes():
     refusing = Provider(refuse=lambda now: "quota exceeded" if now < 9.5 * HOUR else "")
     driven = replay(workshop_day(), settings=DAY, provider=refusing, start_machines=1)
     told = [when for when, what in driven.told if what == "quota exceeded"]
-    assert told and min(told) < 9.2 * HOUR
+    assert told and min(told) < 9 * HOUR
     gaps = [b - a for a, b in zip(told, told[1:])]
     assert min(gaps) >= refusing.backoff_s  # backed off, not asked every round
     blocked = [d for _, d in driven.decisions if "the cloud said no (quota exceeded)" in d.reason]
     assert blocked  # the dashboard's reason while it waits
     assert driven.unserved == 0 and driven.servers_ended_by_removal == 0
-    assert max(driven.waits) < 40 * MINUTE  # served once the cloud said yes
+    assert max(driven.waits) > 30 * MINUTE  # people waited for the cloud...
+    assert max(driven.waits) < 50 * MINUTE  # ...and were served once it said yes
 
 
 def test_a_machine_that_never_joins_is_given_up_within_its_bound_and_replaced():
@@ -416,10 +501,9 @@ def test_a_machine_taken_back_is_a_machine_gone_and_its_participants_start_again
     assert grown_after  # a machine asked for in its place
 
 
-def test_the_rounds_reasons_are_dashboard_sentences():
-    sessions = workshop_day()
-    driven = replay(sessions, settings=DAY, start_machines=1)
-    said = {d.action for _, d in driven.decisions}
+def test_the_rounds_reasons_are_dashboard_sentences(lunch_culled):
+    _, days = lunch_culled
+    said = {d.action for _, d in days["pack"].decisions}
     assert {GROW, DRAIN, REMOVE} <= said
-    assert all(d.reason and d.reason[0].isalnum() for _, d in driven.decisions)
+    assert all(d.reason and d.reason[0].isalnum() for _, d in days["pack"].decisions)
     assert capacity.STATES[0] == "asked"
