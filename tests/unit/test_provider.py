@@ -271,6 +271,148 @@ async def test_only_the_end_of_a_long_output_is_kept(tmp_path):
     assert len(ran.output) == 8192 and ran.output.endswith("x\nLAST\n")
 
 
+# ---- the container runner: each command in a one-shot container of the fleet's image --------
+
+IMAGE = "amazon/aws-cli"
+
+
+@pytest.fixture
+def engine():
+    """The manager's engine (tests/unit/fake_engine.py) with the fleet's image pulled."""
+    from .fake_engine import FakeDocker, FakeImage
+
+    docker = FakeDocker()
+    docker.tags[f"{IMAGE}:latest"] = FakeImage(docker, "sha256:" + "a" * 64)
+    return docker
+
+
+def runner(engine, **kwargs) -> provider.ContainerRunner:
+    return provider.ContainerRunner(engine, IMAGE, **kwargs)
+
+
+async def test_a_command_runs_in_a_one_shot_container_and_its_output_is_read(engine):
+    ran = await runner(engine, labels={"gpu-jupyterhub.stack": "gpuhub"})(
+        "echo grown; echo a warning >&2", 10, {}
+    )
+    assert (ran.status, ran.output) == (0, "grown\na warning\n")
+    ((image, made),) = engine.creates
+    assert image == IMAGE
+    assert made["entrypoint"] == ["/bin/sh", "-c"]
+    assert made["command"] == ["echo grown; echo a warning >&2"]
+    assert made["network_mode"] == "host"  # the manager VM's credentials, from its metadata
+    assert made["labels"] == {"gpu-jupyterhub.stack": "gpuhub", provider.COMMAND_LABEL: "1"}
+    assert made["mounts"] == [] and "volumes" not in made  # nothing but the mounts given
+    assert not made["stdin_open"] and not made["tty"]  # a prompt gets end-of-file
+    assert engine.made == {}  # removed
+
+
+async def test_a_non_zero_status_is_the_commands_and_the_container_is_removed(engine):
+    ran = await runner(engine)("echo 'An error occurred (ExpiredToken)'; exit 254", 10, {})
+    assert (ran.status, ran.output) == (254, "An error occurred (ExpiredToken)\n")
+    assert classify(ran.output) == AUTH
+    assert engine.made == {}
+
+
+async def test_a_command_that_hangs_is_killed_reported_hung_and_removed(engine):
+    commands = Commands("echo asking; sleep 30 # {count}", "x {machine}", timeout=0.5, attempts=1)
+    started = time.monotonic()
+    outcome = await Provider(commands, env={}, runner=runner(engine)).grow(3)
+    assert time.monotonic() - started < 10
+    assert (outcome.ok, outcome.kind, outcome.status) == (False, HUNG, None)
+    assert outcome.output == "asking\n"  # what it said before it hung
+    assert [c[0] for c in engine.changes] == [
+        "create container",
+        "start container",
+        "kill container",
+        "remove container",
+    ]
+    assert engine.made == {}
+
+
+async def test_the_fleets_image_missing_is_said_with_the_command_that_gets_it(engine):
+    engine.tags.clear()
+    sleeps = Sleeps()
+    commands = Commands("grow {count}", "x {machine}")
+    outcome = await Provider(commands, env={}, sleep=sleeps, runner=runner(engine)).grow(3)
+    assert (outcome.ok, outcome.kind, outcome.attempts) == (False, provider.SETUP, 1)
+    assert sleeps.delays == []  # asking again at once would not pull it
+    assert f"the fleet's image {IMAGE} is not on the manager: docker pull {IMAGE}" in (
+        outcome.told()
+    )
+    assert not any(c[0] == "start container" for c in engine.changes)
+    assert provider.backoff(provider.SETUP, 1) == 300.0
+    assert provider.FOR_THE_LINE[provider.SETUP].startswith("No more GPU machines")
+
+
+async def test_a_mount_the_engine_refuses_is_told_and_nothing_is_left(engine, tmp_path):
+    missing = provider.Mount(str(tmp_path / "gone"), "/root/.aws", read_only=True)
+    outcome = await Provider(
+        Commands("grow {count}", "x {machine}"), env={}, runner=runner(engine, mounts=(missing,))
+    ).grow(3)
+    assert (outcome.ok, outcome.kind) == (False, provider.SETUP)
+    assert "bind source path does not exist" in outcome.told() and engine.made == {}
+
+
+async def test_a_container_the_engine_would_not_start_is_removed(engine):
+    engine.start_fails[IMAGE] = "failed to create task: network host not found"
+    ran = await runner(engine)("echo never", 10, {})
+    assert ran.status == 125 and "network host not found" in ran.output
+    assert classify(ran.output) == provider.SETUP
+    assert engine.made == {}
+
+
+async def test_the_container_gets_exactly_the_env_and_mounts_given(engine, tmp_path):
+    (tmp_path / "aws").mkdir()
+    mounts = (
+        provider.Mount(str(tmp_path / "aws"), "/root/.aws", read_only=True),
+        provider.Mount(str(tmp_path), "/work"),
+    )
+    env = {"GROUP": "gpu-workshop", "ZONE": "europe-west4-a"}
+    ran = await runner(engine, mounts=mounts)(
+        'echo "$GROUP in $ZONE"; echo "${JUPYTERHUB_API_TOKEN-none}"', 10, env
+    )
+    assert ran.output == "gpu-workshop in europe-west4-a\nnone\n"  # nothing of the hub's
+    ((_, made),) = engine.creates
+    assert made["environment"] == env
+    assert made["mounts"] == [
+        {"Type": "bind", "Source": str(tmp_path / "aws"), "Target": "/root/.aws", "ReadOnly": True},
+        {"Type": "bind", "Source": str(tmp_path), "Target": "/work", "ReadOnly": False},
+    ]
+
+
+async def test_the_engines_blocking_calls_leave_the_hubs_loop_free(engine):
+    ticks = 0
+
+    async def ticking():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.02)
+
+    ticker = asyncio.create_task(ticking())
+    try:
+        ran = await runner(engine)("sleep 0.5; echo done", 10, {})
+    finally:
+        ticker.cancel()
+    assert ran.output == "done\n" and ticks >= 10
+
+
+def test_the_runner_is_chosen_once_from_the_settings(engine, monkeypatch):
+    monkeypatch.setenv("HUB_ONLY", "1")
+    commands = Commands("grow {count}", "x {machine}")
+    here = provider.fleet_provider(commands, env={"GROUP": "g"})
+    assert here.runner is run and here.env["GROUP"] == "g" and here.env["HUB_ONLY"] == "1"
+    assert Provider(commands).runner is run
+    there = provider.fleet_provider(
+        commands, image=IMAGE, env={"GROUP": "g"}, client=engine, stack="gpuhub"
+    )
+    assert isinstance(there.runner, provider.ContainerRunner)
+    assert there.env == {"GROUP": "g"}  # the hub's environment stays in the hub
+    assert there.runner.labels == {"gpu-jupyterhub.stack": "gpuhub"}
+    with pytest.raises(ValueError, match="needs the Docker client"):
+        provider.fleet_provider(commands, image=IMAGE)
+
+
 # ---- the recipes (docs/providers/) run against stand-ins of the clouds' tools -------------
 
 RECIPES = Path(__file__).parents[2] / "docs" / "providers"
