@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -441,22 +443,27 @@ esac
 }
 
 
-def recipe(name: str) -> dict[str, str]:
-    """A recipe's settings, read as the config file is (deploy/envfile.py)."""
-    from deploy.envfile import parse_env
+def recipe(name: str):
+    """A recipe read as the organizer's config file is, by the one reader of the settings, with
+    every check of `make demo` (those of GPUHUB_FLEET=on among them): a recipe that drifts
+    from the checks (a name that is no setting, a command without its {count}) is refused."""
+    from deploy.limits import Machine
+    from deploy.settings import read
 
-    found = parse_env((RECIPES / f"{name}.env").read_bytes(), f"{name}.env")
-    return {key: value for key, (value, _line) in found.items()}
+    config = str(RECIPES / f"{name}.env")
+    return read("demo", environ={}, config=config, machine=Machine(8, 2**35, 0))
 
 
 def recipe_provider(name: str, tmp_path: Path, **fake: str) -> tuple[Provider, Path]:
-    settings = recipe(name)
+    """The recipe's commands as the hub makes them from its settings, run here (no image: the
+    clouds' tools are the stand-ins on PATH), with GPUHUB_FLEET_ENV's variables."""
+    cfg = recipe(name)
     bin_dir, log = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir(exist_ok=True)
     for tool, body in FAKES.items():
         script(bin_dir, tool, f'echo "{tool} $*" >> {log}\n{body}')
     env = {
-        **settings,
+        **cfg.fleet_env,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "FAKE_SIZE": "2",
         "FAKE_REFUSAL": "",
@@ -465,27 +472,69 @@ def recipe_provider(name: str, tmp_path: Path, **fake: str) -> tuple[Provider, P
         **fake,
     }
     commands = Commands(
-        settings["GPUHUB_FLEET_GROW_COMMAND"],
-        settings["GPUHUB_FLEET_REMOVE_COMMAND"],
-        settings["GPUHUB_FLEET_WHY_COMMAND"],
-        timeout=float(settings["GPUHUB_FLEET_COMMAND_TIMEOUT"]),
+        cfg.fleet_grow_command,
+        cfg.fleet_remove_command,
+        cfg.fleet_why_command,
+        timeout=cfg.fleet_command_timeout,
     )
     return Provider(commands, env=env, sleep=Sleeps()), log
 
 
 def calls(log: Path) -> list[str]:
-    return log.read_text().splitlines() if log.exists() else []
+    """The clouds' tools' calls, but Azure's sign-in (``az login --identity``) before each."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [line for line in lines if not line.startswith("az login")]
 
 
-@pytest.mark.parametrize("name", ["aws", "gcp", "azure"])
-def test_each_recipe_reads_as_a_config_file_and_its_commands_as_shell(name):
-    settings = recipe(name)
-    assert settings["GPUHUB_FLEET_GROUP"] == "gpu-workshop"
-    assert "NOT WIRED YET" in (RECIPES / f"{name}.env").read_text()
+#: Each recipe's image (the cloud's own CLI) and the names its commands read from
+#: GPUHUB_FLEET_ENV.
+RECIPE_RUNS = {
+    "aws": ("amazon/aws-cli", {"GROUP", "AWS_REGION"}),
+    "gcp": ("gcr.io/google.com/cloudsdktool/google-cloud-cli:slim", {"GROUP", "ZONE"}),
+    "azure": ("mcr.microsoft.com/azure-cli", {"GROUP", "RESOURCE_GROUP"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPE_RUNS))
+def test_each_recipe_passes_the_checks_of_the_fleet_on_and_runs_in_its_clouds_image(name):
+    cfg = recipe(name)
+    image, names = RECIPE_RUNS[name]
+    assert cfg.fleet is True and cfg.fleet_image == image
+    assert set(cfg.fleet_env) == names and cfg.fleet_env["GROUP"] == "gpu-workshop"
+    assert cfg.fleet_mounts == ()  # the VM's own credentials: nothing of the manager's disk
     for key in ("GROW", "REMOVE", "WHY"):
-        line = command_line(settings[f"GPUHUB_FLEET_{key}_COMMAND"], count=3, machine="gpu-1")
+        line = command_line(cfg.values[f"GPUHUB_FLEET_{key}_COMMAND"], count=3, machine="gpu-1")
         checked = subprocess.run(["sh", "-n", "-c", line], capture_output=True, text=True)
         assert checked.returncode == 0, (key, checked.stderr)
+        # every variable a command reads is GPUHUB_FLEET_ENV's or its own
+        read_here = set(re.findall(r"\$\{?([A-Za-z_]+)", line))
+        assert read_here <= names | {"now", "id", "name", "instance"}, (key, read_here)
+    if name == "azure":  # a fresh container each time: signed in as the VM's identity first
+        assert cfg.fleet_grow_command.startswith("az login --identity >/dev/null && ")
+        assert cfg.fleet_remove_command.startswith("az login --identity >/dev/null && ")
+
+
+@pytest.mark.parametrize(
+    ("written", "drifted", "says"),
+    [
+        ("{count}", "3", "GPUHUB_FLEET_GROW_COMMAND: the grow command must say"),
+        ("ZONE=europe-west4-a'", "'\nGPUHUB_FLEET_ZONE=a", "unknown setting GPUHUB_FLEET_ZONE"),
+        ("GROUP=gpu-workshop", "GROUP gpu-workshop", "GPUHUB_FLEET_ENV is 'GROUP gpu-workshop"),
+        ("_IMAGE=gcr.io", "_IMAGE=GCR.io/x y", "GPUHUB_FLEET_IMAGE is"),
+    ],
+)
+def test_a_recipe_that_drifts_from_the_checks_is_refused(
+    written, drifted, says, tmp_path, monkeypatch
+):
+    from deploy.envfile import SettingsError
+
+    text = (RECIPES / "gcp.env").read_text()
+    assert written in text
+    (tmp_path / "gcp.env").write_text(text.replace(written, drifted))
+    monkeypatch.setattr(sys.modules[__name__], "RECIPES", tmp_path)
+    with pytest.raises(SettingsError) as refused:
+        recipe("gcp")
+    assert says in "\n".join(refused.value.problems)
 
 
 GROWN = {
