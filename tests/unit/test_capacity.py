@@ -426,7 +426,7 @@ def test_the_rounds_reasons_are_dashboard_sentences():
 
 
 def test_the_fleets_settings_are_made_from_the_settings_values():
-    """capacity.fleet_settings: what the hub makes from cfg.fleet_* (test_settings.py reads them)."""
+    """capacity.fleet_settings: what the hub makes of cfg.fleet_* (test_settings.py reads those)."""
     values = dict(
         min_machines=1,
         max_machines=5,
