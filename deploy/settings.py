@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, ClassVar
 
 from deploy import values as typed
-from gpu_swarm_spawner import provider, roster
+from gpu_swarm_spawner import provider_settings, roster
 from gpu_swarm_spawner.contract import (
     DISK_BUDGET_MAX_GB,
     DISK_SAFETY_RANGE,
@@ -301,7 +301,7 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
     return errors
 
 
-#: The setting behind each of provider.command_problems' answers.
+#: The setting behind each of provider_settings.command_problems' answers.
 _COMMAND_KEYS = {
     "grow": "GPUHUB_FLEET_GROW_COMMAND",
     "remove": "GPUHUB_FLEET_REMOVE_COMMAND",
@@ -311,14 +311,14 @@ _COMMAND_KEYS = {
 def _fleet(settings) -> list[str]:
     """The fleet's settings (docs/autoscaling.md): their types always (Config reads them), the
     rest only with GPUHUB_FLEET=on (with off an organizer may leave them as they are). The
-    checks are the hub's own readers: provider's commands, mounts and variables, the
-    schedule's reader in its time zone."""
+    checks are the hub's own readers (provider_settings: the commands, mounts, variables, image;
+    schedule.read_schedule in its time zone)."""
     errors = []
     for key in ("GPUHUB_FLEET_PRICE_PER_HOUR", "GPUHUB_FLEET_MOUNTS", "GPUHUB_FLEET_ENV"):
         errors += _typed(settings, key)[1]
     if settings.get("GPUHUB_FLEET") != "on":
         return errors
-    for which, said in provider.command_problems(  # the time limit: told by _declared
+    for which, said in provider_settings.command_problems(  # the time limit: told by _declared
         settings.get("GPUHUB_FLEET_GROW_COMMAND", ""),
         settings.get("GPUHUB_FLEET_REMOVE_COMMAND", ""),
     ):
@@ -349,7 +349,7 @@ def _fleet(settings) -> list[str]:
         except ScheduleError as e:
             errors.append(str(e))
     image = settings.get("GPUHUB_FLEET_IMAGE", "")
-    if image and not provider.IMAGE_REFERENCE.match(image):
+    if image and not provider_settings.IMAGE_REFERENCE.match(image):
         errors.append(
             f"GPUHUB_FLEET_IMAGE is {image!r}; write a Docker image reference, the cloud's own "
             "CLI image: amazon/aws-cli, gcr.io/google.com/cloudsdktool/google-cloud-cli:slim or "
@@ -762,8 +762,8 @@ READERS: dict[str, Callable[[str], object]] = {
     "disk_budget": disk_budget,
     "disk_safety": disk_safety,
     "price": price,
-    "mounts": provider.read_mounts,  # the container runner's reader, once
-    "command_env": provider.read_env,
+    "mounts": provider_settings.read_mounts,  # the container runner's reader, once
+    "command_env": provider_settings.read_env,
 }
 
 #: The one written form of each kind of value that has more than one: what Config keeps in

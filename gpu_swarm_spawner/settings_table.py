@@ -61,8 +61,8 @@ TYPES = {
     "disk_budget": "float",  # GiB; 0: no budget
     "disk_safety": "int",  # percent; 0: no safety line
     "price": "float | None",  # a machine-hour's price; None: none given
-    "mounts": "tuple[Mount, ...]",  # the provider's container's folders (provider.read_mounts)
-    "command_env": "dict[str, str]",  # the provider's commands' variables (provider.read_env)
+    "mounts": "tuple[Mount, ...]",  # the commands' container's folders (provider_settings)
+    "command_env": "dict[str, str]",  # the commands' variables (provider_settings)
 }
 
 

@@ -1623,9 +1623,11 @@ def test_the_fleets_settings_are_typed_and_make_what_the_hub_runs():
 
 
 def test_the_fleets_checks_are_the_hubs_own_readers(base, monkeypatch):
-    """One reader: the check of the commands is provider.command_problems, and of the schedule
-    schedule.read_schedule, so that what passes is what the hub takes."""
-    from gpu_swarm_spawner import provider
+    """One reader: the check of the commands is provider_settings.command_problems, which
+    provider.Commands runs, so that what passes is what the hub takes."""
+    from gpu_swarm_spawner import provider, provider_settings
 
-    monkeypatch.setattr(provider, "command_problems", lambda *a: [("grow", "told by the hub")])
+    assert provider.command_problems is provider_settings.command_problems
+    told = [("grow", "told by the hub")]
+    monkeypatch.setattr(provider_settings, "command_problems", lambda *a: told)
     assert problems(fleet_on(base), mode="demo") == ["GPUHUB_FLEET_GROW_COMMAND: told by the hub"]
