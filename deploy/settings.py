@@ -338,7 +338,12 @@ def _fleet(settings) -> list[str]:
             "a minimum no higher than the maximum"
         )
     zone = settings.get("GPUHUB_FLEET_TIMEZONE", "")
-    if zone not in _zones():
+    if not _zones():
+        errors.append(
+            "GPUHUB_FLEET_TIMEZONE cannot be checked: this machine has no time zone database; "
+            "install it (apt-get install tzdata) and run this again"
+        )
+    elif zone not in _zones():
         errors.append(
             f"GPUHUB_FLEET_TIMEZONE is {zone!r}; write the IANA name of the workshop's time zone, "
             "such as Europe/Berlin, America/New_York or UTC"

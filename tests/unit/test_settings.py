@@ -1631,3 +1631,13 @@ def test_the_fleets_checks_are_the_hubs_own_readers(base, monkeypatch):
     told = [("grow", "told by the hub")]
     monkeypatch.setattr(provider_settings, "command_problems", lambda *a: told)
     assert problems(fleet_on(base), mode="demo") == ["GPUHUB_FLEET_GROW_COMMAND: told by the hub"]
+
+
+def test_a_machine_without_a_time_zone_database_says_so_instead_of_refusing_every_zone(
+    base, monkeypatch
+):
+    monkeypatch.setattr(settings_module, "_zones", lambda: frozenset())
+    assert problems(fleet_on(base), mode="demo") == [
+        "GPUHUB_FLEET_TIMEZONE cannot be checked: this machine has no time zone database; "
+        "install it (apt-get install tzdata) and run this again"
+    ]
