@@ -29,13 +29,14 @@ import math
 import os
 import re
 import stat
+import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar
 
 from deploy import values as typed
-from gpu_swarm_spawner import roster
+from gpu_swarm_spawner import provider_settings, roster
 from gpu_swarm_spawner.contract import (
     DISK_BUDGET_MAX_GB,
     DISK_SAFETY_RANGE,
@@ -44,6 +45,7 @@ from gpu_swarm_spawner.contract import (
     guard_number,
 )
 from gpu_swarm_spawner.egress import EgressError, read_egress
+from gpu_swarm_spawner.schedule import ScheduleError, read_schedule
 from gpu_swarm_spawner.settings_table import SETTINGS, Setting
 from tutorial_sync import credentials
 from tutorial_sync.repos import ReposError, parse_repos, redact
@@ -295,7 +297,76 @@ def problems(settings: dict[str, str], exists=os.path.exists, mode: str = "up") 
         parse_repos(settings.get("GPUHUB_TUTORIAL_REPOS", ""))
     except ReposError as e:
         errors += [f"GPUHUB_TUTORIAL_REPOS: {problem}" for problem in e.problems]
+    errors += _fleet(settings)
     return errors
+
+
+#: The setting behind each of provider_settings.command_problems' answers.
+_COMMAND_KEYS = {
+    "grow": "GPUHUB_FLEET_GROW_COMMAND",
+    "remove": "GPUHUB_FLEET_REMOVE_COMMAND",
+}
+
+
+def _fleet(settings) -> list[str]:
+    """The fleet's settings (docs/autoscaling.md): their types always (Config reads them), the
+    rest only with GPUHUB_FLEET=on (with off an organizer may leave them as they are). The
+    checks are the hub's own readers (provider_settings: the commands, mounts, variables, image;
+    schedule.read_schedule in its time zone)."""
+    errors = []
+    for key in ("GPUHUB_FLEET_PRICE_PER_HOUR", "GPUHUB_FLEET_MOUNTS", "GPUHUB_FLEET_ENV"):
+        errors += _typed(settings, key)[1]
+    if settings.get("GPUHUB_FLEET") != "on":
+        return errors
+    for which, said in provider_settings.command_problems(  # the time limit: told by _declared
+        settings.get("GPUHUB_FLEET_GROW_COMMAND", ""),
+        settings.get("GPUHUB_FLEET_REMOVE_COMMAND", ""),
+    ):
+        errors.append(f"{_COMMAND_KEYS[which]}: {said}")
+    low, high = (
+        settings.get("GPUHUB_FLEET_MIN_MACHINES", ""),
+        settings.get("GPUHUB_FLEET_MAX_MACHINES", ""),
+    )
+    if high.isdigit() and int(high) < 1:
+        errors.append(
+            "GPUHUB_FLEET_MAX_MACHINES is 0 but GPUHUB_FLEET=on; write the most GPU machines the "
+            "hub may have at once (your budget, or the cloud's quota), at least 1"
+        )
+    elif low.isdigit() and high.isdigit() and int(low) > int(high):
+        errors.append(
+            f"GPUHUB_FLEET_MIN_MACHINES is {low} but GPUHUB_FLEET_MAX_MACHINES is {high}; write "
+            "a minimum no higher than the maximum"
+        )
+    zone = settings.get("GPUHUB_FLEET_TIMEZONE", "")
+    if not _zones():
+        errors.append(
+            "GPUHUB_FLEET_TIMEZONE cannot be checked: this machine has no time zone database; "
+            "install it (apt-get install tzdata) and run this again"
+        )
+    elif zone not in _zones():
+        errors.append(
+            f"GPUHUB_FLEET_TIMEZONE is {zone!r}; write the IANA name of the workshop's time zone, "
+            "such as Europe/Berlin, America/New_York or UTC"
+        )
+    else:
+        try:
+            read_schedule(settings.get("GPUHUB_FLEET_SCHEDULE", ""), zone, "GPUHUB_FLEET_SCHEDULE")
+        except ScheduleError as e:
+            errors.append(str(e))
+    image = settings.get("GPUHUB_FLEET_IMAGE", "")
+    if image and not provider_settings.IMAGE_REFERENCE.match(image):
+        errors.append(
+            f"GPUHUB_FLEET_IMAGE is {image!r}; write a Docker image reference, the cloud's own "
+            "CLI image: amazon/aws-cli, gcr.io/google.com/cloudsdktool/google-cloud-cli:slim or "
+            "mcr.microsoft.com/azure-cli (or empty: the commands run in the hub's container)"
+        )
+    return errors
+
+
+@functools.cache
+def _zones() -> frozenset[str]:
+    """The IANA time zones this machine knows (the hub's image has the same database)."""
+    return frozenset(zoneinfo.available_timezones())
 
 
 def tutorial_token_problems(settings: Mapping[str, str]) -> list[str]:
@@ -664,6 +735,18 @@ def _text(value: str) -> str:
     return value
 
 
+def price(value: str) -> float | None:
+    """GPUHUB_FLEET_PRICE_PER_HOUR: None when empty, else a decimal of at least 0."""
+    if not value:
+        return None
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?|\.[0-9]+", value):
+        raise ValueError(
+            "write the price of one machine-hour in digits and a decimal point, e.g. 2.48 "
+            "(no currency sign), or leave it empty"
+        )
+    return float(value)
+
+
 #: How Config reads each kind of setting (``Setting.read`` in the table): a value that does not
 #: convert is a SettingsError naming the key, where it was set and what to write; ``problems``
 #: checks the settings with the same functions.
@@ -683,6 +766,9 @@ READERS: dict[str, Callable[[str], object]] = {
     "egress": read_egress,
     "disk_budget": disk_budget,
     "disk_safety": disk_safety,
+    "price": price,
+    "mounts": provider_settings.read_mounts,  # the container runner's reader, once
+    "command_env": provider_settings.read_env,
 }
 
 #: The one written form of each kind of value that has more than one: what Config keeps in

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .line import about
-from .schedule import Schedule
+from .schedule import Schedule, read_schedule
 
 STATES = ("asked", "booting", "joining", "ready", "draining", "leaving", "gone")
 #: Machines the hub counts as coming: asked for, not usable yet.
@@ -88,7 +88,8 @@ class Machine:
 
 @dataclass(frozen=True)
 class Settings:
-    """The fleet's settings (proposed, not settings yet: docs/autoscaling.md)."""
+    """The fleet's settings (GPUHUB_FLEET_*: docs/autoscaling.md; ``fleet_settings`` makes
+    them from the settings' values)."""
 
     min_machines: int = 0
     max_machines: int = 4
@@ -109,6 +110,36 @@ class Settings:
             raise ValueError(
                 f"a new machine must bring at least 1 slice, not {self.slices_per_machine}"
             )
+
+
+def fleet_settings(
+    *,
+    min_machines: int,
+    max_machines: int,
+    schedule: str,
+    timezone: str,
+    empty_for: float,
+    margin: int,
+    slices_per_machine: int,
+    slices_per_gpu: int,
+    boot_and_join: float,
+    join_within: float,
+) -> Settings:
+    """``Settings`` from the GPUHUB_FLEET_* settings' values (the hub's ``cfg.fleet_*``):
+    the schedule read in its time zone (a ``ScheduleError`` naming GPUHUB_FLEET_SCHEDULE when
+    it cannot be, which the settings' check says before anything is deployed), and
+    ``slices_per_machine`` 0 (learnt from the machines seen) standing in as GPUHUB_SLICES_PER_GPU
+    until a machine has been seen."""
+    return Settings(
+        min_machines=min_machines,
+        max_machines=max_machines,
+        slices_per_machine=slices_per_machine or slices_per_gpu,
+        empty_for=float(empty_for),
+        margin=margin,
+        boot_and_join=float(boot_and_join),
+        join_within=float(join_within),
+        schedule=read_schedule(schedule, timezone, "GPUHUB_FLEET_SCHEDULE"),
+    )
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,25 @@ an optional third (recipes for the three clouds' own tools in ``docs/providers/`
 ``{count}`` and ``{machine}`` are replaced in the command (a machine's name must be a plain
 hostname or instance id, so nothing in it reaches the shell as code).
 
-A command runs as ``/bin/sh -c`` in a process group of its own, with no input (a tool that
-prompts gets end-of-file instead of hanging); past ``timeout`` seconds the whole group is killed
-and the call reported as ``HUNG``, and what a command leaves running in the background when it
-ends is killed with it. What the command printed is read by ``classify`` into one of
-``KINDS``; each kind says whether an immediate retry helps (``RETRIED``: a hang, an unknown
-failure) and how long the hub waits before asking again (``backoff``).
+Where a command runs is the ``Runner``'s (``async runner(command, timeout, env) -> Ran``), chosen
+once from the settings (``fleet_provider``):
+
+- ``run``, without GPUHUB_FLEET_IMAGE: ``/bin/sh -c`` inside the hub's own container, in a
+  process group of its own, with no input (a tool that prompts gets end-of-file instead of
+  hanging); past ``timeout`` seconds the whole group is killed and the call reported as
+  ``HUNG``, and what a command leaves running in the background when it ends is killed with it.
+  The test bed's way, and commands of the organizer's own that need no cloud tool.
+- ``ContainerRunner``, with GPUHUB_FLEET_IMAGE (the cloud's own CLI image): a one-shot
+  container of that image on the manager, made through the engine's API the hub already has:
+  ``/bin/sh -c COMMAND`` on the host's network, so that the manager VM's own credentials (an
+  instance profile, a service account, a managed identity, read from the cloud's metadata
+  address) work with no key stored anywhere; only GPUHUB_FLEET_ENV's variables and
+  GPUHUB_FLEET_MOUNTS' folders, never another volume nor the engine's socket; killed past
+  ``timeout``, removed after, its output read from its logs.
+
+What the command printed is read by ``classify`` into one of ``KINDS``; each kind says whether
+an immediate retry helps (``RETRIED``: a hang, an unknown failure) and how long the hub waits
+before asking again (``backoff``).
 """
 
 from __future__ import annotations
@@ -35,15 +48,22 @@ import re
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .contract import STACK_LABEL
+from .provider_settings import (  # the settings' readers, which deploy/settings.py checks with
+    Mount,
+    command_problems,
+)
 
 QUOTA = "quota exceeded"
 NO_CAPACITY = "no capacity"
 AUTH = "sign-in expired"
 HUNG = "hung"
+SETUP = "not set up"
 UNKNOWN = "failed"
-KINDS = (QUOTA, NO_CAPACITY, AUTH, HUNG, UNKNOWN)
+KINDS = (QUOTA, NO_CAPACITY, AUTH, SETUP, HUNG, UNKNOWN)
 #: Failures worth trying again at once (a network blip, a command that stalled once); the
 #: others need the cloud or the organizer to change something first.
 RETRIED = frozenset({HUNG, UNKNOWN})
@@ -51,7 +71,7 @@ RETRIED = frozenset({HUNG, UNKNOWN})
 #: What the clouds' command-line tools print for each kind, as recorded in
 #: tests/unit/providers/ (SOURCES.md says where each text comes from). Checked in this order.
 PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple(
-    (kind, re.compile(pattern, re.IGNORECASE))
+    (kind, re.compile(pattern, re.IGNORECASE | re.MULTILINE))
     for kind, pattern in (
         # AWS: the CLI's "An error occurred (ExpiredToken) ..."; Google: gcloud's refresh and
         # reauthentication errors; Azure: Entra ID's AADSTS codes and "az login"
@@ -70,6 +90,8 @@ PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple(
         (NO_CAPACITY, r"InsufficientInstanceCapacity|do not have sufficient \S+ capacity"),
         (NO_CAPACITY, r"no Spot capacity available"),
         (NO_CAPACITY, r"SkuNotAvailable|\b(Zonal)?AllocationFailed\b|Allocation failed"),
+        # the container runner's own: the image not on the manager, a mount the engine refused
+        (SETUP, r"^the fleet's (image .* is not on the manager|command container was refused)"),
     )
 )
 
@@ -81,6 +103,8 @@ ADVICE = {
     "the hub asks again later (a group allowed more zones or machine types finds them sooner)",
     AUTH: "the provider command's sign-in has expired; sign in again where the hub runs it "
     "(aws sso login, gcloud auth login, az login) or give it a credential that does not expire",
+    SETUP: "the hub cannot run the provider's commands as GPUHUB_FLEET_IMAGE and "
+    "GPUHUB_FLEET_MOUNTS say; do what the message says on the manager",
     HUNG: "the command did not finish in time and was stopped; check that it runs by hand",
     UNKNOWN: "the command failed; run it by hand to see why",
 }
@@ -90,6 +114,7 @@ FOR_THE_LINE = {
     QUOTA: "No more GPU machines can be added right now (the organizers have been told). ",
     NO_CAPACITY: "The cloud has no GPU machine free right now; the hub keeps asking. ",
     AUTH: "No more GPU machines can be added right now (the organizers have been told). ",
+    SETUP: "No more GPU machines can be added right now (the organizers have been told). ",
     HUNG: "",
     UNKNOWN: "",
 }
@@ -107,14 +132,15 @@ def classify(output: str) -> str:
 def backoff(kind: str, failures: int) -> float:
     """Seconds to wait before asking the cloud again after ``failures`` failures in a row of
     ``kind``: a stock-out often lasts minutes, so 1, 2, 4... up to 15 minutes; a quota or a
-    sign-in needs a person, so every 10 or 5 minutes (the organizer may have fixed it); a hang
+    sign-in or the runner's set-up needs a person, so every 10 or 5 minutes (the organizer may
+    have fixed it); a hang
     or an unknown failure 30 s, doubling up to 10 minutes."""
     n = max(failures, 1) - 1
     if kind == NO_CAPACITY:
         return min(60.0 * 2**n, 900.0)
     if kind == QUOTA:
         return 600.0
-    if kind == AUTH:
+    if kind in (AUTH, SETUP):
         return 300.0
     return min(30.0 * 2**n, 600.0)
 
@@ -207,10 +233,16 @@ async def run(command: str, timeout: float, env: Mapping[str, str] | None = None
     return Ran(status, output, time.monotonic() - started)
 
 
+#: Where a command runs: ``await runner(command, timeout, env)``, a ``Ran`` back (``run``, or a
+#: ``ContainerRunner``).
+Runner = Callable[[str, float, "Mapping[str, str] | None"], Awaitable[Ran]]
+
+
 @dataclass(frozen=True)
 class Commands:
-    """The provider's commands (proposed settings, docs/autoscaling.md) and how they are
-    run."""
+    """The provider's commands (GPUHUB_FLEET_GROW_COMMAND, ..._REMOVE_COMMAND, ..._WHY_COMMAND,
+    ..._COMMAND_TIMEOUT) and how they are run: ``Commands(cfg.fleet_grow_command,
+    cfg.fleet_remove_command, cfg.fleet_why_command, timeout=cfg.fleet_command_timeout)``."""
 
     grow: str
     remove: str
@@ -220,23 +252,99 @@ class Commands:
     retry_delay: float = 2.0  # seconds before the second try; doubled before each next one
 
     def __post_init__(self):
-        if "{count}" not in self.grow:
-            raise ValueError(
-                "the grow command must say where the group's new size goes: {count}, e.g. "
-                "aws autoscaling set-desired-capacity --auto-scaling-group-name NAME "
-                "--desired-capacity {count}"
+        found = command_problems(self.grow, self.remove, self.timeout, self.attempts)
+        if found:
+            raise ValueError("; ".join(said for _, said in found))
+
+
+# ---- where the commands run ------------------------------------------------------------------
+
+#: The label of every container the container runner makes (``docker ps --filter label=...``).
+COMMAND_LABEL = "gpu-jupyterhub.fleet-command"
+
+
+async def _in_thread(executor, call: Callable, *args):
+    return await asyncio.get_running_loop().run_in_executor(executor, call, *args)
+
+
+@dataclass
+class ContainerRunner:
+    """Each command in a one-shot container of ``image`` on this engine (``client``: the Docker
+    SDK's ``docker.DockerClient``, whose calls block, so they run in ``executor``'s threads;
+    None: asyncio's default executor). A ``Runner``."""
+
+    client: object
+    image: str
+    mounts: tuple[Mount, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)  # the stack's, besides COMMAND_LABEL
+    executor: object = None
+
+    async def __call__(self, command: str, timeout: float, env: Mapping[str, str] | None = None):
+        return await _in_thread(self.executor, self.run, command, timeout, dict(env or {}))
+
+    def run(self, command: str, timeout: float, env: dict[str, str]) -> Ran:
+        """The container made, started, waited for at most ``timeout`` seconds (killed past
+        it: ``status`` None), its logs read, and removed whatever happened. The image is
+        never pulled here: one missing is said with the command that gets it."""
+        from docker import errors
+        from requests import exceptions
+
+        started = time.monotonic()
+
+        def ran(status: int | None, output: str) -> Ran:
+            return Ran(status, output, time.monotonic() - started)
+
+        try:
+            container = self.client.containers.create(
+                self.image,
+                command=[command],
+                entrypoint=["/bin/sh", "-c"],
+                environment=env,
+                network_mode="host",
+                mounts=[
+                    {
+                        "Type": "bind",
+                        "Source": m.host,
+                        "Target": m.container,
+                        "ReadOnly": m.read_only,
+                    }
+                    for m in self.mounts
+                ],  # fmt: skip
+                labels={**self.labels, COMMAND_LABEL: "1"},
+                stdin_open=False,
+                tty=False,
             )
-        if "{machine}" not in self.remove:
-            raise ValueError(
-                "the remove command must say where the machine's name goes: {machine}, e.g. "
-                "gcloud compute instance-groups managed delete-instances NAME --zone ZONE "
-                "--instances {machine}"
+        except errors.ImageNotFound:
+            return ran(
+                125,
+                f"the fleet's image {self.image} is not on the manager: docker pull {self.image}\n",
             )
-        if self.timeout <= 0 or self.attempts < 1:
-            raise ValueError(
-                f"a command needs a time limit above 0 s and at least 1 try, not "
-                f"{self.timeout} s and {self.attempts}"
-            )
+        except errors.APIError as e:
+            return ran(125, f"the fleet's command container was refused: {_said(e)}\n")
+        except (errors.DockerException, exceptions.RequestException) as e:
+            return ran(125, f"the Docker engine did not make the fleet's command container: {e}\n")
+        try:
+            try:
+                container.start()
+            except errors.APIError as e:
+                return ran(125, f"the fleet's command container was refused: {_said(e)}\n")
+            status: int | None
+            try:
+                status = int(container.wait(timeout=timeout)["StatusCode"])
+            except exceptions.RequestException:  # no answer within the time limit
+                status = None
+                with contextlib.suppress(errors.APIError):
+                    container.kill()
+            logs = container.logs(stdout=True, stderr=True)
+            return ran(status, logs[-8192:].decode("utf-8", "replace"))
+        finally:
+            with contextlib.suppress(errors.DockerException, exceptions.RequestException):
+                container.remove(force=True)
+
+
+def _said(error) -> str:
+    """What the engine said of an ``APIError``: its explanation, else its text."""
+    return str(getattr(error, "explanation", "") or error)
 
 
 class Provider:
@@ -249,10 +357,12 @@ class Provider:
         commands: Commands,
         env: Mapping[str, str] | None = None,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        runner: Runner = run,
     ):
         self.commands = commands
         self.env = dict(os.environ if env is None else env)
         self.sleep = sleep
+        self.runner = runner
 
     async def grow(self, count: int) -> Outcome:
         if count < 0:
@@ -280,7 +390,7 @@ class Provider:
         spent, attempt, delay = 0.0, 0, self.commands.retry_delay
         while True:
             attempt += 1
-            ran = await run(line, self.commands.timeout, self.env)
+            ran = await self.runner(line, self.commands.timeout, self.env)
             spent += ran.seconds
             if ran.status == 0:
                 return Outcome(True, "", 0, ran.output, spent, attempt, what)
@@ -290,3 +400,29 @@ class Provider:
             await self.sleep(delay)
             spent += delay
             delay *= 2
+
+
+def fleet_provider(
+    commands: Commands,
+    image: str = "",
+    env: Mapping[str, str] | None = None,
+    mounts: Iterable[Mount] = (),
+    client: object = None,
+    stack: str = "",
+    executor: object = None,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> Provider:
+    """The provider as the settings say, its runner chosen once: with ``image``
+    (GPUHUB_FLEET_IMAGE) each command runs in a one-shot container of it through ``client``
+    (``ContainerRunner``), seeing only ``env`` (GPUHUB_FLEET_ENV) and ``mounts``; without, by
+    ``/bin/sh`` in the hub's own container (``run``), with the hub's environment and ``env``
+    over it. ``stack``: GPUHUB_STACK, the stack label each container carries (``docker ps
+    --filter label=gpu-jupyterhub.fleet-command`` lists them)."""
+    env = dict(env or {})
+    if not image:
+        return Provider(commands, env={**os.environ, **env}, sleep=sleep)
+    if client is None:
+        raise ValueError("a fleet image needs the Docker client to run its containers with")
+    labels = {STACK_LABEL: stack} if stack else {}
+    runner = ContainerRunner(client, image, tuple(mounts), labels, executor)
+    return Provider(commands, env=env, sleep=sleep, runner=runner)

@@ -1,6 +1,6 @@
 """The fleet's schedule: how many GPU machines the organizer wants at each time of the day, read
-from one setting (proposed, not a setting yet: docs/autoscaling.md). Pure, standard
-library only.
+from one setting (GPUHUB_FLEET_SCHEDULE, in GPUHUB_FLEET_TIMEZONE: docs/autoscaling.md). Pure,
+standard library only.
 
 The setting is a list of entries, each a number of machines and the time of day it starts:
 

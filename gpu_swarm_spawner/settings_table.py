@@ -60,6 +60,9 @@ TYPES = {
     "guard_number": "float",  # the guard's reader (contract.guard_number)
     "disk_budget": "float",  # GiB; 0: no budget
     "disk_safety": "int",  # percent; 0: no safety line
+    "price": "float | None",  # a machine-hour's price; None: none given
+    "mounts": "tuple[Mount, ...]",  # the commands' container's folders (provider_settings)
+    "command_env": "dict[str, str]",  # the commands' variables (provider_settings)
 }
 
 
@@ -71,7 +74,8 @@ class Setting:
     (``high`` None: no upper bound); ``choices`` the words it may be; ``to`` the services whose
     environment passes it (``ENVIRONMENTS``); ``trait`` "Class.trait" that
     jupyterhub_config.py sets to its value; ``by_deploy``: the deploy steps fill it in (a config
-    file may not set it)."""
+    file may not set it); ``group``: the title of the group it stands in (``GROUPS``; "": the
+    first one)."""
 
     name: str
     default: str
@@ -82,6 +86,7 @@ class Setting:
     to: tuple[str, ...] = ()
     trait: str = ""
     by_deploy: bool = False
+    group: str = ""
     doc: str = ""
 
     @property
@@ -122,6 +127,19 @@ BY_DEPLOY_NOTE = """\
 Not the organizer's: the deploy steps set these to what they find (a config file that sets one
 is refused), for the stack files and the hub's environment. The values here stand in until then.
 """
+
+#: The groups of settings after the first, and what settings.env says of each (the deploy's own
+#: group, last, is ``BY_DEPLOY_TITLE``).
+FLEET = "GPU machines that follow the day (GPUHUB_FLEET)"
+GROUPS = {
+    FLEET: """\
+The hub asks the cloud for GPU machines when people wait in line (or the schedule says so) and
+gives back machines that stood empty, through two commands of yours that resize the cloud's
+group of machines (docs/autoscaling.md; ready recipes for AWS, Google Cloud and Azure in
+docs/providers/). Checked only with GPUHUB_FLEET=on; with off nothing of it runs, and these
+settings may stay as they are.
+""",
+}
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
@@ -752,6 +770,190 @@ SETTINGS: tuple[Setting, ...] = (
         to=("prometheus",),
     ),
     Setting(
+        "GPUHUB_FLEET",
+        "off",
+        read="on",
+        choices=("on", "off"),
+        to=("hub",),
+        group=FLEET,
+        doc="""
+        on: the hub drives the cloud's group of GPU machines as below; machines joined by hand count
+        as the fleet's too (toward the fewest; one is given back only when empty). off: the GPU
+        machines are the ones you join by hand.
+        """,
+    ),
+    Setting(
+        "GPUHUB_FLEET_MIN_MACHINES",
+        "0",
+        read="number",
+        low=0,
+        to=("hub",),
+        group=FLEET,
+        doc="""
+        The fewest and the most GPU machines at once (the most: your budget, or the cloud's quota; at
+        least 1). GPUHUB_FLEET_SCHEDULE raises the fewest by time of day: machines and the time of day
+        they hold from, 24-hour, in GPUHUB_FLEET_TIMEZONE (an IANA name such as Europe/Berlin), e.g.
+        "10 from 08:45, 4 from 17:00"; they are asked for one boot-and-join ahead, so that they are
+        ready at the time written. Empty: no schedule.
+        """,
+    ),
+    Setting(
+        "GPUHUB_FLEET_MAX_MACHINES",
+        "4",
+        read="number",
+        low=0,
+        to=("hub",),
+        group=FLEET,
+    ),
+    Setting(
+        "GPUHUB_FLEET_SCHEDULE",
+        "",
+        to=("hub",),
+        group=FLEET,
+    ),
+    Setting(
+        "GPUHUB_FLEET_TIMEZONE",
+        "UTC",
+        to=("hub",),
+        group=FLEET,
+    ),
+    Setting(
+        "GPUHUB_FLEET_EMPTY_FOR",
+        "900",
+        read="number",
+        low=0,
+        to=("hub",),
+        group=FLEET,
+        doc="""
+        Seconds a machine may hold no server before it is given back (paused first, so that no server
+        starts there, then removed while still empty), and the free GPU slices always kept for the
+        next arrivals (GPUHUB_FLEET_MARGIN: more machines are asked for below it, and one is given
+        back only when the others still have it free; 0: the lowest cost, a newcomer beyond the free
+        slices waits a boot).
+        """,
+    ),
+    Setting(
+        "GPUHUB_FLEET_MARGIN",
+        "0",
+        read="number",
+        low=0,
+        to=("hub",),
+        group=FLEET,
+    ),
+    Setting(
+        "GPUHUB_FLEET_SLICES_PER_MACHINE",
+        "0",
+        read="number",
+        low=0,
+        to=("hub",),
+        group=FLEET,
+        doc="""
+        GPU slices one new machine brings, counted for the people in line while it is on its way.
+        0: those of the machines seen so far (before any: GPUHUB_SLICES_PER_GPU).
+        """,
+    ),
+    Setting(
+        "GPUHUB_FLEET_BOOT_AND_JOIN",
+        "300",
+        read="number",
+        low=1,
+        to=("hub",),
+        group=FLEET,
+        doc="""
+        Seconds from asking the cloud to a machine ready in the swarm before any join was seen (then
+        the median of those seen; people in line are told "about N minutes"), and after which a
+        machine that has not joined is given up (no longer counted as on its way; the organizer is
+        told to look at its /var/log/gpuhub-join.log).
+        """,
+    ),
+    Setting(
+        "GPUHUB_FLEET_JOIN_WITHIN",
+        "900",
+        read="number",
+        low=60,
+        to=("hub",),
+        group=FLEET,
+    ),
+    Setting(
+        "GPUHUB_FLEET_PRICE_PER_HOUR",
+        "",
+        read="price",
+        to=("hub",),
+        group=FLEET,
+        doc="""
+        Your price of one machine-hour (digits and a decimal point, e.g. 2.48), for the estimated
+        cost beside the machine-hours on the dashboard and in `make status`. Empty: machine-hours
+        only.
+        """,
+    ),
+    Setting(
+        "GPUHUB_FLEET_GROW_COMMAND",
+        "",
+        to=("hub",),
+        group=FLEET,
+        doc="""
+        The provider: shell commands (in single quotes) that resize the cloud's group. The grow
+        command makes the group {count} machines, and never smaller; the remove command takes machine
+        {machine} (its swarm hostname) out of the group, the group one smaller; the why command
+        (optional) prints the group's latest failure (AWS and Google Cloud tell a machine they could
+        not launch only there). Each is stopped after GPUHUB_FLEET_COMMAND_TIMEOUT seconds. Copy them
+        from docs/providers/.
+        """,
+    ),
+    Setting(
+        "GPUHUB_FLEET_REMOVE_COMMAND",
+        "",
+        to=("hub",),
+        group=FLEET,
+    ),
+    Setting(
+        "GPUHUB_FLEET_WHY_COMMAND",
+        "",
+        to=("hub",),
+        group=FLEET,
+    ),
+    Setting(
+        "GPUHUB_FLEET_COMMAND_TIMEOUT",
+        "120",
+        read="number",
+        low=1,
+        high=3600,
+        to=("hub",),
+        group=FLEET,
+    ),
+    Setting(
+        "GPUHUB_FLEET_IMAGE",
+        "",
+        to=("hub",),
+        group=FLEET,
+        doc="""
+        Where the commands run. GPUHUB_FLEET_IMAGE: each in a one-shot container of this image on the
+        manager, made by the hub and removed after: the cloud's own CLI image (amazon/aws-cli,
+        gcr.io/google.com/cloudsdktool/google-cloud-cli:slim or mcr.microsoft.com/azure-cli; pull it
+        on the manager first). It runs on the host's network, so that the manager machine's own
+        credentials (an instance profile, a service account, a managed identity) work with no key
+        stored anywhere. Empty: inside the hub's container, which has no cloud tool (the test bed's
+        way). GPUHUB_FLEET_MOUNTS: folders of the manager the container sees, space-separated
+        HOSTDIR:CONTAINERDIR[:ro] with absolute paths (e.g. /root/.aws:/root/.aws:ro); nothing else,
+        never the Docker socket. GPUHUB_FLEET_ENV: variables the commands get, space-separated
+        NAME=VALUE, e.g. "GROUP=gpu-workshop ZONE=europe-west4-a" for their $GROUP and $ZONE.
+        """,
+    ),
+    Setting(
+        "GPUHUB_FLEET_MOUNTS",
+        "",
+        read="mounts",
+        to=("hub",),
+        group=FLEET,
+    ),
+    Setting(
+        "GPUHUB_FLEET_ENV",
+        "",
+        read="command_env",
+        to=("hub",),
+        group=FLEET,
+    ),
+    Setting(
         "GPUHUB_PUBLIC_URL",
         "",
         to=("hub",),
@@ -849,18 +1051,29 @@ def number(name: str) -> tuple[int, int]:
     return int(setting.default), setting.low
 
 
+def _title(setting: Setting) -> str:
+    """The title of the group ``setting`` is written in."""
+    return BY_DEPLOY_TITLE if setting.by_deploy else setting.group
+
+
 def settings_env(settings: Iterable[Setting] = SETTINGS) -> str:
-    """deploy/settings.env: the introduction, then each setting's comment and line, the
-    deploy's own settings last under their heading."""
+    """deploy/settings.env: the introduction, then each setting's comment and line, in the
+    table's order within each group; each group after the first under its heading and note, in
+    ``GROUPS``' order, the deploy's own settings last."""
     out = [f"# {line}" if line else "#" for line in INTRODUCTION.splitlines()]
     out.append("")
-    deploying = False
-    for setting in settings:
-        if setting.by_deploy and not deploying:
-            deploying = True
-            heading = f"# ---- {BY_DEPLOY_TITLE} "
+    settings = list(settings)
+    titles = ["", *GROUPS, BY_DEPLOY_TITLE]
+    group = ""
+    for setting in sorted(settings, key=lambda s: titles.index(_title(s))):  # stable
+        title = _title(setting)
+        if title != group:
+            group = title
+            heading = f"# ---- {title} "
+            note = BY_DEPLOY_NOTE if setting.by_deploy else GROUPS[title]
             out += ["", heading.ljust(99, "-")]
-            out += [f"# {line}" for line in BY_DEPLOY_NOTE.splitlines()]
+            out += [f"# {line}" for line in note.splitlines()]
+            out.append("")  # the group's note, apart from its first setting's
         out += setting.comment
         out.append(f"{setting.name}={setting.default}")
     return "\n".join(out) + "\n"

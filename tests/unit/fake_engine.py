@@ -1,4 +1,5 @@
-"""A Docker SDK client for the deploy steps (deploy/), answered by a small in-memory swarm
+"""A Docker SDK client for the deploy steps (deploy/) and the hub's one-shot containers (the
+fleet's provider commands, gpu_swarm_spawner/provider.py), answered by a small in-memory swarm
 manager (no daemon here), and a stand-in for `docker stack deploy`.
 
 It answers the calls the steps make, with the shapes the Docker API gives (``client.info()``,
@@ -12,10 +13,15 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
+import signal
+import subprocess
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 from docker.errors import APIError, BuildError, ImageNotFound, NotFound
+from requests.exceptions import ReadTimeout
 
 from gpu_swarm_spawner.contract import DOCKER_STACK_LABEL
 
@@ -136,9 +142,79 @@ class FakeContainer:
         return SimpleNamespace(exit_code=0, output=b"")
 
 
+class FakeCommandContainer:
+    """A container ``containers.create`` made: ``start`` runs its entrypoint and command with
+    this machine's /bin/sh, with no input and only the container's environment (and the image's
+    PATH); ``wait`` gives up past its timeout as the SDK does (``ReadTimeout``); ``remove``
+    takes it out of ``engine.made``."""
+
+    def __init__(self, engine: FakeDocker, ident: str, image: str, kwargs: dict):
+        self.engine, self.id, self.image, self.kwargs = engine, ident, image, kwargs
+        self.proc: subprocess.Popen | None = None
+        self.out = tempfile.TemporaryFile()  # noqa: SIM115 (closed by remove)
+        self.killed = False
+
+    def start(self) -> None:
+        self.engine.changes.append(("start container", self.id))
+        if self.image in self.engine.start_fails:
+            raise _refused(self.engine.start_fails[self.image])
+        self.proc = subprocess.Popen(
+            [*self.kwargs["entrypoint"], *self.kwargs["command"]],
+            env={"PATH": os.environ["PATH"], **self.kwargs["environment"]},
+            stdin=subprocess.DEVNULL,
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait(self, timeout=None) -> dict:
+        try:
+            return {"StatusCode": self.proc.wait(timeout), "Error": None}
+        except subprocess.TimeoutExpired:
+            raise ReadTimeout(f"Read timed out. (read timeout={timeout})") from None
+
+    def kill(self) -> None:
+        self.engine.changes.append(("kill container", self.id))
+        self.killed = True
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def logs(self, stdout=True, stderr=True, **kwargs) -> bytes:
+        self.out.seek(0)
+        return self.out.read()
+
+    def remove(self, force=False) -> None:
+        self.engine.changes.append(("remove container", self.id))
+        if self.proc and self.proc.poll() is None:
+            if not force:
+                raise _refused("cannot remove a running container: stop it or use force")
+            self.kill()
+        self.out.close()
+        del self.engine.made[self.id]
+
+
 class FakeContainers:
     def __init__(self, engine: FakeDocker):
         self.engine = engine
+
+    def create(self, image, command=None, **kwargs) -> FakeCommandContainer:
+        """As the engine: no pull (an image not in ``tags`` is ``ImageNotFound``), a bind
+        mount of a folder that does not exist refused."""
+        self.engine.creates.append((image, {"command": command, **kwargs}))
+        name = image if ":" in image.rsplit("/", 1)[-1] else f"{image}:latest"
+        if name not in self.engine.tags:
+            raise ImageNotFound(f"No such image: {name}")
+        for mount in kwargs.get("mounts") or []:
+            if not Path(mount["Source"]).exists():
+                raise _refused(
+                    'invalid mount config for type "bind": bind source path does not exist: '
+                    + mount["Source"]
+                )
+        ident = f"c{len(self.engine.creates)}"
+        self.engine.changes.append(("create container", ident))
+        container = FakeCommandContainer(self.engine, ident, image, {"command": command, **kwargs})
+        self.engine.made[ident] = container
+        return container
 
     def run(self, image, command=None, name=None, detach=False, **kwargs):
         assert detach and name, "only detached, named containers here"
@@ -329,6 +405,9 @@ class FakeDocker:
         self.registry_writers: set[str] = set()
         self.containers_running: dict[str, FakeContainer] = {}
         self.runs: list[tuple[str, dict]] = []  # containers.run: (name, its keyword arguments)
+        self.creates: list[tuple[str, dict]] = []  # containers.create: (image, its arguments)
+        self.made: dict[str, FakeCommandContainer] = {}  # containers created, not removed
+        self.start_fails: dict[str, str] = {}  # image -> what the engine says to its start
         self.node_list: list[dict] = [node("vm", ["GPU-simulated-0035969e-0=3"])]
         self.services: dict[str, dict] = {}  # the stack's, by name
         self.user_services: list[dict] = []

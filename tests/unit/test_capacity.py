@@ -507,3 +507,27 @@ def test_the_rounds_reasons_are_dashboard_sentences(lunch_culled):
     assert {GROW, DRAIN, REMOVE} <= said
     assert all(d.reason and d.reason[0].isalnum() for _, d in days["pack"].decisions)
     assert capacity.STATES[0] == "asked"
+
+
+def test_the_fleets_settings_are_made_from_the_settings_values():
+    """capacity.fleet_settings: what the hub makes of cfg.fleet_* (test_settings.py reads those)."""
+    values = dict(
+        min_machines=1,
+        max_machines=5,
+        schedule="10 from 08:45, 4 from 17:00",
+        timezone="Europe/Berlin",
+        empty_for=600,
+        margin=2,
+        slices_per_machine=0,
+        slices_per_gpu=3,
+        boot_and_join=300,
+        join_within=900,
+    )
+    made = capacity.fleet_settings(**values)
+    assert made.schedule == read_schedule("10 from 08:45, 4 from 17:00", "Europe/Berlin")
+    assert (made.min_machines, made.max_machines, made.margin) == (1, 5, 2)
+    assert (made.empty_for, made.boot_and_join, made.join_within) == (600.0, 300.0, 900.0)
+    assert made.slices_per_machine == 3  # 0: none seen yet, GPUHUB_SLICES_PER_GPU stands in
+    assert capacity.fleet_settings(**{**values, "slices_per_machine": 8}).slices_per_machine == 8
+    with pytest.raises(ScheduleError, match="^GPUHUB_FLEET_SCHEDULE: '10 from 8.45'"):
+        capacity.fleet_settings(**{**values, "schedule": "10 from 8.45"})

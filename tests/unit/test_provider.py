@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -271,6 +273,148 @@ async def test_only_the_end_of_a_long_output_is_kept(tmp_path):
     assert len(ran.output) == 8192 and ran.output.endswith("x\nLAST\n")
 
 
+# ---- the container runner: each command in a one-shot container of the fleet's image --------
+
+IMAGE = "amazon/aws-cli"
+
+
+@pytest.fixture
+def engine():
+    """The manager's engine (tests/unit/fake_engine.py) with the fleet's image pulled."""
+    from .fake_engine import FakeDocker, FakeImage
+
+    docker = FakeDocker()
+    docker.tags[f"{IMAGE}:latest"] = FakeImage(docker, "sha256:" + "a" * 64)
+    return docker
+
+
+def runner(engine, **kwargs) -> provider.ContainerRunner:
+    return provider.ContainerRunner(engine, IMAGE, **kwargs)
+
+
+async def test_a_command_runs_in_a_one_shot_container_and_its_output_is_read(engine):
+    ran = await runner(engine, labels={"gpu-jupyterhub.stack": "gpuhub"})(
+        "echo grown; echo a warning >&2", 10, {}
+    )
+    assert (ran.status, ran.output) == (0, "grown\na warning\n")
+    ((image, made),) = engine.creates
+    assert image == IMAGE
+    assert made["entrypoint"] == ["/bin/sh", "-c"]
+    assert made["command"] == ["echo grown; echo a warning >&2"]
+    assert made["network_mode"] == "host"  # the manager VM's credentials, from its metadata
+    assert made["labels"] == {"gpu-jupyterhub.stack": "gpuhub", provider.COMMAND_LABEL: "1"}
+    assert made["mounts"] == [] and "volumes" not in made  # nothing but the mounts given
+    assert not made["stdin_open"] and not made["tty"]  # a prompt gets end-of-file
+    assert engine.made == {}  # removed
+
+
+async def test_a_non_zero_status_is_the_commands_and_the_container_is_removed(engine):
+    ran = await runner(engine)("echo 'An error occurred (ExpiredToken)'; exit 254", 10, {})
+    assert (ran.status, ran.output) == (254, "An error occurred (ExpiredToken)\n")
+    assert classify(ran.output) == AUTH
+    assert engine.made == {}
+
+
+async def test_a_command_that_hangs_is_killed_reported_hung_and_removed(engine):
+    commands = Commands("echo asking; sleep 30 # {count}", "x {machine}", timeout=0.5, attempts=1)
+    started = time.monotonic()
+    outcome = await Provider(commands, env={}, runner=runner(engine)).grow(3)
+    assert time.monotonic() - started < 10
+    assert (outcome.ok, outcome.kind, outcome.status) == (False, HUNG, None)
+    assert outcome.output == "asking\n"  # what it said before it hung
+    assert [c[0] for c in engine.changes] == [
+        "create container",
+        "start container",
+        "kill container",
+        "remove container",
+    ]
+    assert engine.made == {}
+
+
+async def test_the_fleets_image_missing_is_said_with_the_command_that_gets_it(engine):
+    engine.tags.clear()
+    sleeps = Sleeps()
+    commands = Commands("grow {count}", "x {machine}")
+    outcome = await Provider(commands, env={}, sleep=sleeps, runner=runner(engine)).grow(3)
+    assert (outcome.ok, outcome.kind, outcome.attempts) == (False, provider.SETUP, 1)
+    assert sleeps.delays == []  # asking again at once would not pull it
+    assert f"the fleet's image {IMAGE} is not on the manager: docker pull {IMAGE}" in (
+        outcome.told()
+    )
+    assert not any(c[0] == "start container" for c in engine.changes)
+    assert provider.backoff(provider.SETUP, 1) == 300.0
+    assert provider.FOR_THE_LINE[provider.SETUP].startswith("No more GPU machines")
+
+
+async def test_a_mount_the_engine_refuses_is_told_and_nothing_is_left(engine, tmp_path):
+    missing = provider.Mount(str(tmp_path / "gone"), "/root/.aws", read_only=True)
+    outcome = await Provider(
+        Commands("grow {count}", "x {machine}"), env={}, runner=runner(engine, mounts=(missing,))
+    ).grow(3)
+    assert (outcome.ok, outcome.kind) == (False, provider.SETUP)
+    assert "bind source path does not exist" in outcome.told() and engine.made == {}
+
+
+async def test_a_container_the_engine_would_not_start_is_removed(engine):
+    engine.start_fails[IMAGE] = "failed to create task: network host not found"
+    ran = await runner(engine)("echo never", 10, {})
+    assert ran.status == 125 and "network host not found" in ran.output
+    assert classify(ran.output) == provider.SETUP
+    assert engine.made == {}
+
+
+async def test_the_container_gets_exactly_the_env_and_mounts_given(engine, tmp_path):
+    (tmp_path / "aws").mkdir()
+    mounts = (
+        provider.Mount(str(tmp_path / "aws"), "/root/.aws", read_only=True),
+        provider.Mount(str(tmp_path), "/work"),
+    )
+    env = {"GROUP": "gpu-workshop", "ZONE": "europe-west4-a"}
+    ran = await runner(engine, mounts=mounts)(
+        'echo "$GROUP in $ZONE"; echo "${JUPYTERHUB_API_TOKEN-none}"', 10, env
+    )
+    assert ran.output == "gpu-workshop in europe-west4-a\nnone\n"  # nothing of the hub's
+    ((_, made),) = engine.creates
+    assert made["environment"] == env
+    assert made["mounts"] == [
+        {"Type": "bind", "Source": str(tmp_path / "aws"), "Target": "/root/.aws", "ReadOnly": True},
+        {"Type": "bind", "Source": str(tmp_path), "Target": "/work", "ReadOnly": False},
+    ]
+
+
+async def test_the_engines_blocking_calls_leave_the_hubs_loop_free(engine):
+    ticks = 0
+
+    async def ticking():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.02)
+
+    ticker = asyncio.create_task(ticking())
+    try:
+        ran = await runner(engine)("sleep 0.5; echo done", 10, {})
+    finally:
+        ticker.cancel()
+    assert ran.output == "done\n" and ticks >= 10
+
+
+def test_the_runner_is_chosen_once_from_the_settings(engine, monkeypatch):
+    monkeypatch.setenv("HUB_ONLY", "1")
+    commands = Commands("grow {count}", "x {machine}")
+    here = provider.fleet_provider(commands, env={"GROUP": "g"})
+    assert here.runner is run and here.env["GROUP"] == "g" and here.env["HUB_ONLY"] == "1"
+    assert Provider(commands).runner is run
+    there = provider.fleet_provider(
+        commands, image=IMAGE, env={"GROUP": "g"}, client=engine, stack="gpuhub"
+    )
+    assert isinstance(there.runner, provider.ContainerRunner)
+    assert there.env == {"GROUP": "g"}  # the hub's environment stays in the hub
+    assert there.runner.labels == {"gpu-jupyterhub.stack": "gpuhub"}
+    with pytest.raises(ValueError, match="needs the Docker client"):
+        provider.fleet_provider(commands, image=IMAGE)
+
+
 # ---- the recipes (docs/providers/) run against stand-ins of the clouds' tools -------------
 
 RECIPES = Path(__file__).parents[2] / "docs" / "providers"
@@ -299,22 +443,27 @@ esac
 }
 
 
-def recipe(name: str) -> dict[str, str]:
-    """A recipe's settings, read as the config file is (deploy/envfile.py)."""
-    from deploy.envfile import parse_env
+def recipe(name: str):
+    """A recipe read as the organizer's config file is, by the one reader of the settings, with
+    every check of `make demo` (those of GPUHUB_FLEET=on among them): a recipe that drifts
+    from the checks (a name that is no setting, a command without its {count}) is refused."""
+    from deploy.limits import Machine
+    from deploy.settings import read
 
-    found = parse_env((RECIPES / f"{name}.env").read_bytes(), f"{name}.env")
-    return {key: value for key, (value, _line) in found.items()}
+    config = str(RECIPES / f"{name}.env")
+    return read("demo", environ={}, config=config, machine=Machine(8, 2**35, 0))
 
 
 def recipe_provider(name: str, tmp_path: Path, **fake: str) -> tuple[Provider, Path]:
-    settings = recipe(name)
+    """The recipe's commands as the hub makes them from its settings, run here (no image: the
+    clouds' tools are the stand-ins on PATH), with GPUHUB_FLEET_ENV's variables."""
+    cfg = recipe(name)
     bin_dir, log = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir(exist_ok=True)
     for tool, body in FAKES.items():
         script(bin_dir, tool, f'echo "{tool} $*" >> {log}\n{body}')
     env = {
-        **settings,
+        **cfg.fleet_env,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "FAKE_SIZE": "2",
         "FAKE_REFUSAL": "",
@@ -323,27 +472,69 @@ def recipe_provider(name: str, tmp_path: Path, **fake: str) -> tuple[Provider, P
         **fake,
     }
     commands = Commands(
-        settings["GPUHUB_FLEET_GROW_COMMAND"],
-        settings["GPUHUB_FLEET_REMOVE_COMMAND"],
-        settings["GPUHUB_FLEET_WHY_COMMAND"],
-        timeout=float(settings["GPUHUB_FLEET_COMMAND_TIMEOUT"]),
+        cfg.fleet_grow_command,
+        cfg.fleet_remove_command,
+        cfg.fleet_why_command,
+        timeout=cfg.fleet_command_timeout,
     )
     return Provider(commands, env=env, sleep=Sleeps()), log
 
 
 def calls(log: Path) -> list[str]:
-    return log.read_text().splitlines() if log.exists() else []
+    """The clouds' tools' calls, but Azure's sign-in (``az login --identity``) before each."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [line for line in lines if not line.startswith("az login")]
 
 
-@pytest.mark.parametrize("name", ["aws", "gcp", "azure"])
-def test_each_recipe_reads_as_a_config_file_and_its_commands_as_shell(name):
-    settings = recipe(name)
-    assert settings["GPUHUB_FLEET_GROUP"] == "gpu-workshop"
-    assert "NOT WIRED YET" in (RECIPES / f"{name}.env").read_text()
+#: Each recipe's image (the cloud's own CLI) and the names its commands read from
+#: GPUHUB_FLEET_ENV.
+RECIPE_RUNS = {
+    "aws": ("amazon/aws-cli", {"GROUP", "AWS_REGION"}),
+    "gcp": ("gcr.io/google.com/cloudsdktool/google-cloud-cli:slim", {"GROUP", "ZONE"}),
+    "azure": ("mcr.microsoft.com/azure-cli", {"GROUP", "RESOURCE_GROUP"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPE_RUNS))
+def test_each_recipe_passes_the_checks_of_the_fleet_on_and_runs_in_its_clouds_image(name):
+    cfg = recipe(name)
+    image, names = RECIPE_RUNS[name]
+    assert cfg.fleet is True and cfg.fleet_image == image
+    assert set(cfg.fleet_env) == names and cfg.fleet_env["GROUP"] == "gpu-workshop"
+    assert cfg.fleet_mounts == ()  # the VM's own credentials: nothing of the manager's disk
     for key in ("GROW", "REMOVE", "WHY"):
-        line = command_line(settings[f"GPUHUB_FLEET_{key}_COMMAND"], count=3, machine="gpu-1")
+        line = command_line(cfg.values[f"GPUHUB_FLEET_{key}_COMMAND"], count=3, machine="gpu-1")
         checked = subprocess.run(["sh", "-n", "-c", line], capture_output=True, text=True)
         assert checked.returncode == 0, (key, checked.stderr)
+        # every variable a command reads is GPUHUB_FLEET_ENV's or its own
+        read_here = set(re.findall(r"\$\{?([A-Za-z_]+)", line))
+        assert read_here <= names | {"now", "id", "name", "instance"}, (key, read_here)
+    if name == "azure":  # a fresh container each time: signed in as the VM's identity first
+        assert cfg.fleet_grow_command.startswith("az login --identity >/dev/null && ")
+        assert cfg.fleet_remove_command.startswith("az login --identity >/dev/null && ")
+
+
+@pytest.mark.parametrize(
+    ("written", "drifted", "says"),
+    [
+        ("{count}", "3", "GPUHUB_FLEET_GROW_COMMAND: the grow command must say"),
+        ("ZONE=europe-west4-a'", "'\nGPUHUB_FLEET_ZONE=a", "unknown setting GPUHUB_FLEET_ZONE"),
+        ("GROUP=gpu-workshop", "GROUP gpu-workshop", "GPUHUB_FLEET_ENV is 'GROUP gpu-workshop"),
+        ("_IMAGE=gcr.io", "_IMAGE=GCR.io/x y", "GPUHUB_FLEET_IMAGE is"),
+    ],
+)
+def test_a_recipe_that_drifts_from_the_checks_is_refused(
+    written, drifted, says, tmp_path, monkeypatch
+):
+    from deploy.envfile import SettingsError
+
+    text = (RECIPES / "gcp.env").read_text()
+    assert written in text
+    (tmp_path / "gcp.env").write_text(text.replace(written, drifted))
+    monkeypatch.setattr(sys.modules[__name__], "RECIPES", tmp_path)
+    with pytest.raises(SettingsError) as refused:
+        recipe("gcp")
+    assert says in "\n".join(refused.value.problems)
 
 
 GROWN = {

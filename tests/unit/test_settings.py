@@ -606,6 +606,7 @@ TYPES = {
     "list[Repo]": list,
     "dict[str, str]": dict,
     "Egress": Egress,
+    "tuple[Mount, ...]": tuple,
 }
 
 
@@ -1462,3 +1463,181 @@ def test_free_text_settings_are_held_to_what_github_and_caddy_take(base, key, va
 def test_what_github_and_caddy_take_passes(base, key, value):
     settings = github(base, GPUHUB_TLS="acme", GPUHUB_HOSTNAME="hub.example.org", **{key: value})
     assert [p for p in problems(settings) if p.startswith(key)] == []
+
+
+# ---- the fleet: GPU machines that follow the day (docs/autoscaling.md) --------------------
+
+
+def fleet_on(base, **changes):
+    """The demo's settings with the fleet on and commands that pass its checks."""
+    return {
+        **base,
+        "GPUHUB_FLEET": "on",
+        "GPUHUB_FLEET_GROW_COMMAND": "resize --size {count}",
+        "GPUHUB_FLEET_REMOVE_COMMAND": "delete --instance {machine}",
+        **changes,
+    }
+
+
+#: Fleet settings each fleet check refuses; with the fleet off, none of them is a problem.
+FLEET_REFUSED = [
+    ({"GPUHUB_FLEET_GROW_COMMAND": ""}, "GPUHUB_FLEET_GROW_COMMAND: the grow command is empty"),
+    ({"GPUHUB_FLEET_GROW_COMMAND": "resize --size 3"}, "--desired-capacity {count}"),
+    ({"GPUHUB_FLEET_REMOVE_COMMAND": " "}, "GPUHUB_FLEET_REMOVE_COMMAND: the remove command is"),
+    ({"GPUHUB_FLEET_REMOVE_COMMAND": "delete gpu-1"}, "GPUHUB_FLEET_REMOVE_COMMAND: the remove"),
+    (
+        {"GPUHUB_FLEET_MIN_MACHINES": "5"},
+        "GPUHUB_FLEET_MIN_MACHINES is 5 but GPUHUB_FLEET_MAX_MACHINES is 4; write a minimum",
+    ),
+    ({"GPUHUB_FLEET_MAX_MACHINES": "0"}, "GPUHUB_FLEET_MAX_MACHINES is 0 but GPUHUB_FLEET=on"),
+    (
+        {"GPUHUB_FLEET_SCHEDULE": "10 from 8.45"},
+        "GPUHUB_FLEET_SCHEDULE: '10 from 8.45' is not an entry of the schedule; write machines",
+    ),
+    ({"GPUHUB_FLEET_SCHEDULE": "4 from 24:00"}, "GPUHUB_FLEET_SCHEDULE: '4 from 24:00' has no"),
+    ({"GPUHUB_FLEET_SCHEDULE": "2 from 9:00, 3 from 09:00"}, "two entries start at 09:00"),
+    (
+        {"GPUHUB_FLEET_TIMEZONE": "Europe/Berln"},
+        "GPUHUB_FLEET_TIMEZONE is 'Europe/Berln'; write the IANA name",
+    ),
+    ({"GPUHUB_FLEET_TIMEZONE": "CEST"}, "GPUHUB_FLEET_TIMEZONE is 'CEST'"),
+    ({"GPUHUB_FLEET_TIMEZONE": ""}, "GPUHUB_FLEET_TIMEZONE is ''"),
+    ({"GPUHUB_FLEET_IMAGE": "Amazon/AWS-CLI"}, "GPUHUB_FLEET_IMAGE is 'Amazon/AWS-CLI'; write a"),
+    ({"GPUHUB_FLEET_IMAGE": "amazon/aws-cli latest"}, "mcr.microsoft.com/azure-cli"),
+]
+
+
+@pytest.mark.parametrize("changes, says", FLEET_REFUSED)
+def test_each_fleet_check_refuses_with_advice_when_the_fleet_is_on(base, changes, says):
+    found = problems(fleet_on(base, **changes), mode="demo")
+    assert len(found) == 1 and says in found[0], found
+    (key,) = changes
+    assert found[0].startswith(key)  # where it was set is found from it
+
+
+@pytest.mark.parametrize("changes, says", FLEET_REFUSED)
+def test_with_the_fleet_off_its_settings_may_stay_as_they_are(base, changes, says):
+    assert problems(fleet_on(base, GPUHUB_FLEET="off", **changes), mode="demo") == []
+
+
+def test_the_fleet_on_with_its_defaults_and_commands_passes(base):
+    assert problems(fleet_on(base), mode="demo") == []
+    good = fleet_on(
+        base,
+        GPUHUB_FLEET_SCHEDULE="10 from 08:45; 4 machines after 17:00",
+        GPUHUB_FLEET_TIMEZONE="Europe/Berlin",
+        GPUHUB_FLEET_MIN_MACHINES="4",
+        GPUHUB_FLEET_PRICE_PER_HOUR="2.48",
+        GPUHUB_FLEET_IMAGE="gcr.io/google.com/cloudsdktool/google-cloud-cli:slim",
+        GPUHUB_FLEET_MOUNTS="/root/.config/gcloud:/root/.config/gcloud:ro /srv/x:/x",
+        GPUHUB_FLEET_ENV="GROUP=gpu-workshop ZONE=europe-west4-a",
+    )
+    assert problems(good, mode="demo") == []
+    for image in ("amazon/aws-cli", "mcr.microsoft.com/azure-cli:2.67.0", "localhost:5000/cli"):
+        assert problems(fleet_on(base, GPUHUB_FLEET_IMAGE=image), mode="demo") == [], image
+
+
+#: Values of the fleet's settings that are not of their type, refused whether the fleet is on or
+#: off (Config could not read them): (changes, what the line says).
+FLEET_MISTYPED = [
+    ({"GPUHUB_FLEET": "yes"}, "GPUHUB_FLEET is 'yes'; write one of: on, off"),
+    ({"GPUHUB_FLEET_MAX_MACHINES": "four"}, "GPUHUB_FLEET_MAX_MACHINES is 'four'; write a whole"),
+    ({"GPUHUB_FLEET_EMPTY_FOR": "15m"}, "GPUHUB_FLEET_EMPTY_FOR is '15m'; write a whole number"),
+    ({"GPUHUB_FLEET_JOIN_WITHIN": "30"}, "GPUHUB_FLEET_JOIN_WITHIN is 30; write at least 60"),
+    ({"GPUHUB_FLEET_COMMAND_TIMEOUT": "0"}, "GPUHUB_FLEET_COMMAND_TIMEOUT is 0; write at least 1"),
+    (
+        {"GPUHUB_FLEET_PRICE_PER_HOUR": "$2.50"},
+        "GPUHUB_FLEET_PRICE_PER_HOUR is '$2.50'; write the price of one machine-hour in digits",
+    ),
+    ({"GPUHUB_FLEET_PRICE_PER_HOUR": "-1"}, "GPUHUB_FLEET_PRICE_PER_HOUR is '-1'; write the"),
+    ({"GPUHUB_FLEET_PRICE_PER_HOUR": "2,48"}, "GPUHUB_FLEET_PRICE_PER_HOUR is '2,48'"),
+    ({"GPUHUB_FLEET_MOUNTS": "/root/.aws"}, "'/root/.aws' is not HOSTDIR:CONTAINERDIR"),
+    ({"GPUHUB_FLEET_MOUNTS": "/a:/b:rw"}, "'/a:/b:rw' is not HOSTDIR:CONTAINERDIR"),
+    ({"GPUHUB_FLEET_MOUNTS": "root/.aws:/root/.aws"}, "write both folders as absolute paths"),
+    ({"GPUHUB_FLEET_MOUNTS": "/srv/../etc:/etc"}, "write both folders as absolute paths"),
+    ({"GPUHUB_FLEET_MOUNTS": "/:/host:ro"}, "write both folders as absolute paths"),
+    ({"GPUHUB_FLEET_MOUNTS": "/var/run:/var/run"}, "the Docker engine's socket"),
+    ({"GPUHUB_FLEET_MOUNTS": "/run/docker.sock:/s"}, "the Docker engine's socket"),
+    ({"GPUHUB_FLEET_MOUNTS": "/a:/x /b:/x"}, "/x is mounted twice"),
+    ({"GPUHUB_FLEET_ENV": "GROUP gpu"}, "GPUHUB_FLEET_ENV is 'GROUP gpu'; 'GROUP' is not NAME="),
+    ({"GPUHUB_FLEET_ENV": "1ZONE=a"}, "'1ZONE=a' is not NAME=VALUE with a name the shell takes"),
+    ({"GPUHUB_FLEET_ENV": "my-group=a"}, "'my-group=a' is not NAME=VALUE"),
+    ({"GPUHUB_FLEET_ENV": "A=1 A=2"}, "A is given twice"),
+]
+
+
+@pytest.mark.parametrize("fleet", ["on", "off"])
+@pytest.mark.parametrize("changes, says", FLEET_MISTYPED)
+def test_a_fleet_setting_not_of_its_type_is_refused_on_or_off(base, fleet, changes, says):
+    settings = fleet_on(base, **{"GPUHUB_FLEET": fleet, **changes})
+    found = problems(settings, mode="demo")
+    assert len(found) == 1 and says in found[0], found
+    with pytest.raises(SettingsError, match=re.escape(says)):  # the fleet off, as by default
+        read("demo", environ=changes, config="", machine=MACHINE)
+
+
+def test_the_fleets_settings_are_typed_and_make_what_the_hub_runs():
+    from gpu_swarm_spawner import capacity, provider
+
+    environ = {
+        "GPUHUB_FLEET": "on",
+        "GPUHUB_FLEET_MAX_MACHINES": "6",
+        "GPUHUB_FLEET_SCHEDULE": "5 from 08:45, 1 from 17:00",
+        "GPUHUB_FLEET_TIMEZONE": "Europe/Berlin",
+        "GPUHUB_FLEET_PRICE_PER_HOUR": "2.48",
+        "GPUHUB_FLEET_GROW_COMMAND": "resize $GROUP --size {count}",
+        "GPUHUB_FLEET_REMOVE_COMMAND": "delete $GROUP {machine}",
+        "GPUHUB_FLEET_IMAGE": "amazon/aws-cli",
+        "GPUHUB_FLEET_MOUNTS": "/root/.aws:/root/.aws:ro",
+        "GPUHUB_FLEET_ENV": "GROUP=gpu-workshop ZONE=europe-west4-a",
+    }
+    cfg = read("demo", environ=environ, config="", machine=MACHINE)
+    assert cfg.fleet is True and cfg.fleet_max_machines == 6 and cfg.fleet_empty_for == 900
+    assert cfg.fleet_price_per_hour == 2.48
+    assert cfg.fleet_mounts == (provider.Mount("/root/.aws", "/root/.aws", read_only=True),)
+    assert cfg.fleet_env == {"GROUP": "gpu-workshop", "ZONE": "europe-west4-a"}
+    assert read(environ={}, config="", machine=MACHINE).fleet_price_per_hour is None
+    # the hub's builders, from cfg's attributes (jupyterhub_config.py, gpu_swarm_spawner.fleet)
+    settings = capacity.fleet_settings(
+        min_machines=cfg.fleet_min_machines,
+        max_machines=cfg.fleet_max_machines,
+        schedule=cfg.fleet_schedule,
+        timezone=cfg.fleet_timezone,
+        empty_for=cfg.fleet_empty_for,
+        margin=cfg.fleet_margin,
+        slices_per_machine=cfg.fleet_slices_per_machine,
+        slices_per_gpu=cfg.slices_per_gpu,
+        boot_and_join=cfg.fleet_boot_and_join,
+        join_within=cfg.fleet_join_within,
+    )
+    assert settings.schedule.describe() == "5 from 08:45, 1 from 17:00 (Europe/Berlin)"
+    assert settings.slices_per_machine == cfg.slices_per_gpu == 3  # 0: none seen yet
+    assert (settings.max_machines, settings.empty_for, settings.join_within) == (6, 900.0, 900.0)
+    commands = provider.Commands(
+        cfg.fleet_grow_command,
+        cfg.fleet_remove_command,
+        cfg.fleet_why_command,
+        timeout=cfg.fleet_command_timeout,
+    )
+    assert commands.timeout == 120
+
+
+def test_the_fleets_checks_are_the_hubs_own_readers(base, monkeypatch):
+    """One reader: the check of the commands is provider_settings.command_problems, which
+    provider.Commands runs, so that what passes is what the hub takes."""
+    from gpu_swarm_spawner import provider, provider_settings
+
+    assert provider.command_problems is provider_settings.command_problems
+    told = [("grow", "told by the hub")]
+    monkeypatch.setattr(provider_settings, "command_problems", lambda *a: told)
+    assert problems(fleet_on(base), mode="demo") == ["GPUHUB_FLEET_GROW_COMMAND: told by the hub"]
+
+
+def test_a_machine_without_a_time_zone_database_says_so_instead_of_refusing_every_zone(
+    base, monkeypatch
+):
+    monkeypatch.setattr(settings_module, "_zones", lambda: frozenset())
+    assert problems(fleet_on(base), mode="demo") == [
+        "GPUHUB_FLEET_TIMEZONE cannot be checked: this machine has no time zone database; "
+        "install it (apt-get install tzdata) and run this again"
+    ]

@@ -146,19 +146,22 @@ def test_worker_code_imports_only_the_standard_library_nvml_and_the_contract():
     assert not wrong, "the worker may import the standard library, pynvml and the contract"
 
 
-def test_the_settings_import_only_the_standard_library_and_seven_pure_modules():
+def test_the_settings_import_only_the_standard_library_and_nine_pure_modules():
     """deploy/settings.py runs with a bare python3 (before anything is installed) and on the
     GPU machines: beyond the standard library only the typed values' readers, the roster and
     tutorial-repository readers, the tutorial token file's reader and the contract with the GPU
     machines (the hub's limit of slices a GPU, the GPU guard's settings), the servers'
-    egress setting's reader and the settings table (every setting, declared once), themselves
-    standard library only; and the deploy package's __init__ imports nothing."""
+    egress setting's reader, the settings table (every setting, declared once), the fleet's
+    schedule reader and the provider's settings' readers, themselves standard library only; and
+    the deploy package's __init__ imports nothing."""
     pure = {
         "deploy.values",
         "gpu_swarm_spawner.roster",
         "gpu_swarm_spawner.contract",
         "gpu_swarm_spawner.egress",
         "gpu_swarm_spawner.settings_table",
+        "gpu_swarm_spawner.schedule",
+        "gpu_swarm_spawner.provider_settings",
         "tutorial_sync.repos",
         "tutorial_sync.credentials",
     }
@@ -168,7 +171,8 @@ def test_the_settings_import_only_the_standard_library_and_seven_pure_modules():
         f"{path.relative_to(REPO)}:{line}: {module}"
         for path in (deploy / "settings.py", deploy / "values.py", spawner / "roster.py",
                      spawner / "contract.py", spawner / "egress.py",
-                     spawner / "settings_table.py",
+                     spawner / "settings_table.py", spawner / "schedule.py",
+                     spawner / "provider_settings.py",
                      REPO / "tutorial_sync" / "repos.py",
                      REPO / "tutorial_sync" / "credentials.py")
         for line, module in imports(path.read_text())
