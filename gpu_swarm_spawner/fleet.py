@@ -645,7 +645,7 @@ def clock_time(when: float, zone: str = "UTC") -> str:
 
 def install(
     settings: capacity.Settings,
-    provider_: provider.Provider,
+    make_provider: Callable[[], provider.Provider],
     data_dir: str | os.PathLike,
     dashboard_dir: str | os.PathLike,
     *,
@@ -653,12 +653,13 @@ def install(
     price_per_hour: float = 0.0,
 ) -> None:
     """Start the fleet keeper once JupyterHub has started (from the hub's config, with
-    ``GPUHUB_FLEET=on``)."""
+    ``GPUHUB_FLEET=on``); ``make_provider()`` is called then (its runner may need the Docker
+    client, which the config does not make)."""
 
     def start(hub) -> None:
         keeper = FleetKeeper(
             settings,
-            provider_,
+            make_provider(),
             data_dir,
             dashboard_dir,
             log=hub.log,
