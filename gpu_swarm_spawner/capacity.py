@@ -439,8 +439,10 @@ def observe(
             state = "draining"
         elif availability == "active":
             state = "ready"
-        else:
-            continue  # paused or drained by the organizer: theirs, not the fleet's
+        else:  # paused or drained by the organizer: theirs, neither counted nor given back
+            if name in memory:  # remembered as it was (paid for all along)
+                remembered[name] = replace(old, reason="paused by an organizer: not counted")
+            continue
         servers = servers_on(tasks, node_id)
         held = sum(min(usage.used.get(u, 0), n) for u, n in kinds.items())
         used += held

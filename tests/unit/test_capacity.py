@@ -461,6 +461,10 @@ def test_observe_counts_servers_and_free_slices_and_leaves_the_organizers_paused
     )
     assert by_name["gpu-3"].state == "gone"
     assert seen.used == 2
+    # the organizer's pause is not a machine leaving: the hub still knows it when it is back
+    again = capacity.observe(NOW + 10, nodes, [], seen.memory | {"gpu-2": seen.memory["gpu-1"]},
+                             [capacity.Asked("asked-1", NOW)])  # fmt: skip
+    assert "gpu-2" in again.memory and again.left == [] and again.joined == []
 
 
 def test_observe_gives_a_new_machine_the_place_of_the_oldest_one_asked_for():
