@@ -13,11 +13,14 @@ from deploy.settings import from_environment
 from gpu_swarm_spawner import (
     HUB_TEMPLATES,
     access,
+    capacity,
     contract,
     disk,
+    fleet,
     gate,
     hubdb,
     internals,
+    provider,
     settings_table,
 )
 from gpu_swarm_spawner.keeper import FreshResolver
@@ -251,6 +254,49 @@ else:
         disk.install()
     # what the organizer's dashboard reads: spawn events and the waiting line (events.py)
     c.GPUSwarmSpawner.dashboard_dir = str(DATA / "dashboard")
+    # the GPU machines follow the day (GPUHUB_FLEET=on): every 10 s the hub asks the cloud's
+    # group for machines while people wait and gives back those left empty, through the
+    # organizer's commands; its state in the data folder, what it does on the dashboard
+    # (fleet.py, docs/autoscaling.md)
+    if cfg.fleet:
+
+        def fleet_provider():
+            import docker
+
+            commands = provider.Commands(
+                cfg.fleet_grow_command,
+                cfg.fleet_remove_command,
+                cfg.fleet_why_command,
+                timeout=cfg.fleet_command_timeout,
+            )
+            return provider.fleet_provider(
+                commands,
+                image=cfg.fleet_image,
+                env=cfg.fleet_env,
+                mounts=cfg.fleet_mounts,
+                client=docker.from_env() if cfg.fleet_image else None,
+                stack=cfg.stack,
+            )
+
+        fleet.install(
+            capacity.fleet_settings(
+                min_machines=cfg.fleet_min_machines,
+                max_machines=cfg.fleet_max_machines,
+                schedule=cfg.fleet_schedule,
+                timezone=cfg.fleet_timezone,
+                empty_for=cfg.fleet_empty_for,
+                margin=cfg.fleet_margin,
+                slices_per_machine=cfg.fleet_slices_per_machine,
+                slices_per_gpu=cfg.slices_per_gpu,
+                boot_and_join=cfg.fleet_boot_and_join,
+                join_within=cfg.fleet_join_within,
+            ),
+            fleet_provider,
+            DATA,
+            DATA / "dashboard",
+            learn_slices=not cfg.fleet_slices_per_machine,
+            price_per_hour=cfg.fleet_price_per_hour or 0.0,
+        )
     # starts are refused with a clear message while the hub's data volume is (nearly) full
     c.GPUSwarmSpawner.hub_data_dir = str(DATA)
     if cfg.waiting_line != "off":

@@ -158,6 +158,9 @@ class GPUBroker:
         self.on_line_change: Callable[[list[line.Entry], str, Hashable | None], None] | None = None
         self._line_key: tuple = ((), "", None)
         self.line_error = ""  # why the line's last look at the swarm failed ("" when it did not)
+        #: what the fleet keeper (fleet.py) tells those in line beside their place: a GPU
+        #: machine on its way, or the cloud's refusal; "" for nothing
+        self.fleet_note = ""
         #: services of servers without a GPU being started (they count towards the cap before
         #: their service exists)
         self.cpu_only_starting: set[str] = set()
@@ -435,6 +438,15 @@ class GPUBroker:
 #: one broker per event loop (a hub has one; each test has its own)
 _BROKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _NO_LOOP = asyncio.AbstractEventLoop  # the key used outside a running loop
+
+
+def of_hub_if_made() -> GPUBroker | None:
+    """The broker of the hub running in this event loop once its first spawner made it; None
+    before (the hub's other keepers read it without making it with settings of their own)."""
+    try:
+        return _BROKERS.get(asyncio.get_running_loop())
+    except RuntimeError:
+        return _BROKERS.get(_NO_LOOP)
 
 
 def of_hub(threads: int, kind_prefix, max_age: float, line_interval: float = 2.0) -> GPUBroker:

@@ -1,7 +1,7 @@
 """How many GPU machines the hub wants, and which one may go: the decision of one round. Pure,
-standard library only; the hub's loop (not wired yet, docs/autoscaling.md) reads the fleet and
-the line, calls ``decide``, and carries the decisions out through the provider
-(``provider.py``) and Swarm.
+with the project's other pure modules; the hub's fleet keeper (``fleet.py``) reads the swarm
+into ``Machine``s (``observe``) and the line, calls ``decide``, and carries the decisions out
+through the provider (``provider.py``) and Swarm.
 
 A machine's life, as the hub counts it (``STATES``):
 
@@ -42,10 +42,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from . import inventory
+from .contract import DOCKER_STACK_LABEL, KIND_PREFIXES
 from .line import about
 from .schedule import Schedule, read_schedule
+from .tasks import is_live
 
 STATES = ("asked", "booting", "joining", "ready", "draining", "leaving", "gone")
 #: Machines the hub counts as coming: asked for, not usable yet.
@@ -362,3 +365,165 @@ def on_its_way_message(seconds: float | None) -> str:
     if seconds is None:
         return ""
     return f"A GPU machine is on its way ({about(seconds)})."
+
+
+# ---- the swarm read into machines ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A machine the hub asked the cloud for that has not joined yet."""
+
+    name: str  # "asked-3": the cloud names it, the swarm shows it only once it joins
+    at: float  # when it was asked for (epoch seconds)
+    reason: str = ""  # the grow's reason
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the fleet keeper remembers of a GPU machine of the swarm from round to round (its
+    state file keeps it over a hub restart)."""
+
+    node: str  # the swarm's node ID
+    state: str  # as last seen: one of STATES
+    since: float  # in ``state`` since
+    start: float  # paid for since: when the hub asked for it, else when it was first seen
+    asked: float = 0.0  # when the hub asked for it; 0: not asked by the hub
+    last_server: float | None = None  # when it last held a server
+    slices: int = 0
+    hub: str = ""  # what the hub did to it: "" , "paused" (draining) or "leaving" (removed)
+    hub_at: float = 0.0  # when
+    reason: str = ""  # why it is in its state, as the dashboard shows it
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The swarm read into the fleet (``observe``)."""
+
+    machines: list[Machine]  # the GPU machines and the asked-for ones, as ``decide`` takes them
+    memory: dict[str, Memory]  # by name: what to remember of each machine in the swarm
+    asked: list[Asked]  # those still not joined
+    joined: list[tuple[str, float]]  # (name, seconds from asking to joining) joined this round
+    left: list[tuple[str, Memory]]  # machines no longer in the swarm, as last remembered
+    used: int  # GPU slices the servers of the fleet's machines hold
+
+
+def is_server(task: dict) -> bool:
+    """A live task that is not a service of a stack (``docker stack deploy`` labels its
+    containers): a participant's server, or something else nobody may end by giving its
+    machine back."""
+    labels = ((task.get("Spec") or {}).get("ContainerSpec") or {}).get("Labels") or {}
+    return is_live(task) and DOCKER_STACK_LABEL not in labels
+
+
+def servers_on(tasks: Sequence[dict], node_id: str) -> int:
+    """The servers (``is_server``) on the node ``node_id``."""
+    return sum(1 for t in tasks if t.get("NodeID") == node_id and is_server(t))
+
+
+def observe(
+    now: float,
+    nodes: Sequence[dict],
+    tasks: Sequence[dict],
+    memory: dict[str, Memory],
+    asked: Sequence[Asked],
+    leave_within: float = 900.0,
+    kind_prefix=KIND_PREFIXES,
+) -> Seen:
+    """The fleet this round: every GPU machine of the swarm (``nodes`` and ``tasks`` as the
+    Engine API gives them) with what the hub remembers of it, and the machines asked for that
+    have not joined. A machine new to the hub takes the place of the oldest one asked for (it
+    joined after being asked for); a machine paused by someone else than the hub is the
+    organizer's, left out; one the hub asked the provider to remove (``leaving``) that is still
+    up after ``leave_within`` seconds is paused again, so that the removal is asked again."""
+    usage = inventory.task_usage(list(tasks), kind_prefix)
+    waiting = sorted(asked, key=lambda a: (a.at, a.name))
+    machines, remembered, joined, used = [], {}, [], 0
+    for node in nodes:
+        kinds = inventory.gpu_kinds(node, kind_prefix)
+        if not kinds:
+            continue
+        node_id = str(node.get("ID", ""))
+        name = (node.get("Description") or {}).get("Hostname") or node_id[:12]
+        status = (node.get("Status") or {}).get("State", "")
+        availability = (node.get("Spec") or {}).get("Availability", "")
+        old = memory.get(name)
+        if old is None:
+            if waiting:
+                first = waiting.pop(0)
+                joined.append((name, now - first.at))
+                old = Memory(node_id, "joining", now, first.at, first.at, reason=first.reason)
+            else:
+                old = Memory(node_id, "joining", now, now, reason="joined without being asked")
+        hub, hub_at = old.hub, old.hub_at
+        if hub == "leaving" and status == "ready" and now - hub_at > leave_within:
+            hub, hub_at = "paused", now  # the removal did not happen: asked again
+        if hub == "paused" and availability == "active":
+            hub = ""  # resumed by someone else
+        if hub == "leaving":
+            state = "leaving"
+        elif status == "down":
+            state = "gone"
+        elif status != "ready":
+            state = "joining"
+        elif hub == "paused":
+            state = "draining"
+        elif availability == "active":
+            state = "ready"
+        else:  # paused or drained by the organizer: theirs, neither counted nor given back
+            if name in memory:  # remembered as it was (paid for all along)
+                remembered[name] = replace(old, reason="paused by an organizer: not counted")
+            continue
+        servers = servers_on(tasks, node_id)
+        held = sum(min(usage.used.get(u, 0), n) for u, n in kinds.items())
+        used += held
+        last_server = now if servers else old.last_server
+        since = old.since if state == old.state else now
+        # a paused machine's free slices are those it brings back when resumed
+        free = sum(kinds.values()) - held if state in ("ready", "draining") else 0
+        remembered[name] = replace(
+            old,
+            node=node_id,
+            state=state,
+            since=since,
+            last_server=last_server,
+            slices=sum(kinds.values()),
+            hub=hub,
+            hub_at=hub_at,
+        )
+        machines.append(
+            Machine(
+                name,
+                state,
+                since,
+                asked=old.asked,
+                servers=servers,
+                free=max(free, 0),
+                slices=sum(kinds.values()),
+                last_server=last_server,
+            )
+        )
+    machines += [Machine(a.name, "asked", a.at, asked=a.at) for a in waiting]
+    left = [(name, m) for name, m in memory.items() if name not in remembered]
+    return Seen(machines, remembered, waiting, joined, left, used)
+
+
+def learnt_slices(memory: dict[str, Memory], default: int) -> int:
+    """The slices a new machine is expected to bring: those most of the machines seen have
+    (the larger on a tie), else ``default``."""
+    counts: dict[int, int] = {}
+    for m in memory.values():
+        if m.slices > 0:
+            counts[m.slices] = counts.get(m.slices, 0) + 1
+    if not counts:
+        return default
+    return max(counts, key=lambda n: (counts[n], n))
+
+
+def for_the_line(now: float, fleet: Sequence[Machine], expected: float, refused: str = "") -> str:
+    """What people in line read beside their place about the fleet: ``refused`` (what the
+    cloud's refusal means for them) while the cloud says no, else when the first machine on
+    its way is likely ready, else nothing."""
+    if refused:
+        return refused
+    return on_its_way_message(arrival(now, fleet, expected))

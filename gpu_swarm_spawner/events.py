@@ -7,7 +7,10 @@ Two files in one folder (``GPUSwarmSpawner.dashboard_dir``):
   start took and how long its participant waited in line), refused (no GPU had room), failed,
   stopped, or a participant joined or left the line, or the hub healed a divergence between its
   view, Swarm's and the proxy's (``healing.py``), or stopped a server for its machine's disk
-  (``disk.py``). ``read_events`` is the one reader: it
+  (``disk.py``), or the fleet keeper asked the cloud for a machine, paused, resumed, gave up or
+  removed one, or the cloud said no (``fleet.py``: ``FLEET_KINDS``, with no user; ``node`` the
+  machine, ``reason`` why, ``action`` the provider's kind of failure). ``read_events`` is the one
+  reader: it
   skips lines it cannot use (a line cut short by a crash, an unknown kind from a newer
   version) instead of failing the page. The file is rotated to ``events.jsonl.1`` past
   ``MAX_BYTES``.
@@ -29,9 +32,25 @@ from pathlib import Path
 #: A server the hub stopped because the disk of its machine passed the safety line (disk.py):
 #: ``node`` is the machine, ``reason`` what its participant was told.
 DISK_STOP = "disk stop"
+#: What the fleet keeper did (fleet.py): a grow asked, a machine paused, resumed, given up or
+#: removed, the cloud's refusal. No user: ``node`` is the machine, ``reason`` why.
+FLEET_GROW, FLEET_DRAIN, FLEET_RESUME, FLEET_GIVE_UP, FLEET_REMOVE, FLEET_FAILED = (
+    "fleet grow",
+    "fleet drain",
+    "fleet resume",
+    "fleet give up",
+    "fleet remove",
+    "fleet failed",
+)
+FLEET_KINDS = frozenset(
+    {FLEET_GROW, FLEET_DRAIN, FLEET_RESUME, FLEET_GIVE_UP, FLEET_REMOVE, FLEET_FAILED}
+)
 #: The kinds of event, in the words the dashboard shows.
-KINDS = frozenset(
-    {"started", "refused", "failed", "stopped", "joined line", "left line", "healed", DISK_STOP}
+KINDS = (
+    frozenset(
+        {"started", "refused", "failed", "stopped", "joined line", "left line", "healed", DISK_STOP}
+    )
+    | FLEET_KINDS
 )
 EVENTS_FILE = "events.jsonl"
 LINE_FILE = "line.json"
@@ -43,7 +62,7 @@ MAX_BYTES = 32 * 1024 * 1024
 class Event:
     time: float  # epoch seconds
     kind: str  # one of KINDS
-    user: str
+    user: str  # "" for the fleet's events
     server: str = ""  # a named server's name; "" for the default server
     seconds: float | None = None  # started: the start's duration (from its slices on)
     waited: float | None = None  # started: seconds in the waiting line before it
@@ -82,8 +101,10 @@ def _event(record) -> Event | None:
     if not isinstance(record, dict) or record.get("kind") not in KINDS:
         return None
     when = _number(record.get("time"))
-    user = record.get("user")
-    if when is None or not isinstance(user, str) or not user:
+    user = record.get("user", "")
+    if when is None or not isinstance(user, str):
+        return None
+    if not user and record["kind"] not in FLEET_KINDS:
         return None
     text = {k: record.get(k, "") for k in ("server", "gpu", "node", "reason", "action")}
     if not all(isinstance(v, str) for v in text.values()):

@@ -138,13 +138,18 @@ def about(seconds: float) -> str:
     return f"about {seconds / 3600:.1f} hours"
 
 
-def waiting_message(position: int, waiting: int, eta: float | None, held: bool) -> str:
+def waiting_message(
+    position: int, waiting: int, eta: float | None, held: bool, fleet: str = ""
+) -> str:
     """What a participant in the line reads on the spawn page; ``held``: a GPU is emptying for
-    them (said to those asking for more than one slice, for whom it matters)."""
+    them (said to those asking for more than one slice, for whom it matters); ``fleet``: what
+    the fleet keeper says of the GPU machines (one on its way, or the cloud's refusal)."""
     where = f"You are {ordinal(position)} in line ({waiting} waiting)"
     if held:
         where += "; a GPU is being kept free for you"
     when = f"{about(eta)}." if eta is not None else "no estimate yet (nobody has left the line)."
+    if fleet:
+        when += f" {fleet}"
     return (
         f"No GPU has room for your server right now. {where}: {when} Your server starts by "
         "itself when a slice frees up; you keep your place if you close this page, and "

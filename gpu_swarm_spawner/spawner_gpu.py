@@ -345,7 +345,8 @@ class GPUChoice:
                 placed.append(position)
                 self.record("joined line")
             held = held and request.slices != 1  # a GPU emptying for a full-GPU request
-            self.report(10, line.waiting_message(position, waiting, eta, held))
+            note = self.broker.fleet_note  # a GPU machine on its way (fleet.py)
+            self.report(10, line.waiting_message(position, waiting, eta, held, note))
 
         wait = self.broker.wait_in_line(
             self.spawn.owner, request, self.read_swarm, told, self.rules.line_max_length

@@ -291,7 +291,13 @@ class FakeAPI:
 
     def tasks(self, filters=None):
         """The service's tasks: the next of its ``task_script`` (the last one repeats), else
-        one running task of its current spec."""
+        one running task of its current spec. Without a service: ``swarm_tasks``, those of
+        one node with a ``node`` filter (the fleet's reads)."""
+        if "service" not in (filters or {}):
+            node_id = (filters or {}).get("node")
+            self.engine.node_task_reads.append(node_id)
+            found = [t for t in self.engine.swarm_tasks if node_id in (None, t.get("NodeID"))]
+            return copy.deepcopy(found)
         name = (filters or {}).get("service")
         self.engine.task_reads[name] = self.engine.task_reads.get(name, 0) + 1
         script = self.engine.task_script.get(name)
@@ -301,6 +307,25 @@ class FakeAPI:
         if service is None:
             return []
         return [running_task(service)]
+
+    def inspect_node(self, ident: str):
+        return copy.deepcopy(self.engine.api_node(ident))
+
+    def update_node(self, ident: str, version: int, node_spec=None):
+        """Docker refuses an update made from an older version of the node."""
+        found = self.engine.api_node(ident)
+        if version != found["Version"]["Index"]:
+            raise _refused(f"update out of sequence: node {ident} is at a newer version")
+        found["Spec"] = copy.deepcopy(node_spec)
+        found["Version"]["Index"] += 1
+        self.engine.changes.append(("node update", ident, node_spec.get("Availability")))
+
+    def remove_node(self, ident: str, force=False):
+        found = self.engine.api_node(ident)
+        if (found.get("Status") or {}).get("State") != "down" and not force:
+            raise _refused(f"node {ident} is not down and can't be removed")
+        self.engine.node_list.remove(found)
+        self.engine.changes.append(("node rm", ident))
 
     def service_logs(self, name, **kwargs):
         return iter([f"log of {name}\n".encode()])
@@ -413,6 +438,10 @@ class FakeDocker:
         self.user_services: list[dict] = []
         self.task_script: dict[str, list[list[dict]]] = {}
         self.task_reads: dict[str, int] = {}
+        #: every task of the swarm, for reads without a service (api.tasks()), and the node
+        #: each such read asked about (None: all)
+        self.swarm_tasks: list[dict] = []
+        self.node_task_reads: list[str | None] = []
         self.secrets: list[dict] = []
         self.secrets_in_use: set[str] = set()
         self.networks: list[dict] = []
@@ -426,6 +455,14 @@ class FakeDocker:
         self.images = FakeImages(self)
         self.containers = FakeContainers(self)
         self.nodes = FakeNodes(self)
+
+    def api_node(self, ident: str) -> dict:
+        """The node of that ID or hostname, as kept (not a copy)."""
+        for found in self.node_list:
+            if ident in (found["ID"], found["Description"]["Hostname"]):
+                found.setdefault("Version", {"Index": 1})
+                return found
+        raise _not_found(f"node {ident}")
 
     # the high-level client
     def ping(self):

@@ -7,7 +7,14 @@ import threading
 import pytest
 
 from gpu_swarm_spawner import inventory
-from gpu_swarm_spawner.broker import GPUBroker, LineFull, NoRoom, Request, of_hub
+from gpu_swarm_spawner.broker import (
+    GPUBroker,
+    LineFull,
+    NoRoom,
+    Request,
+    of_hub,
+    of_hub_if_made,
+)
 
 from .clusters import node, task
 from .waiting import until
@@ -209,6 +216,13 @@ async def test_each_event_loop_has_its_own_broker():
         return asyncio.run(get())
 
     assert await asyncio.to_thread(elsewhere) is not here
+
+
+async def test_the_hubs_keepers_find_the_broker_a_spawner_made_and_never_make_one():
+    assert of_hub_if_made() is None  # this test's loop: no spawner yet
+    assert of_hub_if_made() is None
+    made = of_hub(2, "GPU-", 1.0)
+    assert of_hub_if_made() is made
 
 
 # ---- the waiting line -----------------------------------------------------------------------

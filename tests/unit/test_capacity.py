@@ -29,6 +29,7 @@ from gpu_swarm_spawner.cost import Span, usage
 from gpu_swarm_spawner.schedule import Schedule, ScheduleError, read_schedule
 
 from . import fleet_day
+from .clusters import node, task
 from .fleet_day import HOUR, MINUTE, Provider, replay, workshop_day
 
 NOW = 1_800_000_000.0  # some epoch second
@@ -531,3 +532,81 @@ def test_the_fleets_settings_are_made_from_the_settings_values():
     assert capacity.fleet_settings(**{**values, "slices_per_machine": 8}).slices_per_machine == 8
     with pytest.raises(ScheduleError, match="^GPUHUB_FLEET_SCHEDULE: '10 from 8.45'"):
         capacity.fleet_settings(**{**values, "schedule": "10 from 8.45"})
+
+
+# ---- the swarm read into the fleet (observe) --------------------------------------------------
+
+
+def _gpu_node(name, slices=3, state="ready", availability="active"):
+    return node(f"id-{name}", name, {f"GPU-{name}": slices}, state, availability)
+
+
+def _server(name, slices=1, labels=None):
+    made = task(f"id-{name}", {f"GPU-{name}": slices} if slices else {})
+    made["Spec"]["ContainerSpec"] = {"Labels": labels or {}}
+    return made
+
+
+def _cpu_node():
+    return node("id-manager", "manager", {})  # no GPU: not a machine of the fleet
+
+
+def test_observe_counts_servers_and_free_slices_and_leaves_the_organizers_paused_machines_out():
+    nodes = [
+        _gpu_node("gpu-1"),
+        _gpu_node("gpu-2", availability="pause"),  # paused by the organizer, not by the hub
+        _gpu_node("gpu-3", state="down"),
+        _cpu_node(),
+    ]
+    anchor = _server("gpu-1", 0, {"com.docker.stack.namespace": "gpuhub"})  # the stack's own
+    seen = capacity.observe(NOW, nodes, [_server("gpu-1", 2), anchor], {}, [])
+    by_name = {m.name: m for m in seen.machines}
+    assert set(by_name) == {"gpu-1", "gpu-3"}
+    assert (by_name["gpu-1"].state, by_name["gpu-1"].servers, by_name["gpu-1"].free) == (
+        "ready",
+        1,
+        1,
+    )
+    assert by_name["gpu-3"].state == "gone"
+    assert seen.used == 2
+    # the organizer's pause is not a machine leaving: the hub still knows it when it is back
+    again = capacity.observe(NOW + 10, nodes, [], seen.memory | {"gpu-2": seen.memory["gpu-1"]},
+                             [capacity.Asked("asked-1", NOW)])  # fmt: skip
+    assert "gpu-2" in again.memory and again.left == [] and again.joined == []
+
+
+def test_observe_gives_a_new_machine_the_place_of_the_oldest_one_asked_for():
+    asked = [capacity.Asked("asked-2", NOW - 100), capacity.Asked("asked-1", NOW - 300)]
+    seen = capacity.observe(NOW, [_gpu_node("gpu-9")], [], {}, asked)
+    assert seen.joined == [("gpu-9", 300.0)]
+    assert [a.name for a in seen.asked] == ["asked-2"]
+    assert seen.memory["gpu-9"].asked == NOW - 300
+    assert [m.state for m in seen.machines] == ["ready", "asked"]
+
+
+def test_observe_pauses_again_a_machine_whose_removal_did_not_happen():
+    leaving = capacity.Memory("id-gpu-1", "leaving", NOW - 1000, NOW - 9000, hub="leaving",
+                              hub_at=NOW - 1000)  # fmt: skip
+    paused = _gpu_node("gpu-1", availability="pause")
+    seen = capacity.observe(NOW, [paused], [], {"gpu-1": leaving}, [], leave_within=900)
+    assert seen.machines[0].state == "draining"  # the next round asks the provider again
+    seen = capacity.observe(NOW, [paused], [], {"gpu-1": leaving}, [], leave_within=1200)
+    assert seen.machines[0].state == "leaving"
+
+
+def test_a_new_machine_brings_the_slices_most_machines_have():
+    memory = {
+        n: capacity.Memory(f"id-{n}", "ready", NOW, NOW, slices=s)
+        for n, s in (("a", 4), ("b", 4), ("c", 8))
+    }
+    assert capacity.learnt_slices(memory, 3) == 4
+    assert capacity.learnt_slices({}, 3) == 3
+
+
+def test_the_line_reads_the_clouds_refusal_before_any_machine_on_its_way():
+    coming = [Machine("asked-1", "asked", NOW - 60, asked=NOW - 60)]
+    assert (
+        capacity.for_the_line(NOW, coming, 300) == "A GPU machine is on its way (about 4 minutes)."
+    )
+    assert capacity.for_the_line(NOW, coming, 300, "No more.") == "No more."
+    assert capacity.for_the_line(NOW, [], 300) == ""

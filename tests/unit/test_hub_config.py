@@ -25,7 +25,15 @@ from deploy.limits import Machine
 from deploy.settings import SettingsError, from_environment, key_of, read
 from deploy.steps import GENERATED
 from deploy.values import GIB
-from gpu_swarm_spawner import GPUSwarmSpawner, access, contract, disk, internals, settings_table
+from gpu_swarm_spawner import (
+    GPUSwarmSpawner,
+    access,
+    contract,
+    disk,
+    fleet,
+    internals,
+    settings_table,
+)
 from gpu_swarm_spawner.auth import WorkshopGitHubOAuthenticator
 from gpu_swarm_spawner.settings_table import Setting
 
@@ -246,6 +254,28 @@ def test_the_disk_settings_reach_the_spawner_and_the_check_starts_with_a_safety_
     assert installed == []  # no safety line: nothing to stop, no check
     hub_config(DISK_SAFETY_PERCENT="95")
     assert installed == [1]
+
+
+def test_the_fleet_keeper_starts_only_with_gpuhub_fleet_on(hub_config, monkeypatch, tmp_path):
+    installed = []
+    monkeypatch.setattr(fleet, "install", lambda *args, **kwargs: installed.append((args, kwargs)))
+    hub_config()
+    assert installed == []  # off by default: nothing of it runs
+    hub_config(
+        FLEET="on",
+        FLEET_GROW_COMMAND="grow-group {count}",
+        FLEET_REMOVE_COMMAND="remove-machine {machine}",
+        FLEET_MIN_MACHINES="1",
+        FLEET_PRICE_PER_HOUR="2.5",
+        FLEET_ENV="GROUP=gpu-workshop",
+    )
+    ((settings, make_provider, data, dashboard), kwargs) = installed[0]
+    assert (settings.min_machines, settings.max_machines, settings.slices_per_machine) == (1, 4, 3)
+    assert kwargs == {"learn_slices": True, "price_per_hour": 2.5}
+    assert (data, dashboard) == (tmp_path / "data", tmp_path / "data" / "dashboard")
+    made = make_provider()  # at the hub's start: the hub's own container runs the commands
+    assert (made.commands.grow, made.commands.timeout) == ("grow-group {count}", 120)
+    assert made.env["GROUP"] == "gpu-workshop"
 
 
 def test_homes_on_shared_storage_take_the_place_of_the_home_volume(hub_config):

@@ -1,0 +1,672 @@
+"""The hub's fleet keeper: GPU machines that follow the day (docs/autoscaling.md).
+
+With ``GPUHUB_FLEET=on`` the hub runs a round every ``EVERY_S`` seconds (``periodic.keep``):
+
+1. it reads the swarm's nodes and tasks (the broker's shared read, when a spawner made the
+   broker) and the waiting line (``broker.waiting()``);
+2. ``capacity.observe`` makes them the fleet: every GPU machine of the swarm with what the hub
+   remembers of it, and the machines asked for that have not joined yet;
+3. ``capacity.decide`` says what to do, and the keeper does it: **grow** asks the provider to
+   make the group larger, in the background (never two provider calls at once; the round does
+   not wait for one); **drain** pauses a machine (the node's availability, through the
+   Engine API); **resume** makes it active again; **remove** reads the machine's tasks once
+   more right before, and with no server on it asks the provider to remove it (in the
+   background), then removes the swarm's node once it is down; **give up** forgets a machine
+   that never joined (one in the swarm is removed like any other);
+4. while a machine is overdue, the provider's ``why`` command is asked (at most every
+   ``WHY_EVERY_S``) what the cloud said, since AWS and Google Cloud accept a grow and fail
+   to launch later;
+5. it writes its state (``STATE_FILE`` in the hub's data folder: what it asked for and when,
+   each machine's history, the provider's last outcome and back-off), the dashboard's snapshot
+   (``SNAPSHOT_FILE`` in the dashboard folder), events for the dashboard (``events.FLEET_*``),
+   and what the line reads beside their place (``broker.fleet_note``).
+
+A provider call that ends writes its outcome at once: a refusal is in the snapshot, in the
+events and in the line's words before the next round. A hub restart reads the state back:
+machines asked for stay on their way (never asked twice), machines keep their history, a
+back-off goes on. Every file is written whole (a new file renamed over the old one).
+
+``snapshot``, ``read_state`` and ``state_text`` are pure; ``FleetKeeper`` does the I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from . import broker, capacity, cost, events, internals, periodic, provider
+from .capacity import Asked, Decision, Machine, Memory
+from .contract import KIND_PREFIXES
+from .inventory import gpu_kinds
+
+#: Seconds between rounds.
+EVERY_S = 10.0
+#: The keeper's state, in the hub's data folder; the dashboard's snapshot, in its folder.
+STATE_FILE = "fleet-state.json"
+SNAPSHOT_FILE = "fleet.json"
+#: The decisions the snapshot keeps (newest last), the ended machines the state keeps, the
+#: joins (seconds from asking to joining) the expected boot-and-join is the median of.
+DECISIONS_KEPT = 50
+HISTORY_KEPT = 1000
+JOINS_KEPT = 10
+#: Seconds between the provider's ``why`` calls while a machine is overdue.
+WHY_EVERY_S = 30.0
+#: Rounds further apart than this (the hub was down) count this long for the slice-hours.
+GAP_S = 3 * EVERY_S
+
+
+# ---- the state --------------------------------------------------------------------------------
+
+
+@dataclass
+class State:
+    """What the keeper keeps over a hub restart (``STATE_FILE``)."""
+
+    asked: list[Asked] = field(default_factory=list)  # asked for, not joined yet
+    asked_count: int = 0  # asked entries made so far (their names: asked-1, asked-2, ...)
+    memory: dict[str, Memory] = field(default_factory=dict)  # the swarm's GPU machines
+    history: list[dict] = field(default_factory=list)  # ended machines: name, start, end, slices
+    joins: list[float] = field(default_factory=list)  # seconds from asking to joining, last ones
+    last: dict | None = None  # the provider's last outcome, as the snapshot shows it
+    failures: int = 0  # the provider's failures in a row
+    blocked_until: float = 0.0  # no call of ``blocked_action`` before (the back-off)
+    blocked_action: str = ""  # "grow" (a grow or the why command failed) or "remove"
+    blocked_why: str = ""  # the failure's kind
+    line_note: str = ""  # what the line reads while blocked (provider.FOR_THE_LINE)
+    call: dict | None = None  # the provider call in flight: action, at, target, machine, asked
+    last_why: float = 0.0  # when the why command was last asked
+    used_slice_seconds: float = 0.0  # slices servers held, times seconds, over the rounds
+    last_round: float = 0.0
+    decisions: list[dict] = field(default_factory=list)  # carried out: at, action, ..., reason
+
+
+def _number(value, default: float = 0.0) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else default
+
+
+def _asked(entry) -> Asked | None:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        return None
+    return Asked(entry["name"], _number(entry.get("at")), str(entry.get("reason", "")))
+
+
+def _memory(entry) -> Memory | None:
+    if not isinstance(entry, dict) or entry.get("state") not in capacity.STATES:
+        return None
+    last = entry.get("last_server")
+    return Memory(
+        node=str(entry.get("node", "")),
+        state=entry["state"],
+        since=_number(entry.get("since")),
+        start=_number(entry.get("start")),
+        asked=_number(entry.get("asked")),
+        last_server=None if last is None else _number(last),
+        slices=int(_number(entry.get("slices"))),
+        hub=entry.get("hub") if entry.get("hub") in ("", "paused", "leaving") else "",
+        hub_at=_number(entry.get("hub_at")),
+        reason=str(entry.get("reason", "")),
+    )
+
+
+def read_state(text: str) -> State:
+    """``STATE_FILE`` read; entries it cannot use are left out, and a file that is no state at
+    all reads as a fresh one (raises ValueError then, for the caller to say so)."""
+    record = json.loads(text)
+    if not isinstance(record, dict):
+        raise ValueError("the fleet's state is not a JSON object")
+
+    def listed(key):
+        value = record.get(key)
+        return value if isinstance(value, list) else []
+
+    memory = record.get("memory") if isinstance(record.get("memory"), dict) else {}
+    return State(
+        asked=[a for a in map(_asked, listed("asked")) if a is not None],
+        asked_count=int(_number(record.get("asked_count"))),
+        memory={k: m for k, m in ((k, _memory(v)) for k, v in memory.items()) if m is not None},
+        history=[h for h in listed("history") if isinstance(h, dict)],
+        joins=[_number(s) for s in listed("joins") if _number(s) > 0],
+        last=record.get("last") if isinstance(record.get("last"), dict) else None,
+        failures=int(_number(record.get("failures"))),
+        blocked_until=_number(record.get("blocked_until")),
+        blocked_action=str(record.get("blocked_action", "")),
+        blocked_why=str(record.get("blocked_why", "")),
+        line_note=str(record.get("line_note", "")),
+        call=record.get("call") if isinstance(record.get("call"), dict) else None,
+        last_why=_number(record.get("last_why")),
+        used_slice_seconds=_number(record.get("used_slice_seconds")),
+        last_round=_number(record.get("last_round")),
+        decisions=[d for d in listed("decisions") if isinstance(d, dict)],
+    )
+
+
+def state_text(state: State) -> str:
+    return json.dumps(asdict(state), ensure_ascii=False, indent=1)
+
+
+def write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` atomically: a reader sees the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".new")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)
+
+
+# ---- the snapshot -----------------------------------------------------------------------------
+
+
+def snapshot(
+    now: float,
+    state: State,
+    seen: Sequence[Machine],
+    settings: capacity.Settings,
+    expected: float,
+    busy: bool,
+    price_per_hour: float,
+) -> dict:
+    """The dashboard's ``SNAPSHOT_FILE``: the fleet's machines now (``seen``: this round's,
+    for their servers and free slices), what is coming, the provider, the cost, the last
+    decisions."""
+    live = {m.name: m for m in seen}
+    machines = []
+    for name, m in sorted(state.memory.items()):
+        now_seen = live.get(name)
+        machines.append(
+            {
+                "name": name,
+                "state": m.state,
+                "since": m.since,
+                "servers": now_seen.servers if now_seen else 0,
+                "free": now_seen.free if m.state == "ready" and now_seen else 0,
+                "slices": m.slices,
+                "reason": m.reason,
+            }
+        )
+    for a in state.asked:
+        machines.append(
+            {
+                "name": a.name,
+                "state": "asked",
+                "since": a.at,
+                "servers": 0,
+                "free": 0,
+                "slices": 0,
+                "reason": a.reason,
+            }
+        )
+    fleet = [
+        Machine(x["name"], x["state"], x["since"], asked=state.memory[x["name"]].asked)
+        if x["name"] in state.memory
+        else Machine(x["name"], "asked", x["since"], asked=x["since"])
+        for x in machines
+    ]
+    on_the_way = [m for m in fleet if m.state in capacity.ON_ITS_WAY]
+    ready_in = capacity.arrival(now, on_the_way, expected)
+    spans = [
+        cost.Span(_number(h.get("start")), _number(h.get("end")), int(_number(h.get("slices"))))
+        for h in state.history
+    ]
+    spans += [
+        cost.Span(m.start, m.since if m.state == "gone" else None, m.slices)
+        for m in state.memory.values()
+    ]
+    spans += [cost.Span(a.at) for a in state.asked]
+    used = cost.usage(spans, [], now, price_per_hour)
+    used = replace(used, slice_hours_used=state.used_slice_seconds / 3600)
+    priced = price_per_hour > 0
+    return {
+        "at": now,
+        "fleet": "on",
+        "min": settings.min_machines,
+        "max": settings.max_machines,
+        "floor": capacity.floor(settings, now),
+        "machines": machines,
+        "coming": {"machines": len(on_the_way), "ready_in": ready_in} if on_the_way else None,
+        "provider": {
+            "busy": busy,
+            "last": state.last,
+            "blocked_until": state.blocked_until if state.blocked_until > now else None,
+        },
+        "cost": {
+            "machine_hours": round(used.machine_hours, 3),
+            "slice_hours_offered": round(used.slice_hours_offered, 3),
+            "slice_hours_used": round(used.slice_hours_used, 3),
+            "price_per_hour": price_per_hour if priced else None,
+            "estimated": round(used.cost, 2) if priced else None,
+        },
+        "decisions": state.decisions[-DECISIONS_KEPT:],
+    }
+
+
+# ---- the keeper -------------------------------------------------------------------------------
+
+
+class FleetKeeper:
+    """The fleet's rounds, for one hub. ``settings``: the fleet's (``slices_per_machine`` the
+    value before any machine is seen when ``learn_slices``); ``provider``: the organizer's
+    commands (``provider.Provider``); ``data_dir``: where ``STATE_FILE`` is kept;
+    ``dashboard_dir``: the dashboard's folder (the snapshot and the events); ``client``: a
+    ``docker.APIClient`` (made from the environment when None); ``broker_of``: the hub's
+    broker, None before a spawner made it."""
+
+    def __init__(
+        self,
+        settings: capacity.Settings,
+        provider_: provider.Provider,
+        data_dir: str | os.PathLike,
+        dashboard_dir: str | os.PathLike,
+        *,
+        log,
+        learn_slices: bool = True,
+        price_per_hour: float = 0.0,
+        client=None,
+        broker_of: Callable[[], broker.GPUBroker | None] = broker.of_hub_if_made,
+        clock: Callable[[], float] = time.time,
+        every: float = EVERY_S,
+        kind_prefix=KIND_PREFIXES,
+    ):
+        self.settings = settings
+        self.provider = provider_
+        self.state_path = Path(data_dir) / STATE_FILE
+        self.dashboard_dir = Path(dashboard_dir)
+        self.log = log
+        self.learn_slices = learn_slices
+        self.price_per_hour = price_per_hour
+        self.client = client
+        self.broker_of = broker_of
+        self.clock = clock
+        self.every = every
+        self.kind_prefix = kind_prefix
+        self.call_task: asyncio.Task | None = None
+        self.seen: list[Machine] = []
+        self.state = self._load()
+
+    # ---- the state file ----
+
+    def _load(self) -> State:
+        try:
+            text = self.state_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return State()
+        try:
+            state = read_state(text)
+        except ValueError as e:
+            aside = self.state_path.with_name(STATE_FILE + ".unreadable")
+            with contextlib.suppress(OSError):
+                self.state_path.replace(aside)
+            self.log.warning(
+                "The fleet's state %s cannot be read (%s); kept as %s, and the fleet starts "
+                "afresh: machines asked for before are counted once they join",
+                self.state_path,
+                e,
+                aside,
+            )
+            return State()
+        if state.call is not None:
+            # the hub stopped during a provider call: a grow's machines stay on their way (never
+            # asked twice), a machine being removed is asked again if it is still there later
+            self.log.info("The fleet's provider call %s ended with the hub", state.call)
+            state.call = None
+        return state
+
+    def save(self) -> None:
+        write_whole(self.state_path, state_text(self.state))
+
+    # ---- the engine ----
+
+    async def engine(self, method: str, *args, **kwargs):
+        """A call of the Docker Engine API (``docker.APIClient``), in a thread."""
+
+        def call():
+            if self.client is None:
+                import docker
+
+                self.client = docker.APIClient(**docker.utils.kwargs_from_env())
+            return getattr(self.client, method)(*args, **kwargs)
+
+        return await asyncio.to_thread(call)
+
+    async def _read(self) -> tuple[list[dict], list[dict]]:
+        return await self.engine("nodes"), await self.engine("tasks")
+
+    async def read_swarm(self) -> tuple[list[dict], list[dict]]:
+        """Nodes and tasks, through the broker's shared read when there is a broker."""
+        hub_broker = self.broker_of()
+        if hub_broker is not None:
+            return await hub_broker.read_swarm(self._read)
+        return await self._read()
+
+    async def set_availability(self, node_id: str, availability: str) -> None:
+        """The node's availability (``active``, ``pause``), its spec otherwise unchanged."""
+        node = await self.engine("inspect_node", node_id)
+        spec = dict(node.get("Spec") or {}, Availability=availability)
+        await self.engine("update_node", node_id, node["Version"]["Index"], spec)
+
+    # ---- the round ----
+
+    @property
+    def busy(self) -> bool:
+        """A provider call is in flight."""
+        return self.call_task is not None and not self.call_task.done()
+
+    def blocked(self, action: str, now: float) -> bool:
+        return self.state.blocked_action == action and now < self.state.blocked_until
+
+    def expected(self) -> float:
+        """Seconds from asking to a ready machine: the last joins', else the setting's."""
+        return capacity.boot_and_join(self.state.joins, self.settings.boot_and_join)
+
+    async def round(self) -> list[Decision]:
+        """One round: read, decide, carry out, write. Returns the decisions."""
+        nodes, tasks = await self.read_swarm()
+        now = self.clock()
+        hub_broker = self.broker_of()
+        waiting = hub_broker.waiting() if hub_broker is not None else []
+        state = self.state
+        seen = capacity.observe(
+            now,
+            nodes,
+            tasks,
+            state.memory,
+            state.asked,
+            self.settings.join_within,
+            self.kind_prefix,
+        )
+        if state.last_round:
+            state.used_slice_seconds += seen.used * min(max(now - state.last_round, 0), GAP_S)
+        state.last_round = now
+        state.memory, state.asked = seen.memory, seen.asked
+        for name, m in seen.left:
+            self._ended(name, m.start, m.since if m.state == "gone" else now, m.slices)
+        for name, seconds in seen.joined:
+            state.joins = (state.joins + [seconds])[-JOINS_KEPT:]
+            self.log.info("GPU machine %s joined %.0f s after it was asked for", name, seconds)
+        await self._forget_removed(now, nodes)
+        settings = self.settings
+        if self.learn_slices:
+            learnt = capacity.learnt_slices(state.memory, settings.slices_per_machine)
+            settings = replace(settings, slices_per_machine=learnt)
+        per_gpu = max(
+            (n for node in nodes for n in gpu_kinds(node, self.kind_prefix).values()),
+            default=settings.slices_per_machine,
+        )
+        # what each participant in line needs: a full GPU counts as that GPU's slices
+        line = [(e.request.slices if e.request else None) or per_gpu for e in waiting]
+        grow_blocked = state.blocked_until if state.blocked_action == "grow" else 0.0
+        decisions = capacity.decide(
+            now, seen.machines, line, settings, grow_blocked, state.blocked_why
+        )
+        for decision in decisions:
+            try:
+                await self._carry_out(decision, now, seen)
+            except Exception:
+                self.log.exception("The fleet could not %s", decision.action)
+        self._ask_why(now)
+        self.seen = seen.machines
+        self.publish(now)
+        return decisions
+
+    def _ended(self, name: str, start: float, end: float, slices: int) -> None:
+        self.state.history = (
+            self.state.history + [{"name": name, "start": start, "end": end, "slices": slices}]
+        )[-HISTORY_KEPT:]
+
+    async def _forget_removed(self, now: float, nodes: list[dict]) -> None:
+        """Machines the provider removed whose node is down are removed from the swarm."""
+        status = {n.get("ID"): (n.get("Status") or {}).get("State") for n in nodes}
+        for name, m in list(self.state.memory.items()):
+            if m.hub != "leaving" or status.get(m.node) != "down":
+                continue
+            try:
+                await self.engine("remove_node", m.node, force=True)
+            except Exception as e:
+                self.log.warning("Could not remove the swarm's node of %s: %s", name, e)
+                continue
+            del self.state.memory[name]
+            self._ended(name, m.start, now, m.slices)
+            self.log.info("GPU machine %s is gone from the swarm", name)
+
+    def _decided(self, now: float, decision: Decision) -> None:
+        entry = {
+            "at": now,
+            "action": decision.action,
+            "machine": decision.machine,
+            "target": decision.target,
+            "reason": decision.reason,
+        }
+        self.state.decisions = (self.state.decisions + [entry])[-DECISIONS_KEPT:]
+
+    def record(self, now: float, kind: str, machine: str, reason: str, action: str = "") -> None:
+        """An event for the dashboard; a failed write is logged, never raised."""
+        try:
+            journal = events.journal_for(str(self.dashboard_dir))
+            journal.record(events.Event(now, kind, "", node=machine, reason=reason, action=action))
+        except OSError:
+            self.log.exception("Could not record the fleet's %s", kind)
+
+    async def _carry_out(self, decision: Decision, now: float, seen: capacity.Seen) -> None:
+        state, name = self.state, decision.machine
+        if decision.action == capacity.GROW:
+            if self.busy:
+                return  # the next round asks again, once the provider answered
+            # the machines decide counted: those given up this round no longer are
+            there = [m for m in state.memory.values() if m.state in capacity.COUNTED]
+            asked_at = clock_time(now, self.settings.schedule.zone)
+            new = []
+            for _ in range(max(decision.target - len(there) - len(state.asked), 0)):
+                state.asked_count += 1
+                reason = f"asked at {asked_at}: {decision.reason}"
+                new.append(Asked(f"asked-{state.asked_count}", now, reason))
+            state.asked = state.asked + new
+            self._decided(now, decision)
+            self.record(now, events.FLEET_GROW, "", decision.reason)
+            self.save()  # before the call: a restart during it never asks twice
+            self._start(
+                {"action": "grow", "at": now, "target": decision.target,
+                 "asked": [a.name for a in new]},
+                self.provider.grow(decision.target),
+            )  # fmt: skip
+        elif decision.action == capacity.GIVE_UP:
+            kept = [a for a in state.asked if a.name != name]
+            if len(kept) != len(state.asked):  # never seen by the swarm: the organizer's
+                gone = next(a for a in state.asked if a.name == name)
+                state.asked = kept
+                self._ended(name, gone.at, now, 0)
+                reason = (
+                    f"{decision.reason}. If the cloud made it, remove it in the cloud's console "
+                    "(its /var/log/gpuhub-join.log says why it did not join)"
+                )
+                self._decided(now, replace(decision, reason=reason))
+                self.record(now, events.FLEET_GIVE_UP, name, reason)
+            elif name in state.memory:
+                await self._remove(decision, now)
+        elif decision.action == capacity.DRAIN:
+            m = state.memory[name]
+            await self.set_availability(m.node, "pause")
+            state.memory[name] = replace(
+                m, state="draining", since=now, hub="paused", hub_at=now, reason=decision.reason
+            )
+            self._decided(now, decision)
+            self.record(now, events.FLEET_DRAIN, name, decision.reason)
+        elif decision.action == capacity.RESUME:
+            await self._resume(name, now, decision.reason)
+            self._decided(now, decision)
+        elif decision.action == capacity.REMOVE:
+            await self._remove(decision, now)
+
+    async def _resume(self, name: str, now: float, reason: str) -> None:
+        m = self.state.memory[name]
+        await self.set_availability(m.node, "active")
+        self.state.memory[name] = replace(
+            m, state="ready", since=now, hub="", hub_at=now, reason=reason
+        )
+        self.record(now, events.FLEET_RESUME, name, reason)
+
+    async def _remove(self, decision: Decision, now: float) -> None:
+        """The provider removes ``decision.machine`` if, read again right now, it holds no
+        server; one that got a server since the round's read is resumed instead."""
+        name = decision.machine
+        if self.busy or self.blocked("remove", now):
+            return
+        m = self.state.memory[name]
+        tasks = await self.engine("tasks", filters={"node": m.node})
+        if capacity.servers_on(tasks, m.node):
+            reason = f"{name} got a server while it was being given back; it stays"
+            await self._resume(name, now, reason)
+            self._decided(now, Decision(capacity.RESUME, reason, machine=name))
+            return
+        self.state.memory[name] = replace(
+            m, state="leaving", since=now, hub="leaving", hub_at=now, reason=decision.reason
+        )
+        self._decided(now, decision)
+        self.save()
+        self._start({"action": "remove", "at": now, "machine": name}, self.provider.remove(name))
+
+    def _ask_why(self, now: float) -> None:
+        """The why command, while a machine asked for is later than expected."""
+        why = getattr(getattr(self.provider, "commands", None), "why", "")
+        late = [a for a in self.state.asked if now - a.at > self.expected()]
+        if not why or not late or self.busy or self.blocked("grow", now):
+            return
+        if now - self.state.last_why < WHY_EVERY_S:
+            return
+        self.state.last_why = now
+        self._start({"action": "why", "at": now}, self.provider.why())
+
+    # ---- the provider's calls, beside the rounds ----
+
+    def _start(self, call: dict, outcome: Awaitable[provider.Outcome]) -> None:
+        self.state.call = call
+        self.call_task = asyncio.ensure_future(self._call(call, outcome))
+
+    async def _call(self, call: dict, outcome: Awaitable[provider.Outcome]) -> None:
+        try:
+            done = await outcome
+        except Exception as e:  # the runner itself failed (not the command)
+            self.log.exception("The fleet's provider call %s failed", call["action"])
+            done = provider.Outcome(
+                False, provider.UNKNOWN, None, f"{type(e).__name__}: {e}", 0.0, 1, call["action"]
+            )
+        try:
+            self.finished(call, done)
+        except Exception:
+            self.log.exception("Could not record the fleet's provider call %s", call["action"])
+
+    def finished(self, call: dict, outcome: provider.Outcome) -> None:
+        """A provider call ended: its outcome written at once (state, snapshot, event, the
+        line's words), its failure undone where the hub counted on it."""
+        now, state, action = self.clock(), self.state, call["action"]
+        state.call = None
+        if action == "why" and outcome.ok:
+            self.save()
+            return
+        state.last = {
+            "action": action,
+            "at": now,
+            "ok": outcome.ok,
+            "kind": outcome.kind,
+            "told": outcome.told(),
+            "output": provider.last_line(outcome.output),
+        }
+        machine = call.get("machine", "")
+        if outcome.ok:
+            state.failures, state.blocked_until, state.line_note = 0, 0.0, ""
+            state.blocked_action = state.blocked_why = ""
+            if action == "remove":
+                self.record(now, events.FLEET_REMOVE, machine, outcome.told())
+            self.log.info("The fleet's provider: %s", outcome.told())
+        else:
+            state.failures += 1
+            state.blocked_until = now + provider.backoff(outcome.kind, state.failures)
+            state.blocked_action = "remove" if action == "remove" else "grow"
+            state.blocked_why = outcome.kind
+            state.line_note = provider.FOR_THE_LINE.get(outcome.kind, "").strip()
+            if action == "grow":
+                dropped = set(call.get("asked") or ())
+                state.asked = [a for a in state.asked if a.name not in dropped]
+            elif action == "why":
+                state.asked = []  # the cloud says it cannot make them: not on their way
+            elif machine in state.memory:  # still paused: removed once the cloud lets it
+                state.memory[machine] = replace(
+                    state.memory[machine], state="draining", since=now, hub="paused", hub_at=now
+                )
+            self.record(now, events.FLEET_FAILED, machine, outcome.told(), outcome.kind)
+            self.log.warning("The fleet's provider: %s", outcome.told())
+        self.publish(now)
+
+    # ---- what the others read ----
+
+    def line_note(self, now: float) -> str:
+        """What people in line read about the fleet now."""
+        refused = self.state.line_note if self.blocked("grow", now) else ""
+        on_the_way = [Machine(a.name, "asked", a.at, asked=a.at) for a in self.state.asked]
+        on_the_way += [
+            m for m in self.seen if m.state in capacity.ON_ITS_WAY and m.state != "asked"
+        ]
+        return capacity.for_the_line(now, on_the_way, self.expected(), refused)
+
+    def publish(self, now: float) -> None:
+        """The state, the dashboard's snapshot and the line's words, as they are now."""
+        self.save()
+        hub_broker = self.broker_of()
+        if hub_broker is not None:
+            hub_broker.fleet_note = self.line_note(now)
+        made = snapshot(
+            now,
+            self.state,
+            self.seen,
+            self.settings,
+            self.expected(),
+            self.busy,
+            self.price_per_hour,
+        )
+        write_whole(self.dashboard_dir / SNAPSHOT_FILE, json.dumps(made, ensure_ascii=False))
+
+    async def keep(self) -> None:
+        """A round at once, then every ``every`` seconds (``periodic.keep``)."""
+        await periodic.keep(self.round, self.every, self.log, "fleet round")
+
+
+def clock_time(when: float, zone: str = "UTC") -> str:
+    """``when`` as the organizer's wall clock shows it: "09:02"."""
+    local = datetime.fromtimestamp(when, tz=timezone.utc).astimezone(ZoneInfo(zone))
+    return local.strftime("%H:%M")
+
+
+def install(
+    settings: capacity.Settings,
+    make_provider: Callable[[], provider.Provider],
+    data_dir: str | os.PathLike,
+    dashboard_dir: str | os.PathLike,
+    *,
+    learn_slices: bool = True,
+    price_per_hour: float = 0.0,
+) -> None:
+    """Start the fleet keeper once JupyterHub has started (from the hub's config, with
+    ``GPUHUB_FLEET=on``); ``make_provider()`` is called then (its runner may need the Docker
+    client, which the config does not make)."""
+
+    def start(hub) -> None:
+        keeper = FleetKeeper(
+            settings,
+            make_provider(),
+            data_dir,
+            dashboard_dir,
+            log=hub.log,
+            learn_slices=learn_slices,
+            price_per_hour=price_per_hour,
+        )
+        hub.gpuhub_fleet = keeper
+        hub.gpuhub_fleet_task = asyncio.ensure_future(keeper.keep())
+
+    internals.after_hub_start(start)

@@ -1,0 +1,434 @@
+"""The hub's fleet keeper (gpu_swarm_spawner/fleet.py), round by round against the fake swarm
+manager (fake_engine.py's low-level API: nodes, tasks, node updates and removals) and a fake
+cloud standing in for the provider's commands: it grows once for the people in line (not twice
+across rounds or a hub restart), pauses then removes a machine left empty, never one with a
+server, resumes a paused machine for the line, tells a refusal at once, goes on while a provider
+call hangs, and writes the dashboard's snapshot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from gpu_swarm_spawner import capacity, events, fleet, line, provider
+from gpu_swarm_spawner.capacity import Settings
+from gpu_swarm_spawner.line import Entry
+from gpu_swarm_spawner.placement import Request
+
+from .clusters import node, task
+from .fake_engine import FakeAPI, FakeDocker
+from .waiting import until
+
+NOW = 1_800_000_000.0
+SETTINGS = Settings(min_machines=0, max_machines=4, slices_per_machine=3, empty_for=600)
+QUOTA = (
+    "ERROR: (gcloud.compute.instance-groups.managed.resize) Quota 'NVIDIA_T4_GPUS' exceeded. "
+    "Limit: 4.0 in region europe-west4."
+)
+LOG = logging.getLogger("test_fleet")
+
+
+def gpu_node(name: str, slices: int = 3, state: str = "ready", availability: str = "active"):
+    made = node(f"id-{name}", name, {f"GPU-{name}": slices}, state, availability)
+    made["Version"] = {"Index": 7}
+    return made
+
+
+def server(name: str, slices: int = 1, service: str = "svc"):
+    """A participant's server on ``name`` holding ``slices`` of its GPU."""
+    return task(f"id-{name}", {f"GPU-{name}": slices}, service_id=service)
+
+
+class Cloud:
+    """The provider's commands, answered: ``said[action]`` the outcomes to give next (then
+    ok), ``hang`` actions that never answer, ``calls`` each call made."""
+
+    def __init__(self, why: str = ""):
+        self.commands = SimpleNamespace(why=why)
+        self.calls: list[tuple] = []
+        self.said: dict[str, list[provider.Outcome]] = {}
+        self.hang: set[str] = set()
+        self.in_flight = 0
+        self.most_at_once = 0
+
+    async def _answer(self, action: str, what: str) -> provider.Outcome:
+        self.in_flight += 1
+        self.most_at_once = max(self.most_at_once, self.in_flight)
+        try:
+            if action in self.hang:
+                await asyncio.Event().wait()
+            await asyncio.sleep(0)
+            queued = self.said.get(action) or []
+            if queued:
+                return queued.pop(0)
+            return provider.Outcome(True, "", 0, "", 0.1, 1, what)
+        finally:
+            self.in_flight -= 1
+
+    async def grow(self, count: int) -> provider.Outcome:
+        self.calls.append(("grow", count))
+        return await self._answer("grow", f"grow the group to {count}")
+
+    async def remove(self, machine: str) -> provider.Outcome:
+        self.calls.append(("remove", machine))
+        return await self._answer("remove", f"remove {machine}")
+
+    async def why(self) -> provider.Outcome:
+        self.calls.append(("why",))
+        return await self._answer("why", "why")
+
+
+def refused(kind_text: str, what: str) -> provider.Outcome:
+    return provider.Outcome(False, provider.classify(kind_text), 1, kind_text, 0.5, 1, what)
+
+
+class Line:
+    """The hub's broker as the keeper sees it: the line, the shared read, the line's note."""
+
+    def __init__(self, slices: list[int | None] = ()):
+        self.entries = [Entry(f"p{i}", Request(s)) for i, s in enumerate(slices)]
+        self.fleet_note = ""
+
+    def waiting(self):
+        return list(self.entries)
+
+    async def read_swarm(self, read):
+        return await read()
+
+
+class Hub:
+    """A hub's keeper over the fake swarm, on a clock the test moves."""
+
+    def __init__(self, tmp_path, settings=SETTINGS, api=None, cloud=None, **kwargs):
+        self.engine = FakeDocker()
+        self.engine.node_list = []
+        self.api = api(self.engine) if api else self.engine.api
+        self.cloud = cloud or Cloud()
+        self.line = Line()
+        self.now = NOW
+        self.tmp_path = tmp_path
+        self.settings = settings
+        self.kwargs = kwargs
+        self.keeper = self.start()
+
+    def start(self) -> fleet.FleetKeeper:
+        """The keeper as a (re)started hub makes it, from the same folders."""
+        self.keeper = fleet.FleetKeeper(
+            self.settings,
+            self.cloud,
+            self.tmp_path / "data",
+            self.tmp_path / "dashboard",
+            log=LOG,
+            client=self.api,
+            broker_of=lambda: self.line,
+            clock=lambda: self.now,
+            **self.kwargs,
+        )
+        return self.keeper
+
+    async def round(self, settle: bool = True):
+        decisions = await asyncio.wait_for(self.keeper.round(), 2)
+        if settle and self.keeper.call_task is not None:
+            await asyncio.wait_for(asyncio.shield(self.keeper.call_task), 2)
+        return [(d.action, d.machine or d.target) for d in decisions]
+
+    def snapshot(self) -> dict:
+        return json.loads((self.tmp_path / "dashboard" / fleet.SNAPSHOT_FILE).read_text())
+
+    def events(self) -> list[events.Event]:
+        path = self.tmp_path / "dashboard" / events.EVENTS_FILE
+        return events.read_events(path.read_text().splitlines()) if path.exists() else []
+
+    def kinds(self) -> list[str]:
+        return [e.kind for e in self.events()]
+
+    def availability(self, name: str) -> str:
+        return self.engine.api_node(name)["Spec"]["Availability"]
+
+
+# ---- growing --------------------------------------------------------------------------------
+
+
+async def test_people_in_line_are_asked_for_once_not_again_next_round_nor_after_a_restart(
+    tmp_path,
+):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    hub.engine.swarm_tasks = [server("gpu-1", service=f"s{i}") for i in range(3)]  # full
+    hub.line = Line([1, 1, 1, 1])
+    assert await hub.round() == [("grow", 3)]  # 4 slices missing: two machines of 3
+    assert hub.cloud.calls == [("grow", 3)]
+    assert [m["state"] for m in hub.snapshot()["machines"]] == ["ready", "asked", "asked"]
+    assert hub.snapshot()["coming"]["machines"] == 2
+    assert hub.kinds() == [events.FLEET_GROW]
+
+    assert await hub.round() == [("nothing", 0)]  # the machines on their way cover them
+    hub.now += 60
+    hub.start()  # the hub restarts: what it asked for is still on its way
+    assert await hub.round() == [("nothing", 0)]
+    assert hub.cloud.calls == [("grow", 3)]
+    assert hub.snapshot()["coming"]["machines"] == 2
+
+
+async def test_a_machine_that_joins_takes_the_place_of_one_asked_for(tmp_path):
+    hub = Hub(tmp_path)
+    hub.line = Line([1, 1])
+    await hub.round()
+    assert hub.cloud.calls == [("grow", 1)]
+    hub.now += 240
+    hub.engine.node_list = [gpu_node("gpu-new", slices=4)]
+    await hub.round()
+    (machine,) = hub.snapshot()["machines"]
+    assert (machine["name"], machine["state"], machine["slices"]) == ("gpu-new", "ready", 4)
+    assert machine["reason"].startswith("asked at ")
+    assert hub.snapshot()["coming"] is None
+    assert hub.keeper.state.joins == [240.0]  # the line's next estimate learns from it
+    assert hub.keeper.state.memory["gpu-new"].start == NOW  # paid for since it was asked for
+
+
+async def test_a_full_gpu_in_line_counts_as_that_gpus_slices(tmp_path):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1", slices=4)]
+    hub.engine.swarm_tasks = [server("gpu-1", slices=4)]
+    hub.line = Line([None, 1])
+    assert await hub.round() == [("grow", 3)]  # 5 slices: two machines of 4
+
+
+# ---- giving back ----------------------------------------------------------------------------
+
+
+async def test_an_empty_machine_is_paused_after_empty_for_then_removed_then_forgotten(tmp_path):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    assert await hub.round() == [("nothing", 0)]
+    hub.now += 599
+    assert await hub.round() == [("nothing", 0)]  # not yet: empty for 599 s of 600
+    hub.now += 2
+    assert await hub.round() == [("drain", "gpu-1")]
+    assert hub.availability("gpu-1") == "pause"
+    assert hub.cloud.calls == []  # paused first
+    hub.now += 10
+    assert await hub.round() == [("remove", "gpu-1")]
+    assert hub.engine.node_task_reads[-1] == "id-gpu-1"  # its tasks read right before
+    assert hub.cloud.calls == [("remove", "gpu-1")]
+    assert hub.snapshot()["machines"][0]["state"] == "leaving"
+    hub.engine.api_node("gpu-1")["Status"]["State"] = "down"  # the cloud ended it
+    hub.now += 10
+    await hub.round()
+    assert ("node rm", "id-gpu-1") in hub.engine.changes
+    assert hub.snapshot()["machines"] == []
+    assert hub.kinds() == [events.FLEET_DRAIN, events.FLEET_REMOVE]
+    assert hub.snapshot()["cost"]["machine_hours"] == pytest.approx(621 / 3600, abs=0.001)
+
+
+async def test_a_machine_with_a_server_is_never_paused_nor_removed(tmp_path):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1"), gpu_node("gpu-2")]
+    hub.engine.swarm_tasks = [server("gpu-2")]
+    for _ in range(5):
+        await hub.round()
+        for removed in hub.engine.node_list:
+            if ("remove", removed["Description"]["Hostname"]) in hub.cloud.calls:
+                removed["Status"]["State"] = "down"  # the cloud ended it
+        hub.now += 3600
+    assert hub.availability("gpu-2") == "active"
+    assert ("remove", "gpu-2") not in hub.cloud.calls
+    assert ("remove", "gpu-1") in hub.cloud.calls  # the empty one went
+
+
+class PlacedMeanwhile(FakeAPI):
+    """Swarm places a server on the paused machine between the round's read and the removal's
+    (a spawn that chose it before the pause)."""
+
+    def tasks(self, filters=None):
+        if (filters or {}).get("node") == "id-gpu-1":
+            self.engine.swarm_tasks.append(server("gpu-1"))
+        return super().tasks(filters)
+
+
+async def test_a_server_placed_between_the_read_and_the_removal_stops_it_and_resumes(tmp_path):
+    hub = Hub(tmp_path, api=PlacedMeanwhile)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    await hub.round()
+    hub.now += 700
+    assert await hub.round() == [("drain", "gpu-1")]
+    hub.now += 10
+    assert await hub.round() == [("remove", "gpu-1")]  # the round saw it empty
+    assert hub.cloud.calls == []  # ... but the second look found a server
+    assert hub.availability("gpu-1") == "active"
+    assert hub.snapshot()["machines"][0]["state"] == "ready"
+    assert hub.kinds()[-1] == events.FLEET_RESUME
+
+
+async def test_a_paused_machine_is_resumed_when_people_wait_instead_of_asking_the_cloud(
+    tmp_path,
+):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    await hub.round()
+    hub.now += 700
+    assert await hub.round() == [("drain", "gpu-1")]
+    assert hub.availability("gpu-1") == "pause"
+    hub.line = Line([1])
+    hub.now += 10
+    assert await hub.round() == [("resume", "gpu-1")]
+    assert hub.availability("gpu-1") == "active"
+    assert hub.cloud.calls == []
+
+
+# ---- the cloud says no -------------------------------------------------------------------------
+
+
+async def test_a_refusal_is_in_the_snapshot_the_events_and_the_lines_words_at_once(tmp_path):
+    hub = Hub(tmp_path)
+    hub.cloud.said["grow"] = [refused(QUOTA, "grow the group to 1")]
+    hub.line = Line([1])
+    await hub.round()  # the grow is answered before the next round
+    last = hub.snapshot()["provider"]["last"]
+    assert (last["action"], last["ok"], last["kind"]) == ("grow", False, provider.QUOTA)
+    assert "Quota 'NVIDIA_T4_GPUS' exceeded" in last["output"]
+    assert "ask the cloud for a higher quota" in last["told"]
+    assert hub.snapshot()["provider"]["blocked_until"] == NOW + 600
+    (failed,) = [e for e in hub.events() if e.kind == events.FLEET_FAILED]
+    assert failed.action == provider.QUOTA and "quota" in failed.reason
+    assert hub.line.fleet_note == provider.FOR_THE_LINE[provider.QUOTA].strip()
+    assert hub.snapshot()["coming"] is None  # not counted as on its way
+    said = line.waiting_message(1, 1, None, False, hub.line.fleet_note)
+    assert "No more GPU machines can be added right now" in said
+    hub.now += 60
+    await hub.round()
+    assert hub.cloud.calls == [("grow", 1)]  # not again during the back-off
+    hub.now += 600
+    await hub.round()
+    assert hub.cloud.calls == [("grow", 1), ("grow", 1)]
+
+
+async def test_a_launch_the_cloud_failed_later_is_told_by_the_why_command(tmp_path):
+    hub = Hub(tmp_path, cloud=Cloud(why="gcloud compute instance-groups managed list-errors"))
+    hub.line = Line([1])
+    await hub.round()
+    assert hub.line.fleet_note.startswith("A GPU machine is on its way (about 5 minutes)")
+    hub.now += 200
+    await hub.round()
+    assert hub.cloud.calls == [("grow", 1)]  # not late yet
+    stockout = "ZONE_RESOURCE_POOL_EXHAUSTED: the zone does not have enough resources"
+    hub.cloud.said["why"] = [refused(stockout, "why")]
+    hub.now += 120
+    await hub.round()
+    assert hub.cloud.calls == [("grow", 1), ("why",)]
+    assert hub.snapshot()["provider"]["last"]["kind"] == provider.NO_CAPACITY
+    assert hub.snapshot()["coming"] is None
+    assert hub.line.fleet_note == provider.FOR_THE_LINE[provider.NO_CAPACITY].strip()
+
+
+async def test_a_provider_call_that_hangs_holds_no_round_and_no_second_call_starts(tmp_path):
+    hub = Hub(tmp_path)
+    hub.cloud.hang.add("grow")
+    hub.engine.node_list = [gpu_node("gpu-1"), gpu_node("gpu-2")]
+    hub.engine.swarm_tasks = [server("gpu-1", 3)]
+    hub.line = Line([3, 3])
+    await hub.round(settle=False)
+    for _ in range(3):
+        hub.now += 3600  # gpu-2 has long been empty, and more people wait
+        hub.line = Line([3, 3, 3, 3])
+        await hub.round(settle=False)  # each within 2 s
+    assert hub.snapshot()["provider"]["busy"] is True
+    assert hub.cloud.calls == [("grow", 3)]
+    assert hub.cloud.most_at_once == 1
+    hub.keeper.call_task.cancel()
+
+
+# ---- the line's words ---------------------------------------------------------------------------
+
+
+async def test_people_in_line_read_that_a_machine_is_on_its_way(tmp_path):
+    from .test_waiting_line import full_hub, messages
+
+    spawner = full_hub(waiting_line="auto")
+    start = asyncio.ensure_future(spawner.start())
+    await until(lambda: any("in line" in m for m in messages(spawner)))
+    hub = Hub(tmp_path)
+    hub.line = spawner.broker  # the hub's own broker: its line and its read
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    hub.engine.swarm_tasks = [server("gpu-1", 3)]
+    await hub.round()
+    assert hub.cloud.calls == [("grow", 2)]
+    await until(lambda: "A GPU machine is on its way (about 5 minutes)." in messages(spawner)[-1])
+    assert messages(spawner)[-1].startswith("No GPU has room for your server right now.")
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+
+
+# ---- what is kept, what is shown ----------------------------------------------------------------
+
+
+async def test_a_restart_keeps_how_long_a_machine_has_been_empty(tmp_path):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    await hub.round()
+    hub.now += 601
+    hub.start()
+    assert await hub.round() == [("drain", "gpu-1")]
+    hub.start()
+    hub.now += 10
+    assert await hub.round() == [("remove", "gpu-1")]  # it knows it paused it
+
+
+async def test_a_state_file_it_cannot_read_is_set_aside_and_the_fleet_starts_afresh(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / fleet.STATE_FILE).write_text("{cut short")
+    hub = Hub(tmp_path)
+    assert hub.keeper.state == fleet.State()
+    assert (tmp_path / "data" / (fleet.STATE_FILE + ".unreadable")).exists()
+
+
+async def test_the_snapshot_has_the_plans_schema(tmp_path):
+    hub = Hub(tmp_path, price_per_hour=2.5)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    hub.engine.swarm_tasks = [server("gpu-1", 2)]
+    hub.line = Line([1, 1])
+    await hub.round()
+    hub.now += 600
+    await hub.round()
+    made = hub.snapshot()
+    assert set(made) == {
+        "at", "fleet", "min", "max", "floor", "machines", "coming", "provider", "cost",
+        "decisions",
+    }  # fmt: skip
+    assert (made["at"], made["fleet"], made["min"], made["max"], made["floor"]) == (
+        NOW + 600, "on", 0, 4, 0,
+    )  # fmt: skip
+    for machine in made["machines"]:
+        assert set(machine) == {"name", "state", "since", "servers", "free", "slices", "reason"}
+        assert machine["state"] in capacity.STATES
+    ready = made["machines"][0]
+    assert (ready["name"], ready["servers"], ready["free"], ready["slices"]) == ("gpu-1", 1, 1, 3)
+    assert set(made["coming"]) == {"machines", "ready_in"}
+    assert set(made["provider"]) == {"busy", "last", "blocked_until"}
+    assert set(made["provider"]["last"]) == {"action", "at", "ok", "kind", "told", "output"}
+    cost = made["cost"]
+    # gpu-1 and the machine asked for, 10 minutes each
+    assert cost["machine_hours"] == pytest.approx(2 * 600 / 3600, abs=0.001)
+    assert cost["slice_hours_used"] == pytest.approx(2 * fleet.GAP_S / 3600, abs=0.001)
+    assert cost["estimated"] == pytest.approx(cost["machine_hours"] * 2.5, abs=0.01)
+    assert cost["price_per_hour"] == 2.5
+    (grow,) = made["decisions"]
+    assert set(grow) == {"at", "action", "machine", "target", "reason"}
+    assert (grow["action"], grow["target"]) == ("grow", 2)
+    assert "2 wait for 2 slices" in grow["reason"]
+
+    unpriced = Hub(tmp_path / "unpriced")
+    await unpriced.round()
+    assert unpriced.snapshot()["cost"]["price_per_hour"] is None
+    assert unpriced.snapshot()["cost"]["estimated"] is None
+
+
+def test_the_fleets_events_read_back_without_a_participant():
+    written = events.Event(NOW, events.FLEET_DRAIN, "", node="gpu-1", reason="empty")
+    assert events.read_events([events.encode(written)]) == [written]
+    assert events.read_events(['{"time": 1, "kind": "started"}']) == []  # a start has a user
