@@ -209,11 +209,15 @@ def read(text: str | bytes | None, now: float) -> dict | None:
         "min": _count(record.get("min")),
         "max": _count(record.get("max")),
         "floor": _count(record.get("floor")),
-        "machines": [
-            _machine(m)
-            for m in (machines if isinstance(machines, list) else [])
-            if isinstance(m, dict)
-        ],
+        # the keeper's order, the machines gone (the day's history, kept for the cost) last
+        "machines": sorted(
+            (
+                _machine(m)
+                for m in (machines if isinstance(machines, list) else [])
+                if isinstance(m, dict)
+            ),
+            key=lambda m: m["state"] == "gone",
+        ),
         "coming": _coming(record.get("coming"), at),
         "provider": _provider(record.get("provider"), now),
         "cost": _cost(record.get("cost")),

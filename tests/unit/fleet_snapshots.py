@@ -27,6 +27,15 @@ SNAPSHOT = {
             "reason": "asked at 09:02 for 4 people in line",
         },
         {
+            "name": "gpu-1",
+            "state": "gone",
+            "since": AT - 7200,
+            "servers": 0,
+            "free": 0,
+            "slices": 3,
+            "reason": "gpu-1 was removed by the provider",
+        },
+        {
             "name": "gpu-3",
             "state": "draining",
             "since": AT - 60,

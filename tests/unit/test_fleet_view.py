@@ -25,6 +25,7 @@ def test_the_keepers_snapshot_reads_in_the_organizers_words():
         ("asked-7", "asked for", False, False),
         ("gpu-5", "booting", False, False),
         ("gpu-6", "joining the swarm", False, False),
+        ("gpu-1", "gone", False, True),  # the day's history, after the fleet of now
     ]
     gpu2 = fleet["machines"][0]
     assert (gpu2["since"], gpu2["servers"], gpu2["free"], gpu2["slices"]) == (AT - 1000, 3, 0, 3)
