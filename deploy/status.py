@@ -1,23 +1,26 @@
 """`make status`: the swarm's machines, GPUs, free and used slices, running servers with
-their GPU memory against their budget (from each GPU machine's guard), and the waiting line
-(from the hub's REST API).
+their GPU memory against their budget (from each GPU machine's guard), the waiting line (from
+the hub's REST API) and, while the hub drives the GPU machines (``GPUHUB_FLEET=on``), the
+fleet's machines and cost (its snapshot, ``fleet.json``, copied out of the hub's container).
 
     python -m deploy.status [--prefix jy] [--guard-port 9445]
 
-``render``, ``guard_memory`` and ``render_line`` are pure (plain dicts from the Docker API, the
-hub's user models and metrics text in, text out); ``main`` reads the manager's Docker API, each
-machine's guard metrics and the hub.
+``render``, ``guard_memory``, ``render_line`` and ``render_fleet`` are pure (plain dicts from
+the Docker API, the hub's user models, metrics text and the fleet's snapshot in, text out);
+``main`` reads the manager's Docker API, each machine's guard metrics and the hub.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
+import tarfile
 import time
 from collections.abc import Mapping
 
-from gpu_swarm_spawner import guards
+from gpu_swarm_spawner import fleet_view, guards
 from gpu_swarm_spawner.contract import SERVICE_PREFIX, USER_LABEL, is_mig, is_simulated
 from gpu_swarm_spawner.inventory import (
     build_inventory,
@@ -173,6 +176,100 @@ def read_line(environ: Mapping[str, str] | None = None) -> str:
     return render_line(waiting(json.loads(body)), time.time())
 
 
+#: The hub's dashboard folder inside its container (deploy/stack.yml's hub-data volume at
+#: jupyterhub_config.py's DATA), where the fleet's keeper writes fleet.json.
+HUB_DASHBOARD_DIR = "/srv/jupyterhub/data/dashboard"
+
+
+def _clock(t: float | None) -> str:
+    return "unknown" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def _known(value) -> str:
+    return "unknown" if value is None else str(value)
+
+
+def render_fleet(fleet: dict, decisions: int = 5) -> str:
+    """The fleet (``fleet_view.read``) as ``make status`` prints it: the provider's failure
+    first, the machines with their state and reason, what is on its way, the cost, and the
+    latest ``decisions``."""
+    lines = ["GPU machines the hub asks for (GPUHUB_FLEET)"]
+    if fleet["stale"]:
+        lines.append(f"  {fleet['stale_line']} (written {_clock(fleet['at'])})")
+    provider = fleet["provider"]
+    last = provider["last"]
+    if last and last["failed"]:
+        lines += [
+            f"  The cloud's provider failed: {last['kind']} ({_known(last['action'])}, at "
+            f"{_clock(last['at'])})",
+            f"    what to do: {_known(last['advice'])}",
+            f"    its last output line: {last['output'] or '(none)'}",
+        ]
+    if provider["blocked"]:
+        lines.append(
+            f"  Back-off: nothing is asked of the cloud until {_clock(provider['blocked_until'])}"
+        )
+    rows = [["machine", "state", "since", "servers", "free/total slices", "reason"]]
+    for m in fleet["machines"]:
+        rows.append(
+            [
+                _known(m["name"]),
+                _known(m["words"]),
+                _clock(m["since"]),
+                _known(m["servers"]),
+                f"{_known(m['free'])}/{_known(m['slices'])}",
+                _known(m["reason"]),
+            ]
+        )
+    lines += _table(rows) if len(rows) > 1 else ["  none"]
+    coming = fleet["coming"]
+    if coming:
+        ready = f" (about {_clock(coming['ready_at'])})" if coming["ready_at"] else ""
+        lines.append(f"  {coming['line']}{ready}")
+    lines.append(
+        f"  At least {_known(fleet['floor'])} machine(s) now (minimum {_known(fleet['min'])}, "
+        f"maximum {_known(fleet['max'])})"
+    )
+    lines.append(f"  Cost: {fleet['cost']['line']}")
+    if fleet["decisions"]:
+        lines.append("  Latest decisions (newest first):")
+        for d in fleet["decisions"][:decisions]:
+            machine = f" {d['machine']}" if d["machine"] else ""
+            lines.append(
+                f"    {_clock(d['at'])}  {_known(d['action'])}{machine}: {_known(d['reason'])}"
+            )
+    return "\n".join(lines)
+
+
+def _archived_file(chunks) -> bytes:
+    """The one file of a ``get_archive`` answer (a tar stream)."""
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+        member = next((m for m in tar.getmembers() if m.isfile()), None)
+        found = tar.extractfile(member) if member is not None else None
+        return found.read() if found is not None else b""
+
+
+def read_fleet(client, stack: str, now: float) -> dict | None:
+    """The fleet's snapshot, copied out of the hub's container (its data volume is the hub's,
+    on the manager it runs on) through the engine's API; None when there is none: the fleet
+    is off, or the hub runs on another manager or not at all."""
+    from docker.errors import NotFound
+
+    running = client.api.tasks(filters={"service": f"{stack}_hub", "desired-state": "running"})
+    for task in running:
+        container = task.get("Status", {}).get("ContainerStatus", {}).get("ContainerID")
+        if not container:
+            continue
+        try:
+            chunks, _ = client.api.get_archive(
+                container, f"{HUB_DASHBOARD_DIR}/{fleet_view.FLEET_FILE}"
+            )
+            return fleet_view.read(_archived_file(chunks), now)
+        except NotFound:  # not on this engine, or no snapshot written
+            continue
+    return None
+
+
 def scrape_guards(nodes: list[dict], port: int) -> tuple[list[str], tuple[str, ...]]:
     """The metrics text of each GPU machine's guard, and the machines whose guard did not
     answer (``gpu_swarm_spawner.guards.scrape``)."""
@@ -188,13 +285,14 @@ def main(argv=None) -> int:
         "--guard-port", type=int, default=None, help="the guards' metrics port (the settings')"
     )
     args = parser.parse_args(argv)
-    if args.guard_port is None:
-        from . import settings
+    from . import settings
 
-        try:
-            args.guard_port = settings.read().guard_metrics_port
-        except settings.SettingsError:
-            args.guard_port = 0
+    try:
+        config = settings.read()
+    except settings.SettingsError:
+        config = None
+    if args.guard_port is None:
+        args.guard_port = config.guard_metrics_port if config else 0
     import docker
 
     try:
@@ -214,6 +312,15 @@ def main(argv=None) -> int:
     print(render(nodes, tasks, services, args.prefix, memory, silent))
     print()
     print(read_line())
+    fleet = None
+    if config is not None:
+        try:
+            fleet = read_fleet(client, config.stack, time.time())
+        except (docker.errors.APIError, tarfile.TarError) as e:
+            print(f"\nGPU machines the hub asks for: not read ({e})")
+    if fleet is not None:
+        print()
+        print(render_fleet(fleet))
     return 0
 
 

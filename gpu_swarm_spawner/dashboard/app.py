@@ -4,7 +4,8 @@ Admins only: JupyterHub's OAuth lets in whoever holds ``access:services!service=
 which admins hold and participants do not (they get 403). The page (``templates/``) asks
 ``api/state`` every few seconds and redraws without reloading. A state is read at most once per
 ``MAX_AGE_S`` however many admins watch: the swarm from the manager's Docker API, every GPU
-machine's guard metrics, and the hub's journal (``events.py``: spawn events and the line).
+machine's guard metrics, the hub's journal (``events.py``: spawn events and the line) and,
+while the hub drives the GPU machines, its fleet's snapshot (``fleet_view.py``).
 
 The plots (``api/series``) are range queries to Prometheus (a stack service), which scrapes the
 hub, every guard and this service's ``metrics`` (its figures: slices per machine, servers, the
@@ -33,7 +34,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.log import app_log, enable_pretty_logging
 
-from .. import events, guards
+from .. import events, fleet_view, guards
 from ..contract import SERVICE_PREFIX
 from . import model
 
@@ -72,14 +73,12 @@ class Reader:
         api = self.docker.api
         nodes, tasks, services = api.nodes(), api.tasks(), api.services()
         texts, silent = guards.scrape(nodes, self.guard_port) if self.guard_port else ([], ())
-        recent, line = [], []
+        recent, line, fleet = [], [], None
+        now = time.time()
         if self.journal is not None:
             recent = events.read_events(events.tail(self.journal / events.EVENTS_FILE))
-            try:
-                line_text = (self.journal / events.LINE_FILE).read_text(encoding="utf-8")
-            except FileNotFoundError:
-                line_text = ""
-            _, line = events.read_line(line_text)
+            _, line = events.read_line(self._text(events.LINE_FILE))
+            fleet = fleet_view.read(self._text(fleet_view.FLEET_FILE), now)
         return model.build(
             nodes=nodes,
             tasks=tasks,
@@ -89,9 +88,17 @@ class Reader:
             guard_expected=(guards.guarded if self.guard_port else lambda node: False),
             events=recent,
             line=line,
-            now=time.time(),
+            now=now,
             prefix=self.prefix,
+            fleet=fleet,
         )
+
+    def _text(self, name: str) -> str:
+        """A file of the journal's folder ("" when it is missing)."""
+        try:
+            return (self.journal / name).read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
 
 
 class PageHandler(HubOAuthenticated, web.RequestHandler):

@@ -138,11 +138,13 @@ def build(
     line: list[Waiting],
     now: float,
     prefix: str = SERVICE_PREFIX,
+    fleet: dict | None = None,
 ) -> dict:
     """The dashboard's state: machines with their GPUs and each GPU's participants, the
     waiting line, recent starts, refusals and failures, what the hub healed (``healing.py``),
-    the servers stopped for their machine's disk (``disk.py``), and the guard's warnings and
-    stops.
+    the servers stopped for their machine's disk (``disk.py``), the guard's warnings and
+    stops, and the fleet of GPU machines the hub drives (``fleet_view.read``; None: the fleet
+    is off, nothing is shown of it).
     ``guard_expected(node)``: whether a guard should answer there (``guards.guarded``)."""
     servers = _servers(tasks, services, prefix)
     used_on = used_slices(tasks)
@@ -198,6 +200,7 @@ def build(
             }
             for user, gpu in guard_counts
         ],
+        "fleet": fleet,
     }
 
 

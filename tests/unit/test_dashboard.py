@@ -324,3 +324,140 @@ async def test_an_error_answer_names_the_reason_phrase_tornado_gives_the_status_
     assert seen[403][0] == "Forbidden" and seen[400][0] == "Bad Hours"
     assert all(ours == tornados for ours, tornados in seen.values()), seen
     assert set(seen) == {403, 400, 500, 599}
+
+
+# ---- the fleet of GPU machines the hub drives (fleet.json) --------------------------------------
+
+
+class FakeAPI:
+    """The manager's Docker API as the dashboard's reader asks it (``a_swarm``)."""
+
+    def __init__(self):
+        self.nodes_, self.tasks_, self.services_ = a_swarm()
+
+    def nodes(self):
+        return self.nodes_
+
+    def tasks(self):
+        return self.tasks_
+
+    def services(self):
+        return self.services_
+
+
+def read_state(folder):
+    """The dashboard's state as its reader makes it from ``folder`` (the hub's journal)."""
+    from types import SimpleNamespace
+
+    from gpu_swarm_spawner.dashboard.app import Reader
+
+    reader = Reader(str(folder), 0, "jy", docker_client=SimpleNamespace(api=FakeAPI()))
+    return json.loads(json.dumps(reader._read()))  # as the data call sends it
+
+
+def test_the_keepers_snapshot_reaches_the_pages_state(tmp_path, monkeypatch):
+    from .fleet_snapshots import AT, NOT_SNAPSHOTS, text
+
+    monkeypatch.setattr("time.time", lambda: AT + 3)
+    assert read_state(tmp_path)["fleet"] is None  # the fleet off: nothing of it
+    (tmp_path / "fleet.json").write_text(text())
+    fleet = read_state(tmp_path)["fleet"]
+    assert [(m["name"], m["words"]) for m in fleet["machines"]][:2] == [
+        ("gpu-2", "taking servers"),
+        ("gpu-3", "paused (given back if it stays empty)"),
+    ]
+    last = fleet["provider"]["last"]
+    assert (last["failed"], last["kind"]) == (True, "quota exceeded")
+    assert "Quota 'NVIDIA_T4_GPUS' exceeded" in last["output"]
+    assert fleet["cost"]["line"].endswith("about $31.25 at $2.5 an hour")
+    assert fleet["age"] == 3 and not fleet["stale"]
+    monkeypatch.setattr("time.time", lambda: AT + 61)
+    assert read_state(tmp_path)["fleet"]["stale"]
+    for case, content in NOT_SNAPSHOTS.items():  # never an error page
+        if content is not None:
+            path = tmp_path / "fleet.json"
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+            state = read_state(tmp_path)
+            assert state["fleet"] is None, case
+            assert state["machines"], case  # the rest of the page is there
+
+
+@pytest.mark.browser
+def test_the_page_draws_the_fleet_tells_a_refusal_at_the_next_refresh_and_hides_when_off(
+    tmp_path, monkeypatch
+):
+    """The page itself in Debian's headless Chromium, its data calls answered with the state
+    the reader makes of the keeper's snapshots: the machines in words, the cost, and the
+    cloud's refusal above everything within one refresh of the snapshot that tells it."""
+    import os
+
+    if not os.path.exists("/usr/bin/chromium"):
+        pytest.skip("Debian's chromium is not installed")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from tornado.template import Loader
+
+    from gpu_swarm_spawner.dashboard.app import TEMPLATES
+    from tests.integration.hub import CHROMIUM_ARGS
+
+    from .fleet_snapshots import AT, SNAPSHOT, text
+
+    monkeypatch.setattr("time.time", lambda: AT + 3)
+    worked = {"busy": True, "last": {"action": "grow", "at": AT - 400, "ok": True, "kind": ""}}
+    (tmp_path / "fleet.json").write_text(text(provider=worked))
+    html = Loader(str(TEMPLATES)).load("dashboard.html").generate(user="admin", xsrf="x")
+
+    def answer(route):
+        url = route.request.url
+        if url.endswith("/api/state"):
+            route.fulfill(json=read_state(tmp_path))  # the file as it is at this refresh
+        elif "/api/series" in url:
+            route.fulfill(json={"error": "No Prometheus is configured for the plots."})
+        else:
+            route.fulfill(body=html, content_type="text/html")
+
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page()
+            page.route("**/*", answer)
+            page.goto("http://dashboard.test/services/dashboard/")
+            page.wait_for_selector("#fleet-table")
+            rows = page.locator("#fleet-table tbody tr").all_inner_texts()
+            assert [r.split("\t")[:2] for r in rows][:3] == [
+                ["gpu-2", "taking servers"],
+                ["gpu-3", "paused (given back if it stays empty)"],
+                ["gpu-4", "being given back"],
+            ]
+            assert rows[0].split("\t")[3:] == ["3", "0 / 3", "asked at 09:02 for 4 people in line"]
+            assert rows[4].split("\t")[4] == "unknown / unknown"  # booting: not known yet
+            summary = page.inner_text("#fleet-summary")
+            assert "Cost so far: 12.5 machine-hours, 20.1 of 37.5 slice-hours used" in summary
+            assert "3 machine(s) on their way, ready in about 4 minutes" in summary
+            assert "A provider command is running." in summary
+            assert page.locator("#fleet-alert").is_hidden()  # the last call worked
+            decisions = page.locator("#fleet-decisions-table tbody tr").all_inner_texts()
+            assert decisions[0].split("\t")[1:4] == ["grow", "–", "4"]
+
+            # the keeper's next round tells the cloud's refusal: shown at the next refresh (2 s)
+            (tmp_path / "fleet.json").write_text(text())
+            page.wait_for_selector("#fleet-alert:not([hidden])", timeout=3_000)
+            alert = page.inner_text("#fleet-alert")
+            assert "The cloud's provider failed: quota exceeded" in alert
+            assert "What to do: the cloud's quota for these machines is used up" in alert
+            assert "Its last output line: ERROR: (gcloud.compute.instance-groups" in alert
+            assert "The hub asks the cloud again after" in alert
+            assert page.locator("#fleet-stale").is_hidden()
+
+            monkeypatch.setattr("time.time", lambda: AT + 120)  # the keeper stopped writing
+            page.wait_for_selector("#fleet-stale:not([hidden])", timeout=3_000)
+            assert "snapshot is 2 minutes old" in page.inner_text("#fleet-stale")
+
+            (tmp_path / "fleet.json").unlink()  # the fleet off: nothing of it
+            page.wait_for_selector("#fleet", state="hidden", timeout=3_000)
+            assert page.locator("#fleet-alert").is_hidden()
+            assert page.locator("[data-machine]").count() == 3  # the swarm's machines stay
+        finally:
+            browser.close()
+    assert SNAPSHOT["provider"]["last"]["ok"] is False  # the fixture was not changed

@@ -117,3 +117,111 @@ def test_the_waiting_line_comes_from_the_hubs_user_models_head_first():
     assert text[2].split()[:2] == ["1", "alice"] and text[2].endswith("7 min")
     assert text[4].split()[:2] == ["3", "carol"] and text[4].endswith("5 min")
     assert status.render_line([], 0).splitlines() == ["Waiting line (0)", "  nobody"]
+
+
+# ---- the fleet of GPU machines the hub drives ---------------------------------------------------
+
+
+def test_the_fleets_machines_failure_and_cost_are_printed():
+    import time
+
+    from gpu_swarm_spawner import fleet_view
+
+    from .fleet_snapshots import AT, text
+
+    out = status.render_fleet(fleet_view.read(text(), now=AT + 5))
+    lines = out.splitlines()
+    assert lines[0] == "GPU machines the hub asks for (GPUHUB_FLEET)"
+    # the cloud's refusal first: its kind, what to do, the command's last line
+    assert lines[1].startswith("  The cloud's provider failed: quota exceeded (grow, at ")
+    assert lines[2] == "    what to do: " + fleet_view.ADVICE["quota exceeded"]
+    assert lines[3].startswith("    its last output line: ERROR: (gcloud.compute.")
+    clock = time.strftime("%H:%M:%S", time.localtime(AT + 590))
+    assert lines[4] == f"  Back-off: nothing is asked of the cloud until {clock}"
+    rows = {line.split()[0]: line for line in lines if line.startswith("  gpu-")}
+    assert rows["gpu-2"].split()[1:3] == ["taking", "servers"]
+    assert "  3  " in rows["gpu-2"] and " 0/3 " in rows["gpu-2"]
+    assert rows["gpu-2"].endswith("asked at 09:02 for 4 people in line")
+    assert "being given back" in rows["gpu-4"] and "joining the swarm" in rows["gpu-6"]
+    assert " unknown/unknown " in rows["gpu-5"]  # a booting machine's slices are not known yet
+    assert "  3 machine(s) on their way, ready in about 4 minutes (about " in out
+    assert "  At least 2 machine(s) now (minimum 0, maximum 4)" in lines
+    assert (
+        "  Cost: 12.5 machine-hours, 20.1 of 37.5 slice-hours used (54%), about $31.25 at $2.5 "
+        "an hour" in lines
+    )
+    assert lines[-2].endswith("grow: grow the group to 4 machines: 5 wait for 5 slices")
+    assert lines[-1].endswith("drain gpu-4: first")  # newest first
+    assert "snapshot is" not in out
+
+    stale = status.render_fleet(fleet_view.read(text(), now=AT + 3600)).splitlines()
+    assert stale[1].startswith("  The fleet's snapshot is 60 minutes old: the hub's fleet keeper")
+    assert "Back-off" not in "\n".join(stale)  # over by now
+
+
+def test_a_fleet_without_a_price_or_machines_says_so():
+    from gpu_swarm_spawner import fleet_view
+
+    from .fleet_snapshots import AT, text
+
+    cost = {"machine_hours": 0.0, "slice_hours_offered": 0.0, "slice_hours_used": 0.0}
+    fleet = fleet_view.read(text(machines=[], provider={}, coming=None, cost=cost), now=AT)
+    out = status.render_fleet(fleet)
+    assert "GPU machines the hub asks for (GPUHUB_FLEET)\n  none\n" in out
+    assert "set GPUHUB_FLEET_PRICE_PER_HOUR for an estimate" in out
+    assert "provider failed" not in out and "on their way" not in out
+
+
+class Engine:
+    """The manager's engine as ``read_fleet`` asks it: the hub's tasks, and a copy of a file
+    out of a container (``get_archive``: a tar stream)."""
+
+    def __init__(self, files: dict[tuple[str, str], bytes], tasks: list[dict]):
+        import types
+
+        self.files, self.tasks_ = files, tasks
+        self.asked: list = []
+        self.api = types.SimpleNamespace(tasks=self.tasks, get_archive=self.get_archive)
+
+    def tasks(self, filters=None):
+        self.asked.append(filters)
+        return self.tasks_
+
+    def get_archive(self, container, path):
+        import io
+        import tarfile
+        import types
+
+        from docker.errors import NotFound
+
+        if (container, path) not in self.files:
+            raise NotFound("no such file", response=types.SimpleNamespace(status_code=404))
+        data = self.files[(container, path)]
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            info = tarfile.TarInfo(path.rsplit("/", 1)[-1])
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        raw = buffer.getvalue()
+        return iter([raw[:100], raw[100:]]), {"name": info.name, "size": len(data)}
+
+
+def hub_task(container):
+    return {"Status": {"State": "running", "ContainerStatus": {"ContainerID": container}}}
+
+
+def test_the_snapshot_is_copied_out_of_the_hubs_container():
+    from .fleet_snapshots import AT, text
+
+    path = "/srv/jupyterhub/data/dashboard/fleet.json"
+    # a task without a container yet, one whose container is on another manager, the hub's
+    tasks = [hub_task(""), hub_task("c-elsewhere"), hub_task("c-hub")]
+    engine = Engine({("c-hub", path): text().encode()}, tasks)
+    fleet = status.read_fleet(engine, "gpuhub", now=AT)
+    assert fleet["machines"][0]["name"] == "gpu-2" and fleet["provider"]["last"]["failed"]
+    assert engine.asked == [{"service": "gpuhub_hub", "desired-state": "running"}]
+    # the fleet off (no file), the hub elsewhere or down, a file cut short: no fleet printed
+    assert status.read_fleet(Engine({}, [hub_task("c-hub")]), "gpuhub", now=AT) is None
+    assert status.read_fleet(Engine({}, []), "gpuhub", now=AT) is None
+    cut = Engine({("c-hub", path): text().encode()[:40]}, [hub_task("c-hub")])
+    assert status.read_fleet(cut, "gpuhub", now=AT) is None
