@@ -377,10 +377,6 @@ NOT_SETTINGS = frozenset(
         "GPUHUB_CADDY_TLS",  # inside the HTTPS gateway's container (images/hub/Caddyfile)
         "GPUHUB_CADDY_EMAIL",
         "GPUHUB_HTTPS_SUFFIX",
-        # named by the fleet's views (fleet_view.py) before the fleet-settings branch declares
-        # them as settings: drop these two lines when merging it
-        "GPUHUB_FLEET",
-        "GPUHUB_FLEET_PRICE_PER_HOUR",
     }
 )
 #: ...and whole families of them: the tests', the test bed's, its engines'.
