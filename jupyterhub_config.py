@@ -297,6 +297,8 @@ else:
             learn_slices=not cfg.fleet_slices_per_machine,
             price_per_hour=cfg.fleet_price_per_hour or 0.0,
         )
+    else:
+        fleet.forget_snapshot(DATA / "dashboard")
     # starts are refused with a clear message while the hub's data volume is (nearly) full
     c.GPUSwarmSpawner.hub_data_dir = str(DATA)
     if cfg.waiting_line != "off":

@@ -1,6 +1,6 @@
 """What the GPU machines cost: machine-hours and an estimated cost beside the slice-hours the
 participants used, from the fleet's history. Pure, standard library only; the dashboard and
-``make status`` are to show ``usage`` (not wired yet, docs/autoscaling.md).
+``make status`` show ``usage`` (fleet.py writes it into the snapshot, docs/autoscaling.md).
 
 A machine is paid for from the moment the hub asked the cloud for it (the cloud bills a
 machine that boots) until it is gone, whether it ever held a server or not; a machine the

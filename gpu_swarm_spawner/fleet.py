@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from . import broker, capacity, cost, events, internals, periodic, provider
+from . import broker, capacity, cost, events, fleet_view, internals, periodic, provider
 from .capacity import Asked, Decision, Machine, Memory
 from .contract import KIND_PREFIXES
 from .inventory import gpu_kinds
@@ -52,7 +52,7 @@ from .inventory import gpu_kinds
 EVERY_S = 10.0
 #: The keeper's state, in the hub's data folder; the dashboard's snapshot, in its folder.
 STATE_FILE = "fleet-state.json"
-SNAPSHOT_FILE = "fleet.json"
+SNAPSHOT_FILE = fleet_view.FLEET_FILE
 #: The decisions the snapshot keeps (newest last), the ended machines the state keeps, the
 #: joins (seconds from asking to joining) the expected boot-and-join is the median of.
 DECISIONS_KEPT = 50
@@ -641,6 +641,13 @@ def clock_time(when: float, zone: str = "UTC") -> str:
     """``when`` as the organizer's wall clock shows it: "09:02"."""
     local = datetime.fromtimestamp(when, tz=timezone.utc).astimezone(ZoneInfo(zone))
     return local.strftime("%H:%M")
+
+
+def forget_snapshot(dashboard_dir: str | os.PathLike) -> None:
+    """The hub starts with the fleet off: a snapshot an earlier hub with it on left goes, or the
+    dashboard would show that fleet, stale, for ever."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(Path(dashboard_dir) / SNAPSHOT_FILE)
 
 
 def install(

@@ -259,8 +259,12 @@ def test_the_disk_settings_reach_the_spawner_and_the_check_starts_with_a_safety_
 def test_the_fleet_keeper_starts_only_with_gpuhub_fleet_on(hub_config, monkeypatch, tmp_path):
     installed = []
     monkeypatch.setattr(fleet, "install", lambda *args, **kwargs: installed.append((args, kwargs)))
+    left = tmp_path / "data" / "dashboard" / "fleet.json"  # a hub with the fleet on wrote it
+    left.parent.mkdir(parents=True)
+    left.write_text("{}")
     hub_config()
     assert installed == []  # off by default: nothing of it runs
+    assert not left.exists()  # ... and no fleet shows on the dashboard, stale for ever
     hub_config(
         FLEET="on",
         FLEET_GROW_COMMAND="grow-group {count}",
