@@ -145,6 +145,14 @@ class Bed:
             raise RuntimeError(f"bed.sh {' '.join(args[:2])} failed:\n{said}")
         return result.stdout + result.stderr
 
+    def prepare(self) -> None:
+        """The image file made now (``make image-tar``), so that no machine's boot waits for
+        it; each machine then gets a copy."""
+        host = os.environ.get("GPUHUB_IMAGE_TAR", "")
+        if host:
+            subprocess.run(["make", "-s", "image-tar"], cwd=REPO, check=True, capture_output=True)
+            self.tar = f"/root/{Path(host).name}"  # where bed.sh image-tar puts it
+
     def make(self, name: str) -> None:
         self.run("fresh", name)
 
