@@ -13,11 +13,6 @@ export GPUHUB_EGRESS=off
 eval "$(bash tests/bed/bed.sh env | sed 's/^/export /')"
 trap 'bash tests/bed/bed.sh down >/dev/null 2>&1 || true' EXIT
 bash tests/bed/bed.sh up 0
-. deploy/bootstrap.sh
-log "image gpu-jupyterhub/scale-server:latest"
-base=$(PYTHONPATH=. "$VENV/bin/python" -m deploy settings GPUHUB_BASE_IMAGE)
-DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE_IMAGE=$base" \
-  -f images/scale-server/Dockerfile -t gpu-jupyterhub/scale-server:latest . >/dev/null
+bash tests/bench/scale-server.sh
 # the cloud's machines get the stand-in as their image file (make image-tar)
-export GPUHUB_SINGLEUSER_IMAGE=gpu-jupyterhub/scale-server:latest
-"$VENV/bin/python" -m tests.bench.bench_fleet "$@"
+GPUHUB_SINGLEUSER_IMAGE=gpu-jupyterhub/scale-server:latest .venv/bin/python -m tests.bench.bench_fleet "$@"
