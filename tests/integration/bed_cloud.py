@@ -232,6 +232,7 @@ class BedCloud:
         self._silent = 0
         self._hangs: dict[str, int] = {}
         self._cancel: dict[str, threading.Event] = {}
+        self._busy: set[str] = set()  # machines being made or running their start-up
 
     # ---- what the commands ask --------------------------------------------------------------
 
@@ -350,6 +351,15 @@ class BedCloud:
         with self._lock:
             if instance.state == TERMINATED or self.closing.is_set():
                 return
+            self._busy.add(name)
+        try:
+            self._make_and_start(instance)
+        finally:
+            with self._lock:
+                self._busy.discard(name)
+
+    def _make_and_start(self, instance: Instance) -> None:
+        name = instance.name
         try:
             self.bed.make(name)
         except Exception as e:  # the cloud could not launch it: ended, and said so
@@ -362,13 +372,17 @@ class BedCloud:
             return
         with self._lock:
             instance.made = self.clock()
-            if instance.state == TERMINATED:  # ended while it was being made
-                if not instance.destroyed:
-                    instance.destroyed = True
-                    self.bed.destroy(name)
-                return
-            instance.state = STARTING
+            # ended while it was being made, or the cloud closes
+            ended = instance.state == TERMINATED or self.closing.is_set()
+            destroy = ended and not instance.destroyed
+            instance.destroyed = instance.destroyed or ended
+            if not ended:
+                instance.state = STARTING
             silent = instance.silent
+        if destroy:
+            self.bed.destroy(name)
+        if ended:
+            return
         status: int | None = None
         output = ""
         if not silent:
@@ -423,9 +437,15 @@ class BedCloud:
         with self._lock:
             return [(i.asked, i.ended) for i in self.instances.values()]
 
-    def close(self) -> None:
-        """Every machine ever made removed, swarm node and all; hung requests let go."""
+    def close(self, wait_s: float = 900) -> None:
+        """Every machine ever made removed, swarm node and all (once those being made or
+        joining are done, within ``wait_s``); hung requests let go."""
         self.closing.set()
+        for event in list(self._cancel.values()):
+            event.set()
+        deadline = time.monotonic() + wait_s
+        while self._busy and time.monotonic() < deadline:
+            time.sleep(0.5)
         with self._lock:
             for instance in self.instances.values():
                 if instance.state != TERMINATED:

@@ -332,3 +332,26 @@ def test_hung_requests_are_let_go_when_the_cloud_closes(served):
     cloud.closing.set()
     asker.join(10)
     assert not asker.is_alive() and errors  # closed without an answer
+
+
+def test_close_waits_for_a_machine_being_made_before_removing_it():
+    made, release = threading.Event(), threading.Event()
+
+    class Slow(FakeBed):
+        def make(self, name):
+            made.set()
+            release.wait(10)
+            super().make(name)
+
+    bed = Slow()
+    cloud = BedCloud(bed, PRINTED, boot_s=0, wait=lambda s, e: None)  # boots in threads
+    cloud.request("grow", ["1"])
+    assert made.wait(10)
+    closer = threading.Thread(target=cloud.close)
+    closer.start()
+    closer.join(1.0)
+    assert closer.is_alive() and ("remove", "fresh11") not in bed.calls  # still being made
+    release.set()
+    closer.join(10)
+    assert bed.calls[0] == ("fresh", "fresh11") and bed.calls[-1] == ("remove", "fresh11")
+    assert not any(c[0] == "join" for c in bed.calls)  # closing: no start-up after all
