@@ -66,6 +66,9 @@ bench-scale:  ## 500 participants on a bed of 10 GPU machines (stand-in servers)
 bench-faults:  ## faults with servers running (proxy, engines, hub killed, machine lost or cut off, Prometheus, full disk): time to heal, what was lost (prints figures)
 	bash tests/bench/faults.sh $(ARGS)
 
+bench-fleet:  ## a workshop day replayed twice on the bed: a fixed fleet vs the hub driving the bed's cloud, with provider failures (prints machine-hours, waits, time to the dashboard)
+	bash tests/bench/fleet.sh $(ARGS)
+
 unit:  ## unit tests and the tutorial-sync tests (real git, no Docker needed)
 	bash tests/run.sh unit
 
@@ -82,4 +85,4 @@ docs:  ## regenerate deploy/settings.env, docs/configuration.md and the stack fi
 	python3 -m deploy.reference
 	bash -c '. deploy/bootstrap.sh && ensure_venv test && $$VENV/bin/python -m deploy.options'
 
-.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check gpu-prove bench-join test bench bench-images bench-scale bench-faults unit mutation lint labextension docs
+.PHONY: help demo up roster down images status join-command pause-node resume-node image-tar gpu-check gpu-prove bench-join test bench bench-images bench-scale bench-faults bench-fleet unit mutation lint labextension docs

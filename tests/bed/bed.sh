@@ -38,7 +38,8 @@
 #   tests/bed/bed.sh on NAME CMD     run the shell command CMD on fresh machine NAME, as root in
 #                                    its copy of the repository (like ssh)
 #   tests/bed/bed.sh image-tar NAME  `make image-tar` here, the file copied to NAME's /root
-#   tests/bed/bed.sh remove NAME     take machine NAME (wN or freshN) out of the swarm, remove it
+#   tests/bed/bed.sh remove NAME [--keep-node]  take machine NAME (wN or freshN) out of the
+#                                    swarm, remove it; --keep-node: its swarm node stays (down)
 #
 # Settings: GPUHUB_BED_GPUS (simulated GPUs per worker, 2), GPUHUB_SLICES_PER_GPU (3),
 # GPUHUB_SIMULATE_IF_NO_GPU (the manager's simulated GPUs; 0: none, it runs only the hub),
@@ -467,10 +468,13 @@ remove_fresh() {
   rm -f "$BED_RUN/$name.sock" "$BED_RUN/$name.root"
 }
 
-# Machine NAME out of the swarm's node list and gone.
+# Machine NAME out of the swarm's node list and gone; with --keep-node its node stays (down), as
+# a cloud that ends a machine leaves it (tests/integration/bed_cloud.py).
 remove_machine() {
-  local name=$1 id
+  local name=$1 keep=${2:-} id
+  case $keep in ''|--keep-node) ;; *) die "remove $name: unknown option $keep (--keep-node)" ;; esac
   case $name in fresh*) remove_fresh "$name" ;; *) remove_worker "$name" ;; esac
+  [ -z "$keep" ] || return 0
   engine_up || return 0
   for id in $(docker node ls --filter "name=$name" -q 2>/dev/null); do
     [ "$(docker node inspect -f '{{.Description.Hostname}}' "$id")" = "$name" ] \
@@ -541,7 +545,7 @@ case "${1:-}" in
   fresh) fresh_machine "${2:?which machine, e.g. fresh1}" "${3:-}" ;;
   on) on_machine "${2:?which machine, e.g. fresh1}" "${3:?a command}" ;;
   image-tar) image_tar_to "${2:?which machine, e.g. fresh1}" ;;
-  remove) remove_machine "${2:?which machine, e.g. fresh1}" ;;
-  *) echo "usage: $0 env | up [N] | workers [N] | down | stop wN | restart manager|wN [--kill] | cut wN | uncut wN | small-dir NAME SIZE | join wN ARGS | fresh NAME | on NAME CMD | image-tar NAME | remove NAME" >&2
+  remove) remove_machine "${2:?which machine, e.g. fresh1}" "${3:-}" ;;
+  *) echo "usage: $0 env | up [N] | workers [N] | down | stop wN | restart manager|wN [--kill] | cut wN | uncut wN | small-dir NAME SIZE | join wN ARGS | fresh NAME | on NAME CMD | image-tar NAME | remove NAME [--keep-node]" >&2
      exit 2 ;;
 esac

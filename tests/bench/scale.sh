@@ -16,10 +16,7 @@ eval "$(bash tests/bed/bed.sh env | sed 's/^/export /')"
 trap 'bash tests/bed/bed.sh down >/dev/null 2>&1 || true' EXIT
 bash tests/bed/bed.sh up 0
 . deploy/bootstrap.sh
-log "image gpu-jupyterhub/scale-server:latest"
-base=$(PYTHONPATH=. "$VENV/bin/python" -m deploy settings GPUHUB_BASE_IMAGE)
-DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE_IMAGE=$base" \
-  -f images/scale-server/Dockerfile -t gpu-jupyterhub/scale-server:latest . >/dev/null
+bash tests/bench/scale-server.sh
 # the GPU machines get (and join with) the stand-in as their single-user image
 GPUHUB_SINGLEUSER_IMAGE=gpu-jupyterhub/scale-server:latest bash tests/bed/bed.sh workers "$MACHINES"
 "$VENV/bin/python" -m tests.bench.scale "$@"

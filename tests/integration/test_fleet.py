@@ -1,0 +1,316 @@
+"""The hub's fleet on the bed (issue 41, docs/autoscaling.md): the stack deployed with
+GPUHUB_FLEET=on (minimum 0, maximum 2, a machine given back after EMPTY_FOR_S empty seconds)
+and the bed's cloud (bed_cloud.py) as its provider: its grow and remove commands are one-line
+clients that the hub runs in its own container (GPUHUB_FLEET_IMAGE empty), and its machines
+are fresh bed machines that join with the line `make join-command` prints, after a boot delay.
+
+A participant who finds no free slice joins the line and reads that a GPU machine is on its
+way; the cloud is asked once, for one machine, which joins, and their server starts on it.
+They stop; after EMPTY_FOR_S the machine is paused, then removed through the cloud, and no
+server was ended. Last, the cloud refuses a grow with Google Cloud's recorded quota error: the
+dashboard shows it within a round (10 s) and the person in line is told.
+
+The bed as the test finds it is 3 GPU machines (the manager and w1, w2; 18 slices). With
+GPUHUB_FLEET=on every GPU machine counts as one of the cloud's group (docs/autoscaling.md,
+limits), except one an organizer paused: theirs, neither counted nor given back. So the
+cheapest honest "no GPU machine at first" (minimum 0, as at the start of a day) is the
+organizer's: the three paused (`make pause-node`) right after the stack is deployed with the
+fleet on, well within EMPTY_FOR_S (before it, the fleet would give empty machines back; the
+manager runs the hub). Nothing is started or stopped for it; the hub sees no GPU slice at all,
+and the participant's request must still be able to wait in line for the machine the fleet
+asks for. Afterwards the hub is scaled to nothing first (no fleet keeper left to see the three
+resumed machines empty), then they are resumed and the suite's own stack deployed again. At
+most one fresh machine is made (2 simulated GPUs, 6 slices).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import docker
+import pytest
+import requests
+
+from gpu_swarm_spawner.capacity import on_its_way_message
+from gpu_swarm_spawner.contract import USER_LABEL
+from gpu_swarm_spawner.events import read_events
+from gpu_swarm_spawner.provider import QUOTA, last_line
+from gpu_swarm_spawner.tasks import is_live
+
+from . import bed_cloud
+from .aftermath import token_of
+from .bed_cloud import Bed, BedCloud, recorded
+from .hub import BED_HOST, deploy
+from .spawners import inventory, remove_services, wait_slices_free
+from .test_line import progress
+
+pytestmark = pytest.mark.integration
+
+CLOUD_PORT = 18950
+BOOT_S = 10  # the cloud's boot delay, before bed.sh fresh (which takes its own time)
+EMPTY_FOR_S = 40
+ROUND_S = 10  # the fleet's round (docs/autoscaling.md)
+PARTICIPANT, LATER = "ci-fleet-p", "ci-fleet-q"
+#: the text people in line read while a machine is on its way (capacity.py), up to "(about"
+ON_ITS_WAY = on_its_way_message(60).split(" (")[0]
+
+
+def fleet_settings(url: str) -> dict[str, str]:
+    return {
+        "GPUHUB_FLEET": "on",
+        "GPUHUB_FLEET_MIN_MACHINES": "0",
+        "GPUHUB_FLEET_MAX_MACHINES": "2",
+        "GPUHUB_FLEET_EMPTY_FOR": str(EMPTY_FOR_S),
+        # what a bed machine takes from asking to ready, before any join was seen
+        "GPUHUB_FLEET_BOOT_AND_JOIN": "120",
+        "GPUHUB_FLEET_JOIN_WITHIN": "600",
+        "GPUHUB_FLEET_COMMAND_TIMEOUT": "60",
+        **bed_cloud.commands(url),
+    }
+
+
+class WatchedBed(Bed):
+    """The bed's machines, and what the swarm says of each one as the cloud destroys it: its
+    availability (given back "paused first": it must read "pause") and the participants'
+    servers still running there (none may)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, tuple[str, int]] = {}
+
+    def destroy(self, name: str) -> None:
+        client = docker.from_env()
+        nodes = [n for n in client.nodes.list() if n.attrs["Description"]["Hostname"] == name]
+        if nodes:
+            tasks = client.api.tasks(filters={"node": nodes[0].id})
+            servers = [
+                t
+                for t in tasks
+                if is_live(t) and USER_LABEL in t["Spec"].get("ContainerSpec", {}).get("Labels", {})
+            ]
+            self.seen[name] = (nodes[0].attrs["Spec"]["Availability"], len(servers))
+        else:
+            self.seen[name] = ("no node", 0)
+        super().destroy(name)
+
+
+class Fleet:
+    def __init__(self, cloud: BedCloud, bed: WatchedBed, admin_token: str):
+        self.cloud, self.bed = cloud, bed
+        self.admin = requests.Session()
+        self.admin.headers["Authorization"] = f"token {admin_token}"
+        self.machine = ""  # the machine the cloud made for the participant
+
+
+def nodes_of_gpus() -> set[str]:
+    return {g.node_name for g in inventory().values()}
+
+
+def wait_for(what: str, check, timeout: float, seen=lambda: "", every: float = 0.5):
+    """``check()``'s first true value within ``timeout`` s; else fail with what was last seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s; last seen: {seen()}")
+        time.sleep(every)
+
+
+def start(hub, user: str, **body) -> None:
+    hub.api("POST", f"/users/{user}")
+    r = hub.api("POST", f"/users/{user}/server", json=body or None)
+    assert r.status_code in (201, 202), (user, r.status_code, r.text)
+
+
+def availability(node: str, to: str) -> None:
+    """An organizer's `make pause-node` / `make resume-node` (to: "pause" or "active")."""
+    deploy("pause-node" if to == "pause" else "resume-node", node)
+
+
+def hub_down(hub) -> None:
+    """The hub scaled to nothing, until its task has ended (its fleet keeper with it)."""
+    service = docker.from_env().services.get(f"{hub.stack}_hub")
+    service.scale(0)
+    wait_for(
+        "the hub's task ended",
+        lambda: not [t for t in service.tasks() if t["Status"]["State"] == "running"],
+        120,
+        seen=lambda: [t["Status"]["State"] for t in service.tasks()],
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(hub):
+    """The stack deployed with the fleet on and the bed's cloud as its provider, the bed's own
+    GPU machines paused by the organizer; afterwards the suite's own stack on the bed as it
+    was, the cloud's machines removed."""
+    remove_services(hub.stack)
+    wait_slices_free()
+    organizers = sorted(nodes_of_gpus())
+    added: dict[str, str] = {}
+    cloud = server = None
+    paused: list[str] = []
+    try:
+        watched = WatchedBed()
+        watched.prepare()  # the image file, so that no machine's boot waits for it
+        cloud = BedCloud(watched, bed_cloud.join_command(), boot_s=BOOT_S)
+        server = bed_cloud.serve(cloud, BED_HOST, CLOUD_PORT)
+        added = fleet_settings(f"http://{BED_HOST}:{CLOUD_PORT}")
+        os.environ.update(added)
+        deploy("stack")
+        deployed = time.monotonic()
+        for node in organizers:
+            availability(node, "pause")
+            paused.append(node)
+        assert time.monotonic() - deployed < EMPTY_FOR_S / 2, "paused too late to be safe"
+        wait_for("no GPU slice left", lambda: not inventory(), 30, seen=inventory)
+        yield Fleet(cloud, watched, token_of(hub, "admin", hub.admin_password))
+    finally:
+        for key in added:
+            del os.environ[key]
+        try:
+            if paused:
+                hub_down(hub)
+            for node in paused:
+                availability(node, "active")
+            deploy("stack")  # the suite's own stack, the fleet off
+        finally:
+            for user in (PARTICIPANT, LATER):
+                hub.stop(user)
+                hub.api("DELETE", f"/users/{user}")  # the admin page's first page never sees them
+            if server is not None:
+                server.shutdown()
+            if cloud is not None:
+                cloud.close()
+            wait_for(
+                "the bed's own GPU machines back",
+                lambda: set(organizers) <= nodes_of_gpus(),
+                60,
+                seen=nodes_of_gpus,
+            )
+
+
+def user_state(hub, user: str) -> dict:
+    server = hub.server(user) or {}
+    return server.get("state") or {}
+
+
+def test_a_participant_in_line_is_told_a_machine_comes_and_is_served_on_it(hub, fleet):
+    cloud = fleet.cloud
+    hub.api("POST", f"/users/{PARTICIPANT}")
+    t0 = time.time()
+    r = hub.api("POST", f"/users/{PARTICIPANT}/server", json={"line": "join"})
+    assert r.status_code == 202, (r.status_code, r.text)  # no free slice: in line
+    told = wait_for(
+        f"{PARTICIPANT} reads that a machine is on its way",
+        lambda: [m for m in progress(hub, PARTICIPANT) if ON_ITS_WAY in m],
+        3 * ROUND_S + 10,
+        seen=lambda: (progress(hub, PARTICIPANT), cloud.listing()),
+    )
+    print(f"told after {time.time() - t0:.1f} s: {told[-1]}")
+    waited = hub.wait_ready(PARTICIPANT, timeout=600)
+    grows = cloud.asked("grow")
+    # once, for one machine: the group is the cloud's machines only (the manager is not in it)
+    assert [(r.args, r.status) for r in grows] == [(["1"], 0)], [
+        (r.at - t0, r.op, r.args, r.status, r.output) for r in cloud.requests
+    ]
+    assert len(cloud.instances) == 1, cloud.listing()
+    (instance,) = cloud.instances.values()
+    fleet.machine = instance.name
+    assert instance.startup == "joined", cloud.listing()
+    state = user_state(hub, PARTICIPANT)
+    assert state.get("gpu_node") == instance.name, state
+    print(
+        f"asked after {grows[0].at - t0:.1f} s, made after {instance.made - t0:.1f} s, joined "
+        f"after {instance.started - t0:.1f} s, server ready after {waited:.1f} s in line"
+    )
+
+
+def test_the_empty_machine_is_paused_then_given_back_and_no_server_ended(hub, fleet):
+    cloud, machine = fleet.cloud, fleet.machine
+    assert machine, "the participant was not served on a machine of the cloud"
+    hub.stop(PARTICIPANT)
+    stopped = time.time()
+    removal = wait_for(
+        f"{machine} removed through the cloud",
+        lambda: cloud.asked("remove"),
+        EMPTY_FOR_S + 4 * ROUND_S + 30,
+        seen=lambda: (cloud.listing(), [(r.op, r.args, r.status) for r in cloud.requests]),
+    )
+    assert [(r.args, r.status) for r in removal] == [([machine], 0)], removal
+    assert removal[0].at - stopped >= EMPTY_FOR_S - 1, "given back before its empty time"
+    wait_for(f"{machine} destroyed", lambda: machine in fleet.bed.seen, 60)
+    # paused first, and no participant's server on it as it went
+    assert fleet.bed.seen[machine] == ("pause", 0), fleet.bed.seen
+    assert cloud.size == 0 and [r.op for r in cloud.requests].count("grow") == 1
+    # the swarm forgets the machine once it is down (the hub's part after the cloud's)
+    wait_for(
+        f"{machine}'s node removed from the swarm",
+        lambda: (
+            machine
+            not in {n.attrs["Description"]["Hostname"] for n in docker.from_env().nodes.list()}
+        ),
+        90,
+        seen=lambda: [
+            (n.attrs["Description"]["Hostname"], n.attrs["Status"]["State"])
+            for n in docker.from_env().nodes.list()
+        ],
+    )
+    # and the hub's own record: no server of anyone ended there after it was given back
+    ended = [
+        e
+        for e in hub_events(hub)
+        if e.node == machine
+        and e.time >= removal[0].at
+        and e.kind in ("stopped", "failed", "healed")
+    ]
+    assert ended == [], ended
+
+
+def hub_events(hub) -> list:
+    """The hub's events (events.jsonl in its dashboard folder)."""
+    (container,) = docker.from_env().containers.list(filters={"name": f"{hub.stack}_hub."})
+    out = container.exec_run(["cat", "/srv/jupyterhub/data/dashboard/events.jsonl"])
+    return read_events(out.output.splitlines())
+
+
+def dashboard_state(hub, fleet: Fleet) -> str:
+    r = fleet.admin.get(f"{hub.url}/services/dashboard/api/state", timeout=30)
+    assert r.status_code == 200, (r.status_code, r.text[:300])
+    return json.dumps(r.json())
+
+
+def test_a_refused_grow_is_on_the_dashboard_within_a_round_and_the_line_is_told(hub, fleet):
+    cloud = fleet.cloud
+    text = recorded(bed_cloud.QUOTA_TEXT)
+    said = last_line(text)  # what the organizer's line quotes of the cloud's answer
+    assert said not in dashboard_state(hub, fleet)
+    cloud.refuse_next_grow(text)
+    start(hub, LATER, line="join")
+    refused = wait_for(
+        "the cloud asked to grow again",
+        lambda: [r for r in cloud.asked("grow") if r.status == 1],
+        3 * ROUND_S + 10,
+        seen=lambda: [(r.op, r.args, r.status) for r in cloud.requests],
+    )
+    shown = wait_for(
+        "the refusal on the dashboard",
+        lambda: (QUOTA in (state := dashboard_state(hub, fleet)) and said in state) and time.time(),
+        30,
+        seen=lambda: dashboard_state(hub, fleet)[-2000:],
+        every=0.25,
+    )
+    late = shown - refused[0].at
+    print(f"the refusal on the dashboard {late:.1f} s after the cloud's answer")
+    assert late <= ROUND_S, f"the refusal reached the dashboard after {late:.1f} s"
+    wait_for(
+        f"{LATER} told that no machine can come now",
+        lambda: [m for m in progress(hub, LATER) if "No more GPU machines" in m],
+        ROUND_S + 10,
+        seen=lambda: progress(hub, LATER),
+    )
+    assert cloud.size == 0 and len(cloud.instances) == 1, cloud.listing()
