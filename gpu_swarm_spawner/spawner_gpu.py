@@ -306,7 +306,13 @@ class GPUChoice:
         asked to in ``options``), and some GPU could ever hold the request."""
         mode = self.rules.waiting_line
         asked = mode == "auto" or (mode == "offer" and options.get("line") == profiles.JOIN)
-        return asked and line.can_ever_fit(gpus, request.slices)
+        return asked and self.line_worth_joining(gpus, request)
+
+    def line_worth_joining(self, gpus: list[inventory.GPU], request: broker.Request) -> bool:
+        """Some GPU could ever hold the request: one of the swarm's, or one of a machine the
+        fleet keeper will ask the cloud for (a new machine's GPUs are as big as any request,
+        GPUHUB_SLICES_PER_SERVER being at most GPUHUB_SLICES_PER_GPU)."""
+        return self.broker.fleet_grows or line.can_ever_fit(gpus, request.slices)
 
     def _refusal_offer(
         self, gpus: list[inventory.GPU], request: broker.Request, refusal: str, options: dict
@@ -314,7 +320,7 @@ class GPUChoice:
         """The refusal as HTML with what the participant may do instead: wait in line, start
         without a GPU; "" when neither is offered."""
         rules = self.rules
-        line_offered = rules.waiting_line == "offer" and line.can_ever_fit(gpus, request.slices)
+        line_offered = rules.waiting_line == "offer" and self.line_worth_joining(gpus, request)
         if not (line_offered or rules.cpu_only_servers):
             return ""
         kept = {"opt-image": options["image"]} if options.get("image") else {}
