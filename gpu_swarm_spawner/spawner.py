@@ -3,8 +3,9 @@
 How a spawn runs, top-down (the methods appear in this order below). JupyterHub's spawn page
 shows ``options_form`` (what ``spawn_offer`` lets this user choose) and reads the posted form
 with ``options_from_form``; its spawn handler then asks the gate (step 0) before anything else.
-The names this class takes from dockerspawner: ``self.docker(method, ...)`` (every Docker call,
-run on the broker's thread pool: ``executor``), ``service_name``, ``object_id`` (the service's
+The names this class takes from dockerspawner: ``self.docker(method, ...)`` (Docker calls
+that change something, on the broker's thread pool: ``executor``; the swarm's reads go on the
+broker's reading thread, ``docker_read``), ``service_name``, ``object_id`` (the service's
 id once created), ``network_name``; what it takes from JupyterHub through the one door,
 ``internals.SpawnerInternals``: ``log_name``, ``saved_user_options``, ``write_row_now``,
 ``server_start_timeout`` and the ``ready``/``start_timeout`` hooks (docs/internals.md).
@@ -16,22 +17,25 @@ id once created), ``network_name``; what it takes from JupyterHub through the on
    (``inventory.py``) and claims its slices at once: it hands back the spawn's one
    ``broker.Reservation`` (what it holds, where, its release), kept for ``start``.
 1. JupyterHub's ``User.spawn`` applies the options (``apply_user_options``: a whole GPU, or
-   none), adds the line's longest wait to ``start_timeout`` (``time_before_server_start``),
-   then calls ``start``, which begins a new ``Attempt`` (``attempt.py``: this start's
-   marks, progress, wait and refusal) and takes the gate's reservation as it is while it stands
-   (``reserve_gpu``): the broker chooses once per spawn. Without one, it reserves itself. No
-   GPU fits: the participant is told so (``NoGPUSliceAvailable``, HTTP 503) before anything is
+   none), adds the line's longest wait to ``start_timeout`` (``time_before_server_start``, in
+   ``internals.SpawnerInternals.run_pre_spawn_hook``), then calls ``start``, which begins a new
+   ``Attempt`` (``attempt.py``: this start's marks, progress, wait and refusal), removes a
+   service of the same name left from an earlier server (``GPUChoice.clear_leftover``) and
+   takes the gate's reservation as it is while it stands (``reserve_gpu``): the broker chooses
+   once per spawn, unless a race is lost (below). Without one, it reserves itself. No GPU
+   fits: the participant is told so (``NoGPUSliceAvailable``, HTTP 503) before anything is
    created, or waits in the broker's line (``waiting_line``; ``line.py``) until slices are
    given to them. What the server then holds is one record, ``holding`` (``holding.py``),
    persisted in the hub's database (``get_state``) and emptied in ``clear_gpu``.
 2. ``start`` calls dockerspawner's ``DockerSpawner.start`` (SwarmSpawner has none of its
-   own): it checks the image against ``allowed_images``, removes a stopped object of the same
-   name, and hops back into this class: ``create_object`` creates the service from
-   ``server_spec`` (the slices of ``holding`` as a generic resource of its GPU's kind, its UUID
-   in the environment), and ``start_object`` waits for its task: each task read is classified
-   by ``tasks.read_task``; Swarm refusing to place it means another server took the slice
-   first (``SliceTaken``: ``start`` reserves anew without that GPU), a machine without the
-   image fails at once, and the wait ends when the server listens.
+   own): it checks the image against ``allowed_images``, finds no service of the name (start
+   removed any leftover; ``remove`` stays False), and hops back into this class:
+   ``create_object`` creates the service from ``server_spec`` (the slices of ``holding`` as a
+   generic resource of its GPU's kind, its UUID in the environment), and ``start_object``
+   waits for its task: each task read is classified by ``tasks.read_task``; Swarm refusing to
+   place it means another server took the slice first (``SliceTaken``: ``start`` reserves
+   anew without that GPU), a machine without the image fails at once, and the wait ends when
+   the server listens.
 3. ``DockerSpawner.start`` then asks ``get_ip_and_port`` where to connect (the task's address
    on the network) and returns it from ``start``; JupyterHub records it, checks the server
    answers (its ``/api``) and adds the proxy's route.
@@ -47,7 +51,9 @@ spawner's current inputs whenever needed; it keeps no state of its own),
 ``spawner_health.py`` (poll's verdict, the stop) and ``spawner_page.py`` (the spawn page,
 progress, the dashboard's records) are functions and small objects that never read this
 class. What they are handed of the spawn is its data objects: the ``Reservation``, the
-``Holding`` and the ``Attempt``.
+``Holding`` and the ``Attempt``. The spawner itself is only the broker's key for its
+reservation and place in line (``Spawn.owner``); the line's journal names each entry by its
+owner's user and server name.
 """
 
 from __future__ import annotations
@@ -482,62 +488,54 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         """dockerspawner's hop after create_object: wait until the server listens.
 
         Replaces SwarmSpawner's wait, which polls every 1-11 s and waits on an unplaceable
-        task until the hub's start_timeout. Each task read is acted on by ``_follow``. Once the
-        task runs, the server's port is probed (every ``spawner_server.PORT_PROBE_S``)
-        alongside the task polls, so the spawn ends when the server listens rather than at the
-        next (backed-off) task poll.
+        task until the hub's start_timeout. Each task read is acted on by ``_follow``; reads
+        back off while Swarm places the task or its machine pulls the image, and come often
+        once the container is about to run. At the first read of a running task the server's
+        port is probed (every ``spawner_server.PORT_PROBE_S``, for at most ``http_timeout``:
+        a server that never listens is left to the hub's own check), so the spawn ends when the
+        server listens rather than at the next task poll.
         """
         self.broker.created(self, self.object_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.server_start_timeout
         delay = self.task_poll_interval
-        probe, probed_task = None, ""
         unallocated_check = loop.time() + tasks.UNALLOCATED_S
-        try:
-            while True:
-                reading = tasks.read_task(await self._current_task(), self.network_name)
-                self._follow(reading)
-                if reading.state != "new":
-                    unallocated_check = None
-                elif unallocated_check is not None and loop.time() > unallocated_check:
-                    unallocated_check = None
-                    await self._check_network_room()
-                new_task = bool(reading.task_id) and reading.task_id != probed_task
+        while True:
+            reading = tasks.read_task(await self._current_task(), self.network_name)
+            self._follow(reading)
+            if reading.state != "new":
+                unallocated_check = None
+            elif unallocated_check is not None and loop.time() > unallocated_check:
+                unallocated_check = None
+                await self._check_network_room()
+            if reading.phase is Phase.RUNNING:
                 # probed once the container runs: dialled earlier, before the container had
                 # joined the overlay, the address answered about 0.25 s late on the bed's
                 # machines (its first answer after the server listened; docs/benchmarks.md)
-                reachable = reading.phase is Phase.RUNNING
-                if self.probe_server and new_task and reachable:
-                    if probe is not None:
-                        probe.cancel()
-                    probe = asyncio.ensure_future(self.wait_for_port(reading.address))
-                    probed_task = reading.task_id
-                if reading.phase is Phase.RUNNING:
-                    if probe is not None:
-                        self._report(95, "Waiting for JupyterLab to answer")
-                        # a server that never listens is left to the hub's own check
-                        await asyncio.wait({probe}, timeout=self.http_timeout)
-                        if probe.done():
-                            probe.result()  # a probe that failed (no published port) fails
-                    return
-                if loop.time() > deadline:
-                    raise TimeoutError(
-                        f"Service {self.service_name} still {reading.state} after "
-                        f"{self.server_start_timeout} s: {reading.detail}"
-                    )
-                if probe is None:
-                    await asyncio.sleep(delay)
-                elif (await asyncio.wait({probe}, timeout=delay))[0]:
-                    probe.result()  # a probe that failed (no published port) fails the start
-                    self._report(95, "JupyterLab is answering")
-                    return
-                # backed off while Swarm places the task or its machine pulls the image; read
-                # often once the container is about to run, when the probe begins
-                about_to_run = reading.state in ("ready", "starting")
-                delay = self.task_poll_interval if about_to_run else min(delay * 1.5, 2.0)
+                if self.probe_server:
+                    await self._wait_until_it_listens(reading.address)
+                return
+            if loop.time() > deadline:
+                raise TimeoutError(
+                    f"Service {self.service_name} still {reading.state} after "
+                    f"{self.server_start_timeout} s: {reading.detail}"
+                )
+            await asyncio.sleep(delay)
+            about_to_run = reading.state in ("ready", "starting")
+            delay = self.task_poll_interval if about_to_run else min(delay * 1.5, 2.0)
+
+    async def _wait_until_it_listens(self, address: str) -> None:
+        """The running server's port probed for at most ``http_timeout``; a probe that failed
+        (no published port) fails the start."""
+        self._report(95, "Waiting for JupyterLab to answer")
+        probe = asyncio.ensure_future(self.wait_for_port(address))
+        try:
+            done, _ = await asyncio.wait({probe}, timeout=self.http_timeout)
+            if done:
+                probe.result()
+                self._report(95, "JupyterLab is answering")
         finally:
-            if probe is not None:
-                probe.cancel()
+            probe.cancel()
 
     def _follow(self, reading: tasks.TaskReading) -> None:
         """Act on one read of the server's task: the broker told once Swarm has placed it, the
