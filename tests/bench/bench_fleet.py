@@ -11,8 +11,8 @@ afternoon; each is an API client of the hub (the operations token, as the other 
 participants are): it asks for a server (the line is ``auto``: who finds no free slice waits
 in it), reports activity while it works (``POST /users/NAME/activity``), and stops reporting
 when it leaves or goes to lunch, after which the hub's idle culler ends its server
-(GPUHUB_IDLE_TIMEOUT: the replay's 20 minutes, compressed). A server ended under a working
-participant (its machine taken back) is asked for again. Servers are the stand-in
+(GPUHUB_IDLE_TIMEOUT: its default 90 minutes, as the replay's, compressed). A server ended
+under a working participant (its machine taken back) is asked for again. Servers are the stand-in
 (images/scale-server), so that three machines of 6 slices fit on the bed's 2 cores.
 
 1. fixed: the group grown to the peak's machines before the day and left so all day.
@@ -59,7 +59,15 @@ from tests.integration.aftermath import token_of
 from tests.integration.bed_cloud import Bed, BedCloud, machine_hours, recorded
 from tests.integration.hub import BED, BED_HOST, REPO, Hub, state_file
 from tests.integration.spawners import inventory
-from tests.unit.fleet_day import CULL_S, DAY_END, DAY_START, HOUR, MINUTE, Session, workshop_day
+from tests.unit.fleet_day import (
+    DAY_END,
+    DAY_START,
+    HOUR,
+    IDLE_TIMEOUT,
+    MINUTE,
+    Session,
+    workshop_day,
+)
 
 CLOUD_PORT = 18960
 IMAGE = "gpu-jupyterhub/scale-server:latest"
@@ -247,7 +255,7 @@ class Participants:
                 continue
             s = sessions[0]
             who, server = s.who, running.get(s.who)
-            leaves = s.end - CULL_S  # stops working; the culler ends the server later
+            leaves = s.end - IDLE_TIMEOUT  # stops working; the culler ends it after its timeout
             if who not in self.asked and who not in self.working and s.start <= day:
                 if day >= leaves:  # a session shorter than a tick of the day
                     sessions.pop(0)
@@ -364,7 +372,7 @@ def run_day(run: str, sessions: list[Session], args, machines: int, boot_and_joi
     result = Result(run, machines)
     refusal = recorded(bed_cloud.NO_CAPACITY_TEXT)
     cloud_url = f"http://{BED_HOST}:{CLOUD_PORT}"
-    settings = {"IDLE_TIMEOUT": str(round(CULL_S * args.hour / HOUR))}
+    settings = {"IDLE_TIMEOUT": str(round(IDLE_TIMEOUT * args.hour / HOUR))}
     if run == "hub":
         clock_s = args.hour / HOUR  # real seconds per second of the day
         settings.update(

@@ -20,7 +20,7 @@ from tests.bench.bench_fleet import (
     shows,
 )
 from tests.integration import bed_cloud
-from tests.unit.fleet_day import CULL_S, DAY_START, HOUR, MINUTE, Session, workshop_day
+from tests.unit.fleet_day import DAY_START, HOUR, IDLE_TIMEOUT, MINUTE, Session, workshop_day
 
 
 def test_one_hour_of_the_day_lasts_the_given_seconds():
@@ -88,7 +88,7 @@ def test_a_participant_asks_waits_works_reports_and_leaves_to_the_culler():
     assert p.hub.calls[-1] == ("POST", "/users/ann/activity")
     p.tick(78.0, {"ann": READY})  # reported 2 s ago: not again yet
     assert p.hub.calls[-1] == ("POST", "/users/ann/activity") and len(p.hub.calls) == 2
-    leaves = 180.0 - CULL_S * 60 / HOUR  # 160 s: stops reporting
+    leaves = 180.0 - IDLE_TIMEOUT * 60 / HOUR  # 90 s: stops reporting
     p.tick(leaves + 10, {"ann": READY})
     assert len(p.hub.calls) == 2
     p.tick(leaves + 21, {})  # the culler ended it
@@ -105,29 +105,29 @@ def test_a_server_ended_under_a_working_participant_is_asked_for_again():
 
 
 def test_a_server_the_culler_left_is_stopped_and_counted():
-    p, result = people([Session("cy", DAY_START, DAY_START + HOUR)])
+    p, result = people([Session("cy", DAY_START, DAY_START + 3 * HOUR)])  # the culler's 90 min in
     p.tick(1.0, {})
     p.tick(2.0, {"cy": READY})
-    p.tick(60.0 + 11.0, {"cy": READY})  # 10 minutes of the day after its end
+    p.tick(180.0 + 11.0, {"cy": READY})  # 10 minutes of the day after its end
     assert result.not_culled == 1 and p.hub.calls[-1] == ("DELETE", "/users/cy/server")
 
 
 def test_one_still_in_line_when_the_session_ends_is_unserved():
-    p, result = people([Session("di", DAY_START, DAY_START + HOUR)])
+    p, result = people([Session("di", DAY_START, DAY_START + 3 * HOUR)])
     p.tick(1.0, {})
-    p.tick(61.0, {"di": WAITING})
+    p.tick(181.0, {"di": WAITING})
     assert result.unserved == 1 and p.hub.calls[-1] == ("DELETE", "/users/di/server")
 
 
 def test_the_second_session_follows_the_first():
-    morning = Session("ed", DAY_START, DAY_START + HOUR)
-    afternoon = Session("ed", DAY_START + 2 * HOUR, DAY_START + 3 * HOUR)
+    morning = Session("ed", DAY_START, DAY_START + 3 * HOUR)  # works 1.5 h, then the culler's
+    afternoon = Session("ed", DAY_START + 4 * HOUR, DAY_START + 7 * HOUR)
     p, result = people([afternoon, morning])
     p.tick(1.0, {})
     p.tick(2.0, {"ed": READY})
-    p.tick(50.0, {})  # culled after lunch began
+    p.tick(170.0, {})  # culled after lunch began
     assert p.working == {}
-    p.tick(121.0, {})
+    p.tick(241.0, {})
     assert p.hub.calls[-1] == ("POST", "/users/ed/server") and len(result.waits) == 1
 
 
@@ -186,5 +186,5 @@ def test_the_refusal_the_bench_injects_is_read_as_no_capacity():
 
 
 @pytest.mark.parametrize("hour", [60.0, 120.0])
-def test_the_culler_waits_the_replays_20_minutes_compressed(hour):
-    assert Clock(0.0, hour).seconds(CULL_S) == 20 * hour / 60
+def test_the_culler_waits_the_replays_90_minutes_compressed(hour):
+    assert Clock(0.0, hour).seconds(IDLE_TIMEOUT) == 90 * hour / 60
