@@ -591,11 +591,11 @@ def observe(
 
 
 def learnt_slices(memory: dict[str, Memory], default: int) -> int:
-    """The slices a new machine is expected to bring: those most of the machines seen have
-    (the larger on a tie), else ``default``."""
+    """The slices a new machine is expected to bring: those most of the group's machines seen
+    have (the larger on a tie; a fixed machine may be of another kind), else ``default``."""
     counts: dict[int, int] = {}
     for m in memory.values():
-        if m.slices > 0:
+        if m.slices > 0 and not m.fixed:
             counts[m.slices] = counts.get(m.slices, 0) + 1
     if not counts:
         return default

@@ -851,7 +851,7 @@ SETTINGS: tuple[Setting, ...] = (
         group=FLEET,
         doc="""
         GPU slices one new machine brings, counted for the people in line while it is on its way.
-        0: those of the machines seen so far (before any: GPUHUB_SLICES_PER_GPU).
+        0: those of the group's machines seen so far (before any: GPUHUB_SLICES_PER_GPU).
         """,
     ),
     Setting(

@@ -653,7 +653,7 @@ def test_observe_tells_the_groups_machines_by_their_mark_and_the_others_are_fixe
     assert seen.joined == [("gpu-1", 200.0)]  # the fixed one took no asked-for machine's place
     assert seen.memory["own-1"].fixed and seen.memory["own-1"].reason.startswith("fixed")
     assert seen.used == 1  # the group's slice-hours: the fixed machine's are the organizer's
-    # a fixed machine comes before the asked-for one only by its name: it still takes none
+    # alone, the fixed machine still takes no asked-for machine's place
     seen = capacity.observe(NOW, nodes[:1], [], {}, asked)
     assert [a.name for a in seen.asked] == ["asked-1"] and seen.joined == []
 
@@ -688,6 +688,9 @@ def test_a_new_machine_brings_the_slices_most_machines_have():
     }
     assert capacity.learnt_slices(memory, 3) == 4
     assert capacity.learnt_slices({}, 3) == 3
+    own = {n: capacity.Memory(f"id-{n}", "ready", NOW, NOW, slices=8, fixed=True) for n in "xyz"}
+    assert capacity.learnt_slices(memory | own, 3) == 4  # the organizer's own are another kind
+    assert capacity.learnt_slices(own, 3) == 3
 
 
 def test_the_line_reads_the_clouds_refusal_before_any_machine_on_its_way():
