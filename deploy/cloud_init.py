@@ -9,9 +9,13 @@ It prints a ``#cloud-config`` document to paste into the cloud group's launch te
 user data, Google Cloud ``user-data`` metadata, Azure custom data). At the machine's first boot
 cloud-init writes ``/opt/gpu-jupyterhub/join.sh`` and runs it as root: git if missing, a
 checkout of ``--repository`` at ``--ref`` in ``/opt/gpu-jupyterhub/checkout``, then the join
-line itself (without ``sudo``), tried again a few times while the manager does not answer; its
-output goes to ``/var/log/gpuhub-join.log``. With ``--name-by-instance-id`` (AWS) the machine
-first takes its EC2 instance id as its hostname, so that the hub's remove command can name it.
+line itself (without ``sudo``) with ``--fleet-group`` added, tried again a few times while the
+manager does not answer; its output goes to ``/var/log/gpuhub-join.log``. ``--fleet-group``
+marks the machine as one of the cloud's group (the engine label ``gpu-jupyterhub.fleet=group``):
+the hub's fleet keeper counts it in the group's size and may give it back, where a machine
+joined by hand with the printed line is fixed (docs/autoscaling.md). With
+``--name-by-instance-id`` (AWS) the machine first takes its EC2 instance id as its hostname, so
+that the hub's remove command can name it.
 
 The user data holds the swarm's worker token, as the join line does: whoever can read the
 group's launch template or a machine's user data can join the swarm as a worker. Keep both to
@@ -26,6 +30,8 @@ import shlex
 import sys
 
 SETUP = "./worker_setup/setup.sh"
+#: The join's option that marks a machine of the cloud's group (worker_setup/__main__.py).
+FLEET_GROUP = "--fleet-group"
 FOLDER = "/opt/gpu-jupyterhub"
 LOG = "/var/log/gpuhub-join.log"
 #: Tries of the join while the manager does not answer yet, and the seconds between them.
@@ -37,8 +43,9 @@ class JoinLineError(ValueError):
 
 
 def join_words(printed: str) -> list[str]:
-    """The words of the join line in what ``make join-command`` printed (its comment lines and
-    ``sudo`` left out)."""
+    """The words the start-up script runs: the join line in what ``make join-command`` printed
+    (its comment lines and ``sudo`` left out), with ``FLEET_GROUP`` added (a machine that
+    joins by itself is the cloud group's)."""
     lines = [line.strip() for line in printed.splitlines()]
     commands = [line for line in lines if line and not line.startswith("#")]
     if len(commands) != 1:
@@ -64,7 +71,7 @@ def join_words(printed: str) -> list[str]:
         )
     if "--leave" in words or "--dry-run" in words:
         raise JoinLineError("--leave and --dry-run have no place in a start-up script")
-    return words
+    return words if FLEET_GROUP in words else [*words, FLEET_GROUP]
 
 
 def join_script(words: list[str], repository: str, ref: str, name_by_instance_id: bool) -> str:

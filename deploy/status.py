@@ -230,6 +230,7 @@ def render_fleet(fleet: dict, decisions: int = 5) -> str:
         f"  At least {_known(fleet['floor'])} machine(s) now (minimum {_known(fleet['min'])}, "
         f"maximum {_known(fleet['max'])})"
     )
+    lines.append(f"  {fleet['group_line']}")
     lines.append(f"  Cost: {fleet['cost']['line']}")
     if fleet["decisions"]:
         lines.append("  Latest decisions (newest first):")

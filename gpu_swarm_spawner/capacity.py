@@ -11,7 +11,17 @@ A machine's life, as the hub counts it (``STATES``):
 
 ``asked``, ``booting`` and ``joining`` are *on their way*: they are counted as the slices a new
 machine brings, so the hub never asks twice for the same people. A machine taken back by the
-cloud (spot) or lost is ``gone`` like one removed; gone machines count for nothing.
+cloud (spot) or lost is ``gone`` like one removed; gone machines count for nothing. A machine
+asked for that never reached the swarm is ``given up`` after ``join_within`` (rule 1): it brings
+nothing, but it is still in the cloud's group, so it counts in the group's size.
+
+**The group's machines and the fixed ones.** A machine joined by the group's start-up script
+carries the engine label ``contract.FLEET_LABEL`` (the join's ``--fleet-group``,
+``deploy/cloud_init.py``); ``observe`` reads it into ``Machine.fixed``. Every other GPU machine
+is *fixed*, the organizer's (joined by hand with the printed join line): its free slices count
+toward the line and the margin, but it is never drained or removed, it is not in the group's
+size that the grow command is given, and the minimum, the schedule and the maximum count the
+group's machines only (what the organizer asks the cloud to keep).
 
 The rules of ``decide``, in order:
 
@@ -19,7 +29,9 @@ The rules of ``decide``, in order:
    longer counted as on its way. The provider removes it when the hub can name it (it reached
    the swarm but never became usable); one the swarm never saw has no name the hub knows, and
    the organizer is told to remove it in the cloud's console (the group is never made smaller
-   by its size: the cloud would pick which machine goes, perhaps one with servers).
+   by its size: the cloud would pick which machine goes, perhaps one with servers). Until then
+   it is still in the group: the keeper passes it as ``given up``, counted in the group's size
+   (a grow's target) and nothing else.
 2. A draining machine that has a server again (a spawn slipped in before the pause) is
    **resumed**; while people wait, a draining machine is resumed before any new one is asked
    for (it is there, and paid for).
@@ -45,15 +57,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from . import inventory
-from .contract import DOCKER_STACK_LABEL, KIND_PREFIXES
+from .contract import DOCKER_STACK_LABEL, FLEET_GROUP, FLEET_LABEL, KIND_PREFIXES
 from .line import about
 from .schedule import Schedule, read_schedule
 from .tasks import is_live
 
-STATES = ("asked", "booting", "joining", "ready", "draining", "leaving", "gone")
+#: A machine asked for that never joined, given up: still in the cloud's group (rule 1).
+GIVEN_UP = "given up"
+STATES = ("asked", "booting", "joining", "ready", "draining", "leaving", "gone", GIVEN_UP)
 #: Machines the hub counts as coming: asked for, not usable yet.
 ON_ITS_WAY = frozenset({"asked", "booting", "joining"})
-#: Machines in the cloud's group that the hub still counts (not being removed, not gone).
+#: Machines that the hub still counts (not being removed, not gone, not given up).
 COUNTED = ON_ITS_WAY | {"ready", "draining"}
 
 #: What ``decide`` may say; each decision names one.
@@ -79,6 +93,7 @@ class Machine:
     free: int = 0  # free GPU slices (ready machines)
     slices: int = 0  # GPU slices in all
     last_server: float | None = None  # when it last held a server; None: never
+    fixed: bool = False  # not the cloud group's: never drained nor removed, not in its size
 
     def __post_init__(self):
         if self.state not in STATES:
@@ -187,7 +202,9 @@ def decide(
     decisions: list[Decision] = []
     coming = []
     for m in fleet:
-        if m.state in ON_ITS_WAY and m.asked and now - m.asked > settings.join_within:
+        if m.fixed or m.state not in ON_ITS_WAY:
+            continue  # a fixed machine not ready yet is not the cloud's to wait for
+        if m.asked and now - m.asked > settings.join_within:
             decisions.append(
                 Decision(
                     GIVE_UP,
@@ -197,12 +214,16 @@ def decide(
                     machine=m.name,
                 )
             )
-        elif m.state in ON_ITS_WAY:
+        else:
             coming.append(m)
     given_up = {d.machine for d in decisions}
+    # still in the cloud's group though given up: those the swarm never saw (the hub cannot
+    # name them to the remove command; the organizer removes them)
+    stale = [m for m in fleet if m.state == GIVEN_UP or (m.name in given_up and m.state == "asked")]
     counted = [m for m in fleet if m.state in COUNTED and m.name not in given_up]
-    ready = [m for m in counted if m.state == "ready"]
-    draining = [m for m in counted if m.state == "draining"]
+    group = [m for m in counted if not m.fixed]
+    ready = [m for m in counted if m.state == "ready"]  # the fixed ones' free slices count
+    draining = [m for m in group if m.state == "draining"]
     leaving = [m for m in fleet if m.state == "leaving"]
 
     for m in draining:
@@ -233,11 +254,11 @@ def decide(
         free += back.free
         draining = [m for m in draining if m is not back]
 
-    grow = _grow(now, counted, coming, line, free, settings, blocked_until, blocked_why)
+    grow = _grow(now, group, stale, coming, line, free, settings, blocked_until, blocked_why)
     if grow is not None:
         decisions.append(grow)
     elif not line and not leaving and not draining:
-        drain = _drain(now, counted, ready, settings)
+        drain = _drain(now, group, ready, settings)
         if drain is not None:
             decisions.append(drain)
 
@@ -256,7 +277,8 @@ def decide(
 
 def _grow(
     now: float,
-    counted: list[Machine],
+    group: list[Machine],
+    stale: list[Machine],
     coming: list[Machine],
     line: Sequence[int],
     free: int,
@@ -266,24 +288,28 @@ def _grow(
 ) -> Decision | None:
     """A GROW decision (or a NOTHING saying why not) when the line and the margin, or the
     floor, ask for more machines than are there and on their way; None when nothing is
-    missing."""
+    missing. ``group``: the group's machines counted; ``stale``: those given up but still in
+    the group, which count in its size (the target) and nothing else; ``free``: the free
+    slices of every machine, the fixed ones' included."""
     wanted = sum(line)
     short = wanted + settings.margin - free - settings.slices_per_machine * len(coming)
     for_slices = math.ceil(short / settings.slices_per_machine) if short > 0 else 0
     lowest = floor(settings, now)
-    target = min(settings.max_machines, max(lowest, len(counted) + for_slices))
-    if target <= len(counted):
+    size = len(group) + len(stale)
+    target = min(settings.max_machines, max(lowest, len(group) + for_slices) + len(stale))
+    if target <= size:
         if for_slices and line:
             return Decision(
                 NOTHING,
                 f"{len(line)} wait for {_slices(wanted)} with {_slices(free)} free, but the "
-                f"fleet is at its maximum ({settings.max_machines} machines)",
+                f"fleet is at its maximum ({settings.max_machines} machines"
+                f"{_of_them_given_up(stale)})",
             )
         return None
     if now < blocked_until:
         return Decision(
             NOTHING,
-            f"{target - len(counted)} more machine(s) wanted, but the cloud said no"
+            f"{target - size} more machine(s) wanted, but the cloud said no"
             f"{f' ({blocked_why})' if blocked_why else ''}; asking again in "
             f"{_minutes(blocked_until - now)}",
         )
@@ -294,24 +320,38 @@ def _grow(
             f"{who} and the fleet keeps {_slices(settings.margin)} free; {_slices(free)} free "
             f"now and {len(coming)} machine(s) on their way"
         )
-    if lowest > len(counted) + for_slices:
+    if lowest > len(group) + for_slices:
         written = settings.schedule.describe() if settings.schedule.entries else "none"
         why.append(
             f"the fleet keeps at least {lowest} machines now (minimum {settings.min_machines}, "
             f"schedule: {written})"
         )
-    if len(counted) + for_slices > settings.max_machines:
+    if stale:
+        why.append(
+            f"{len(stale)} machine(s) given up are still in the group until removed in the "
+            "cloud's console"
+        )
+    if max(lowest, len(group) + for_slices) + len(stale) > settings.max_machines:
         why.append(f"held to the maximum, {settings.max_machines}")
     return Decision(GROW, f"grow the group to {target} machines: {'; '.join(why)}", target=target)
 
 
+def _of_them_given_up(stale: list[Machine]) -> str:
+    return f", {len(stale)} of them given up but still in the group" if stale else ""
+
+
 def _drain(
-    now: float, counted: list[Machine], ready: list[Machine], settings: Settings
+    now: float, group: list[Machine], ready: list[Machine], settings: Settings
 ) -> Decision | None:
-    """A DRAIN decision for the machine empty the longest, when one may go."""
-    if len(counted) - 1 < floor(settings, now):
+    """A DRAIN decision for the group's machine empty the longest, when one may go (the
+    others' free slices, the fixed machines' included, cover the margin)."""
+    if len(group) - 1 < floor(settings, now):
         return None
-    empty = [m for m in ready if not m.servers and now - m.empty_since() >= settings.empty_for]
+    empty = [
+        m
+        for m in ready
+        if not m.fixed and not m.servers and now - m.empty_since() >= settings.empty_for
+    ]
     for m in sorted(empty, key=lambda m: (m.empty_since(), m.name)):
         others = sum(o.free for o in ready if o is not m)
         if others >= settings.margin:
@@ -336,7 +376,12 @@ def _steady(
         return f"{len(coming)} machine(s) on their way; waiting for them to join"
     if line:
         return f"{len(line)} wait; the machines there and on their way cover them"
-    return f"{len(counted)} machine(s); none may go yet (floor {floor(settings, now)})"
+    fixed = sum(1 for m in counted if m.fixed)
+    also = f" and {fixed} fixed" if fixed else ""
+    return (
+        f"{len(counted) - fixed} machine(s) of the group{also}; none may go yet "
+        f"(floor {floor(settings, now)})"
+    )
 
 
 # ---- what the line is told ------------------------------------------------------------------
@@ -352,7 +397,7 @@ def boot_and_join(samples: Sequence[float], default: float) -> float:
 def arrival(now: float, fleet: Sequence[Machine], expected: float) -> float | None:
     """Seconds until the first machine on its way is likely ready (at least a minute while it
     is not); None when none is on its way."""
-    coming = [m for m in fleet if m.state in ON_ITS_WAY]
+    coming = [m for m in fleet if m.state in ON_ITS_WAY and not m.fixed]
     if not coming:
         return None
     soonest = min((m.asked or m.since) + expected for m in coming)
@@ -380,6 +425,18 @@ class Asked:
 
 
 @dataclass(frozen=True)
+class GivenUp:
+    """A machine asked for that never joined, given up (``decide``'s rule 1): the hub cannot
+    name it, so it stays in the cloud's group until the organizer removes it there; the keeper
+    counts it in the group's size for ``Settings.join_within`` after giving it up."""
+
+    name: str  # its asked-for name ("asked-3")
+    asked: float  # when it was asked for
+    at: float  # when it was given up
+    reason: str = ""  # what the organizer is told
+
+
+@dataclass(frozen=True)
 class Memory:
     """What the fleet keeper remembers of a GPU machine of the swarm from round to round (its
     state file keeps it over a hub restart)."""
@@ -394,6 +451,7 @@ class Memory:
     hub: str = ""  # what the hub did to it: "" , "paused" (draining) or "leaving" (removed)
     hub_at: float = 0.0  # when
     reason: str = ""  # why it is in its state, as the dashboard shows it
+    fixed: bool = False  # without the group's mark (``observe``): the organizer's own
 
 
 @dataclass(frozen=True)
@@ -405,7 +463,8 @@ class Seen:
     asked: list[Asked]  # those still not joined
     joined: list[tuple[str, float]]  # (name, seconds from asking to joining) joined this round
     left: list[tuple[str, Memory]]  # machines no longer in the swarm, as last remembered
-    used: int  # GPU slices the servers of the fleet's machines hold
+    used: int  # GPU slices the servers of the group's machines hold
+    given_up: list[GivenUp] = field(default_factory=list)  # those still not joined
 
 
 def is_server(task: dict) -> bool:
@@ -421,6 +480,13 @@ def servers_on(tasks: Sequence[dict], node_id: str) -> int:
     return sum(1 for t in tasks if t.get("NodeID") == node_id and is_server(t))
 
 
+def is_group_machine(node: dict) -> bool:
+    """Whether the swarm's ``node`` carries the cloud group's mark (``FLEET_LABEL``, set by
+    the join's ``--fleet-group``); a GPU machine without it is fixed."""
+    labels = ((node.get("Description") or {}).get("Engine") or {}).get("Labels") or {}
+    return labels.get(FLEET_LABEL) == FLEET_GROUP
+
+
 def observe(
     now: float,
     nodes: Sequence[dict],
@@ -429,15 +495,20 @@ def observe(
     asked: Sequence[Asked],
     leave_within: float = 900.0,
     kind_prefix=KIND_PREFIXES,
+    given_up: Sequence[GivenUp] = (),
 ) -> Seen:
     """The fleet this round: every GPU machine of the swarm (``nodes`` and ``tasks`` as the
-    Engine API gives them) with what the hub remembers of it, and the machines asked for that
-    have not joined. A machine new to the hub takes the place of the oldest one asked for (it
-    joined after being asked for); a machine paused by someone else than the hub is the
-    organizer's, left out; one the hub asked the provider to remove (``leaving``) that is still
-    up after ``leave_within`` seconds is paused again, so that the removal is asked again."""
+    Engine API gives them) with what the hub remembers of it, the machines asked for that have
+    not joined, and those given up (``given_up``) that still have not. A machine with the
+    group's mark (``is_group_machine``) new to the hub takes the place of the oldest one asked
+    for (it joined after being asked for), else of the oldest one given up (it joined late);
+    a machine without it is fixed (``Machine.fixed``). A machine paused by someone else than
+    the hub is the organizer's, left out; one the hub asked the provider to remove
+    (``leaving``) that is still up after ``leave_within`` seconds is paused again, so that the
+    removal is asked again."""
     usage = inventory.task_usage(list(tasks), kind_prefix)
     waiting = sorted(asked, key=lambda a: (a.at, a.name))
+    late = sorted(given_up, key=lambda g: (g.at, g.name))
     machines, remembered, joined, used = [], {}, [], 0
     for node in nodes:
         kinds = inventory.gpu_kinds(node, kind_prefix)
@@ -447,12 +518,20 @@ def observe(
         name = (node.get("Description") or {}).get("Hostname") or node_id[:12]
         status = (node.get("Status") or {}).get("State", "")
         availability = (node.get("Spec") or {}).get("Availability", "")
+        fixed = not is_group_machine(node)
         old = memory.get(name)
         if old is None:
-            if waiting:
+            if fixed:
+                why = "fixed: joined without the group's mark; its slices count, never given back"
+                old = Memory(node_id, "joining", now, now, reason=why)
+            elif waiting:
                 first = waiting.pop(0)
                 joined.append((name, now - first.at))
                 old = Memory(node_id, "joining", now, first.at, first.at, reason=first.reason)
+            elif late:
+                first = late.pop(0)
+                why = f"joined {_minutes(now - first.at)} after it was given up"
+                old = Memory(node_id, "joining", now, first.asked, first.asked, reason=why)
             else:
                 old = Memory(node_id, "joining", now, now, reason="joined without being asked")
         hub, hub_at = old.hub, old.hub_at
@@ -476,7 +555,7 @@ def observe(
             continue
         servers = servers_on(tasks, node_id)
         held = sum(min(usage.used.get(u, 0), n) for u, n in kinds.items())
-        used += held
+        used += 0 if fixed else held
         last_server = now if servers else old.last_server
         since = old.since if state == old.state else now
         # a paused machine's free slices are those it brings back when resumed
@@ -490,6 +569,7 @@ def observe(
             slices=sum(kinds.values()),
             hub=hub,
             hub_at=hub_at,
+            fixed=fixed,
         )
         machines.append(
             Machine(
@@ -501,19 +581,21 @@ def observe(
                 free=max(free, 0),
                 slices=sum(kinds.values()),
                 last_server=last_server,
+                fixed=fixed,
             )
         )
     machines += [Machine(a.name, "asked", a.at, asked=a.at) for a in waiting]
+    machines += [Machine(g.name, GIVEN_UP, g.at, asked=g.asked) for g in late]
     left = [(name, m) for name, m in memory.items() if name not in remembered]
-    return Seen(machines, remembered, waiting, joined, left, used)
+    return Seen(machines, remembered, waiting, joined, left, used, late)
 
 
 def learnt_slices(memory: dict[str, Memory], default: int) -> int:
-    """The slices a new machine is expected to bring: those most of the machines seen have
-    (the larger on a tie), else ``default``."""
+    """The slices a new machine is expected to bring: those most of the group's machines seen
+    have (the larger on a tie; a fixed machine may be of another kind), else ``default``."""
     counts: dict[int, int] = {}
     for m in memory.values():
-        if m.slices > 0:
+        if m.slices > 0 and not m.fixed:
             counts[m.slices] = counts.get(m.slices, 0) + 1
     if not counts:
         return default

@@ -44,6 +44,11 @@ LABEL_PREFIX = "gpu-jupyterhub."
 MEMORY_LABEL = LABEL_PREFIX + "memory-mb."
 #: The MIG profile of one MIG instance: ``gpu-jupyterhub.mig-profile.<MIG-uuid>=1g.10gb``.
 MIG_PROFILE_LABEL = LABEL_PREFIX + "mig-profile."
+#: A machine of the cloud's group, joined by its start-up script (``deploy/cloud_init.py``,
+#: the join's ``--fleet-group``): ``gpu-jupyterhub.fleet=group``. The hub's fleet keeper
+#: counts, grows and gives back only these; every other GPU machine is *fixed*, the organizer's.
+FLEET_LABEL = LABEL_PREFIX + "fleet"
+FLEET_GROUP = "group"
 
 #: Spare units of each GPU (or MIG instance) kind a machine advertises beyond its slices, which
 #: no server reserves. Swarm's constraint enforcer, each time a node is updated (the manager's

@@ -5,14 +5,19 @@ With ``GPUHUB_FLEET=on`` the hub runs a round every ``EVERY_S`` seconds (``perio
 1. it reads the swarm's nodes and tasks (the broker's shared read, when a spawner made the
    broker) and the waiting line (``broker.waiting()``);
 2. ``capacity.observe`` makes them the fleet: every GPU machine of the swarm with what the hub
-   remembers of it, and the machines asked for that have not joined yet;
+   remembers of it (those of the cloud's group by the mark their start-up script's join puts
+   on them; the others are fixed, the organizer's: their slices count, nothing else), the
+   machines asked for that have not joined yet, and those given up that are still in the
+   cloud's group;
 3. ``capacity.decide`` says what to do, and the keeper does it: **grow** asks the provider to
    make the group larger, in the background (never two provider calls at once; the round does
    not wait for one); **drain** pauses a machine (the node's availability, through the
    Engine API); **resume** makes it active again; **remove** reads the machine's tasks once
    more right before, and with no server on it asks the provider to remove it (in the
-   background), then removes the swarm's node once it is down; **give up** forgets a machine
-   that never joined (one in the swarm is removed like any other);
+   background), then removes the swarm's node once it is down; **give up** stops waiting for a
+   machine that never joined (one in the swarm is removed like any other; one the swarm never
+   saw stays counted in the group's size for ``join_within`` more, or until it joins late,
+   while the organizer is told to remove it in the cloud's console);
 4. while a machine is overdue, the provider's ``why`` command is asked (at most every
    ``WHY_EVERY_S``) what the cloud said, since AWS and Google Cloud accept a grow and fail
    to launch later;
@@ -44,7 +49,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from . import broker, capacity, cost, events, fleet_view, internals, periodic, provider
-from .capacity import Asked, Decision, Machine, Memory
+from .capacity import Asked, Decision, GivenUp, Machine, Memory
 from .contract import KIND_PREFIXES
 from .inventory import gpu_kinds
 
@@ -73,8 +78,10 @@ class State:
 
     asked: list[Asked] = field(default_factory=list)  # asked for, not joined yet
     asked_count: int = 0  # asked entries made so far (their names: asked-1, asked-2, ...)
+    given_up: list[GivenUp] = field(default_factory=list)  # never joined, still in the group
     memory: dict[str, Memory] = field(default_factory=dict)  # the swarm's GPU machines
-    history: list[dict] = field(default_factory=list)  # ended machines: name, start, end, slices
+    # ended machines: name, start, end, slices (and fixed: true for a fixed one)
+    history: list[dict] = field(default_factory=list)
     joins: list[float] = field(default_factory=list)  # seconds from asking to joining, last ones
     last: dict | None = None  # the provider's last outcome, as the snapshot shows it
     failures: int = 0  # the provider's failures in a row
@@ -100,6 +107,17 @@ def _asked(entry) -> Asked | None:
     return Asked(entry["name"], _number(entry.get("at")), str(entry.get("reason", "")))
 
 
+def _given_up(entry) -> GivenUp | None:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        return None
+    return GivenUp(
+        entry["name"],
+        _number(entry.get("asked")),
+        _number(entry.get("at")),
+        str(entry.get("reason", "")),
+    )
+
+
 def _memory(entry) -> Memory | None:
     if not isinstance(entry, dict) or entry.get("state") not in capacity.STATES:
         return None
@@ -115,6 +133,7 @@ def _memory(entry) -> Memory | None:
         hub=entry.get("hub") if entry.get("hub") in ("", "paused", "leaving") else "",
         hub_at=_number(entry.get("hub_at")),
         reason=str(entry.get("reason", "")),
+        fixed=entry.get("fixed") is True,
     )
 
 
@@ -133,6 +152,7 @@ def read_state(text: str) -> State:
     return State(
         asked=[a for a in map(_asked, listed("asked")) if a is not None],
         asked_count=int(_number(record.get("asked_count"))),
+        given_up=[g for g in map(_given_up, listed("given_up")) if g is not None],
         memory={k: m for k, m in ((k, _memory(v)) for k, v in memory.items()) if m is not None},
         history=[h for h in listed("history") if isinstance(h, dict)],
         joins=[_number(s) for s in listed("joins") if _number(s) > 0],
@@ -190,37 +210,41 @@ def snapshot(
                 "free": now_seen.free if m.state == "ready" and now_seen else 0,
                 "slices": m.slices,
                 "reason": m.reason,
+                "fixed": m.fixed,
             }
         )
-    for a in state.asked:
+    unseen = [(a.name, "asked", a.at, a.reason) for a in state.asked]
+    unseen += [(g.name, capacity.GIVEN_UP, g.at, g.reason) for g in state.given_up]
+    for name, st, since, reason in unseen:
         machines.append(
             {
-                "name": a.name,
-                "state": "asked",
-                "since": a.at,
+                "name": name,
+                "state": st,
+                "since": since,
                 "servers": 0,
                 "free": 0,
                 "slices": 0,
-                "reason": a.reason,
+                "reason": reason,
+                "fixed": False,
             }
         )
-    fleet = [
-        Machine(x["name"], x["state"], x["since"], asked=state.memory[x["name"]].asked)
-        if x["name"] in state.memory
-        else Machine(x["name"], "asked", x["since"], asked=x["since"])
-        for x in machines
+    group = [m for m in state.memory.values() if not m.fixed]
+    on_the_way = [
+        Machine(m.node, m.state, m.since, asked=m.asked)
+        for m in group
+        if m.state in capacity.ON_ITS_WAY
     ]
-    on_the_way = [m for m in fleet if m.state in capacity.ON_ITS_WAY]
+    on_the_way += [Machine(a.name, "asked", a.at, asked=a.at) for a in state.asked]
     ready_in = capacity.arrival(now, on_the_way, expected)
+    # the cost is the group's: the fixed machines are the organizer's own
     spans = [
         cost.Span(_number(h.get("start")), _number(h.get("end")), int(_number(h.get("slices"))))
         for h in state.history
+        if h.get("fixed") is not True
     ]
-    spans += [
-        cost.Span(m.start, m.since if m.state == "gone" else None, m.slices)
-        for m in state.memory.values()
-    ]
+    spans += [cost.Span(m.start, m.since if m.state == "gone" else None, m.slices) for m in group]
     spans += [cost.Span(a.at) for a in state.asked]
+    spans += [cost.Span(g.asked) for g in state.given_up]  # paid for while in the group
     used = cost.usage(spans, [], now, price_per_hour)
     used = replace(used, slice_hours_used=state.used_slice_seconds / 3600)
     priced = price_per_hour > 0
@@ -230,6 +254,10 @@ def snapshot(
         "min": settings.min_machines,
         "max": settings.max_machines,
         "floor": capacity.floor(settings, now),
+        # the cloud's group as the hub counts it: what a grow's {count} starts from
+        "group": sum(m.state in capacity.COUNTED for m in group)
+        + len(state.asked)
+        + len(state.given_up),
         "machines": machines,
         "coming": {"machines": len(on_the_way), "ready_in": ready_in} if on_the_way else None,
         "provider": {
@@ -373,6 +401,7 @@ class FleetKeeper:
         hub_broker = self.broker_of()
         waiting = hub_broker.waiting() if hub_broker is not None else []
         state = self.state
+        self._forget_given_up(now)
         seen = capacity.observe(
             now,
             nodes,
@@ -381,13 +410,15 @@ class FleetKeeper:
             state.asked,
             self.settings.join_within,
             self.kind_prefix,
+            state.given_up,
         )
         if state.last_round:
             state.used_slice_seconds += seen.used * min(max(now - state.last_round, 0), GAP_S)
         state.last_round = now
-        state.memory, state.asked = seen.memory, seen.asked
+        state.memory, state.asked, state.given_up = seen.memory, seen.asked, seen.given_up
         for name, m in seen.left:
-            self._ended(name, m.start, m.since if m.state == "gone" else now, m.slices)
+            end = m.since if m.state == "gone" else now
+            self._ended(name, m.start, end, m.slices, m.fixed)
         for name, seconds in seen.joined:
             state.joins = (state.joins + [seconds])[-JOINS_KEPT:]
             self.log.info("GPU machine %s joined %.0f s after it was asked for", name, seconds)
@@ -416,10 +447,28 @@ class FleetKeeper:
         self.publish(now)
         return decisions
 
-    def _ended(self, name: str, start: float, end: float, slices: int) -> None:
-        self.state.history = (
-            self.state.history + [{"name": name, "start": start, "end": end, "slices": slices}]
-        )[-HISTORY_KEPT:]
+    def _ended(self, name: str, start: float, end: float, slices: int, fixed=False) -> None:
+        ended = {"name": name, "start": start, "end": end, "slices": slices}
+        if fixed:
+            ended["fixed"] = True  # not the group's: no part of its cost
+        self.state.history = (self.state.history + [ended])[-HISTORY_KEPT:]
+
+    def _forget_given_up(self, now: float) -> None:
+        """A machine given up is counted in the group's size for ``join_within`` after it was
+        given up, the time the organizer was given to remove it in the cloud's console; then
+        the hub takes it to be gone."""
+        kept = []
+        for g in self.state.given_up:
+            if now - g.at <= self.settings.join_within:
+                kept.append(g)
+                continue
+            self._ended(g.name, g.asked, now, 0)
+            self.log.info(
+                "GPU machine %s, given up %.0f s ago, is no longer counted in the cloud's group",
+                g.name,
+                now - g.at,
+            )
+        self.state.given_up = kept
 
     async def _forget_removed(self, now: float, nodes: list[dict]) -> None:
         """Machines the provider removed whose node is down are removed from the swarm."""
@@ -459,11 +508,15 @@ class FleetKeeper:
         if decision.action == capacity.GROW:
             if self.busy:
                 return  # the next round asks again, once the provider answered
-            # the machines decide counted: those given up this round no longer are
-            there = [m for m in state.memory.values() if m.state in capacity.COUNTED]
+            # the group's machines decide counted (those given up this round no longer are),
+            # and those given up that are still in the group (this round's among them)
+            there = [
+                m for m in state.memory.values() if m.state in capacity.COUNTED and not m.fixed
+            ]
+            size = len(there) + len(state.asked) + len(state.given_up)
             asked_at = clock_time(now, self.settings.schedule.zone)
             new = []
-            for _ in range(max(decision.target - len(there) - len(state.asked), 0)):
+            for _ in range(max(decision.target - size, 0)):
                 state.asked_count += 1
                 reason = f"asked at {asked_at}: {decision.reason}"
                 new.append(Asked(f"asked-{state.asked_count}", now, reason))
@@ -481,11 +534,13 @@ class FleetKeeper:
             if len(kept) != len(state.asked):  # never seen by the swarm: the organizer's
                 gone = next(a for a in state.asked if a.name == name)
                 state.asked = kept
-                self._ended(name, gone.at, now, 0)
                 reason = (
-                    f"{decision.reason}. If the cloud made it, remove it in the cloud's console "
-                    "(its /var/log/gpuhub-join.log says why it did not join)"
+                    f"{decision.reason}. It is still in the cloud's group, counted in its size "
+                    f"for {self.settings.join_within / 60:.0f} min more: remove it in the "
+                    "cloud's console, the hub cannot name it (its /var/log/gpuhub-join.log says "
+                    "why it did not join)"
                 )
+                state.given_up = state.given_up + [GivenUp(name, gone.at, now, reason)]
                 self._decided(now, replace(decision, reason=reason))
                 self.record(now, events.FLEET_GIVE_UP, name, reason)
             elif name in state.memory:
@@ -610,7 +665,7 @@ class FleetKeeper:
         """What people in line read about the fleet now."""
         refused = self.state.line_note if self.blocked("grow", now) else ""
         on_the_way = [Machine(a.name, "asked", a.at, asked=a.at) for a in self.state.asked]
-        on_the_way += [
+        on_the_way += [  # a fixed machine joining is not awaited (``capacity.arrival``)
             m for m in self.seen if m.state in capacity.ON_ITS_WAY and m.state != "asked"
         ]
         return capacity.for_the_line(now, on_the_way, self.expected(), refused)

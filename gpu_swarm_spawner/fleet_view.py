@@ -4,8 +4,10 @@ both show. Pure, standard library only.
 
 The hub's fleet keeper rewrites ``fleet.json`` in the dashboard folder (beside ``events.jsonl``
 and ``line.json``, ``GPUSwarmSpawner.dashboard_dir``) every round while ``GPUHUB_FLEET`` is on:
-its machines with their state and the reason for it, the machines on their way, the provider's
-last call and back-off, the cost figures and its recent decisions. ``read`` is its one reader,
+its machines with their state and the reason for it (a *fixed* machine, joined by hand without
+the cloud group's mark, is marked so: its slices count, the hub never gives it back), the size
+of the cloud's group as the hub counts it, the machines on their way, the provider's last call
+and back-off, the cost figures and its recent decisions. ``read`` is its one reader,
 and a tolerant one: a file that is missing, cut short, not JSON or of another shape is no fleet
 data (None: the views show no fleet at all, as with the fleet off); a key that is missing or of
 the wrong type reads as None, shown as "unknown", never an error. A snapshot older than
@@ -42,8 +44,10 @@ STATE_WORDS = {
     "draining": "paused (given back if it stays empty)",
     "leaving": "being given back",
     "gone": "gone",
-    "given up": "given up (never joined)",
+    "given up": "given up (never joined; still in the cloud's group)",
 }
+#: Added to a fixed machine's state words.
+FIXED_WORDS = " (fixed: yours, never given back)"
 #: The states that take no servers and are not on their way: the views mark them.
 NOT_TAKING = frozenset({"draining", "leaving", "gone", "given up"})
 
@@ -69,10 +73,14 @@ def _dict(value) -> dict:
 
 def _machine(entry: dict) -> dict:
     state = _text(entry.get("state"))
+    fixed = entry.get("fixed")
+    fixed = fixed if isinstance(fixed, bool) else None
+    words = STATE_WORDS.get(state, state) if state else None
     return {
         "name": _text(entry.get("name")),
         "state": state,
-        "words": STATE_WORDS.get(state, state) if state else None,
+        "fixed": fixed,
+        "words": words + FIXED_WORDS if words and fixed else words,
         "taking": state == "ready",
         "out": state in NOT_TAKING,
         "since": _number(entry.get("since")),
@@ -174,6 +182,14 @@ def _decision(entry: dict) -> dict:
     }
 
 
+def group_line(group: int | None, fixed: int) -> str:
+    """The cloud's group as the hub counts it (what a grow's count starts from), and the fixed
+    machines beside it."""
+    size = "unknown" if group is None else str(group)
+    line = f"The cloud's group: {size} machine(s), as the hub counts it"
+    return line + (f"; {fixed} fixed machine(s) of yours beside it" if fixed else "")
+
+
 def stale_line(age: float) -> str:
     """What the views say of a snapshot the keeper stopped writing."""
     return (
@@ -198,8 +214,14 @@ def read(text: str | bytes | None, now: float) -> dict | None:
     if at is None:  # not a snapshot of this format
         return None
     age = max(now - at, 0.0)
-    machines = record.get("machines")
+    machines = [
+        _machine(m)
+        for m in (record.get("machines") if isinstance(record.get("machines"), list) else [])
+        if isinstance(m, dict)
+    ]
     decisions = record.get("decisions")
+    group = _count(record.get("group"))
+    fixed = sum(1 for m in machines if m["fixed"] and m["state"] != "gone")
     return {
         "at": at,
         "age": age,
@@ -209,15 +231,10 @@ def read(text: str | bytes | None, now: float) -> dict | None:
         "min": _count(record.get("min")),
         "max": _count(record.get("max")),
         "floor": _count(record.get("floor")),
+        "group": group,
+        "group_line": group_line(group, fixed),
         # the keeper's order, the machines gone (the day's history, kept for the cost) last
-        "machines": sorted(
-            (
-                _machine(m)
-                for m in (machines if isinstance(machines, list) else [])
-                if isinstance(m, dict)
-            ),
-            key=lambda m: m["state"] == "gone",
-        ),
+        "machines": sorted(machines, key=lambda m: m["state"] == "gone"),
         "coming": _coming(record.get("coming"), at),
         "provider": _provider(record.get("provider"), now),
         "cost": _cost(record.get("cost")),

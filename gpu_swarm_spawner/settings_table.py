@@ -777,9 +777,9 @@ SETTINGS: tuple[Setting, ...] = (
         to=("hub",),
         group=FLEET,
         doc="""
-        on: the hub drives the cloud's group of GPU machines as below; machines joined by hand count
-        as the fleet's too (toward the fewest; one is given back only when empty). off: the GPU
-        machines are the ones you join by hand.
+        on: the hub drives the cloud's group of GPU machines as below (the machines its start-up
+        script joined); machines joined by hand are fixed: their free slices serve the line, the
+        hub never gives them back. off: the GPU machines are the ones you join by hand.
         """,
     ),
     Setting(
@@ -790,9 +790,11 @@ SETTINGS: tuple[Setting, ...] = (
         to=("hub",),
         group=FLEET,
         doc="""
-        The fewest and the most GPU machines at once (the most: your budget, or the cloud's quota; at
-        least 1). GPUHUB_FLEET_SCHEDULE raises the fewest by time of day: machines and the time of day
-        they hold from, 24-hour, in GPUHUB_FLEET_TIMEZONE (an IANA name such as Europe/Berlin), e.g.
+        The fewest and the most GPU machines of the cloud's group at once (the most: your budget, or
+        the cloud's quota; at least 1). The group's machines are those its start-up script joined
+        (python3 -m deploy.cloud_init); a machine you joined by hand is fixed and not counted here.
+        GPUHUB_FLEET_SCHEDULE raises the fewest by time of day: machines and the time of day they
+        hold from, 24-hour, in GPUHUB_FLEET_TIMEZONE (an IANA name such as Europe/Berlin), e.g.
         "10 from 08:45, 4 from 17:00"; they are asked for one boot-and-join ahead, so that they are
         ready at the time written. Empty: no schedule.
         """,
@@ -849,7 +851,7 @@ SETTINGS: tuple[Setting, ...] = (
         group=FLEET,
         doc="""
         GPU slices one new machine brings, counted for the people in line while it is on its way.
-        0: those of the machines seen so far (before any: GPUHUB_SLICES_PER_GPU).
+        0: those of the group's machines seen so far (before any: GPUHUB_SLICES_PER_GPU).
         """,
     ),
     Setting(
@@ -863,7 +865,8 @@ SETTINGS: tuple[Setting, ...] = (
         Seconds from asking the cloud to a machine ready in the swarm before any join was seen (then
         the median of those seen; people in line are told "about N minutes"), and after which a
         machine that has not joined is given up (no longer counted as on its way; the organizer is
-        told to look at its /var/log/gpuhub-join.log).
+        told to look at its /var/log/gpuhub-join.log; one the swarm never saw is still counted in the
+        group's size for as long again, for the organizer to remove it in the cloud's console).
         """,
     ),
     Setting(

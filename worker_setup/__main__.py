@@ -48,6 +48,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="FILE",
         help="the single-user image, from 'make image-tar'",
     )
+    joining.add_argument(
+        "--fleet-group",
+        action="store_true",
+        help="mark this machine as one of the cloud's group that the hub grows and gives back "
+        "(GPUHUB_FLEET=on; the start-up script of deploy/cloud_init.py adds it); a machine "
+        "joined without it is fixed: its slices count, the hub never gives it back",
+    )
     shared = parser.add_argument_group("the hub's shared storage")
     shared.add_argument(
         "--shared-folder",

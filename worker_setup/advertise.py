@@ -33,7 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_swarm_spawner.contract import KIND_PREFIXES, MAX_SLICES_PER_GPU, MIG_PROFILE_LABEL
+from gpu_swarm_spawner.contract import (
+    FLEET_GROUP,
+    FLEET_LABEL,
+    KIND_PREFIXES,
+    MAX_SLICES_PER_GPU,
+    MIG_PROFILE_LABEL,
+)
 
 from . import daemon_config, gpus, slicing, usable
 
@@ -202,6 +208,8 @@ def plan(args, path: Path | str, remove: bool = False, say=print) -> Plan:
     labels = daemon_config.engine_labels(found, slices) + [
         f"{MIG_PROFILE_LABEL}{g.uuid}={g.profile}" for g in found if g.is_mig and g.profile
     ]
+    if getattr(args, "fleet_group", False):  # the join's --fleet-group (the start-up script's)
+        labels.append(f"{FLEET_LABEL}={FLEET_GROUP}")
     wanted = daemon_config.merge(current, entries, KIND_PREFIXES, NAMED_KIND, labels=labels)
     if args.registry:
         wanted = daemon_config.with_insecure_registry(wanted, args.registry)

@@ -11,7 +11,8 @@ Joining is a checklist of idempotent steps; a second run changes nothing and say
   image        the single-user image is present (already, from --image-tar, or pulled; with
                --registry: every image of the manager's registry, pulled)
   daemon.json  slices, gpu-jupyterhub.* engine labels, NVIDIA runtime merged in (backup kept);
-               with --registry, the manager's registry as a plain-HTTP one
+               with --registry, the manager's registry as a plain-HTTP one; with
+               --fleet-group, the mark of a machine of the cloud's group (gpu-jupyterhub.fleet)
   restart      the engine restarts only when daemon.json changed
   guard        the GPU guard runs with the --guard-* settings (worker_setup/guard.py), as a
                systemd unit or a process of its own; restarted only when they changed

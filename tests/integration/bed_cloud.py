@@ -12,7 +12,8 @@ The group, as the clouds keep theirs:
   shared storage mounted) and ``starting`` while it runs its start-up script, then
   ``running``. The start-up script is what the cloud-init user data of ``python3 -m
   deploy.cloud_init`` runs at first boot: the join line ``make join-command`` printed, word
-  for word (read by ``cloud_init.join_words``), plus what a bed machine needs besides, which a
+  for word, with the cloud group's mark ``--fleet-group`` added (both by
+  ``cloud_init.join_words``), plus what a bed machine needs besides, which a
   cloud's machine would not: the single-user image as a file (the bed has no registry) and
   simulated GPUs (it has none), with a machine id of its own for their UUIDs.
 - **remove NAME** ends that machine (``bed.sh remove NAME --keep-node``: destroyed; its swarm

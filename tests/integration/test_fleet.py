@@ -10,17 +10,18 @@ They stop; after EMPTY_FOR_S the machine is paused, then removed through the clo
 server was ended. Last, the cloud refuses a grow with Google Cloud's recorded quota error: the
 dashboard shows it within a round (10 s) and the person in line is told.
 
-The bed as the test finds it is 3 GPU machines (the manager and w1, w2; 18 slices). With
-GPUHUB_FLEET=on every GPU machine counts as one of the cloud's group (docs/autoscaling.md,
-limits), except one an organizer paused: theirs, neither counted nor given back. So the
+The bed as the test finds it is 3 GPU machines (the manager and w1, w2; 18 slices), joined by
+hand: fixed machines (docs/autoscaling.md), never given back, whose free slices would serve the
+participant before any machine is asked for; the bed cloud's machines join with the start-up
+script's mark, as the group's. A machine an organizer paused is left out altogether. So the
 cheapest honest "no GPU machine at first" (minimum 0, as at the start of a day) is the
 organizer's: the three paused (`make pause-node`) right after the stack is deployed with the
-fleet on, well within EMPTY_FOR_S (before it, the fleet would give empty machines back; the
-manager runs the hub). Nothing is started or stopped for it; the hub sees no GPU slice at all,
-and the participant's request must still be able to wait in line for the machine the fleet
-asks for. Afterwards the hub is scaled to nothing first (no fleet keeper left to see the three
-resumed machines empty), then they are resumed and the suite's own stack deployed again. At
-most one fresh machine is made (2 simulated GPUs, 6 slices).
+fleet on (soon after, as when every GPU machine counted as the group's and empty ones were
+given back; the manager runs the hub). Nothing is started or stopped for it; the hub sees no
+GPU slice at all, and the participant's request must still be able to wait in line for the
+machine the fleet asks for. Afterwards the hub is scaled to nothing first, then the three are
+resumed and the suite's own stack deployed again. At most one fresh machine is made (2
+simulated GPUs, 6 slices).
 """
 
 from __future__ import annotations

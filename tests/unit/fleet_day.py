@@ -271,6 +271,9 @@ def replay(
         for box in boxes:
             if box.state in capacity.ON_ITS_WAY and now >= box.ready_at:
                 box.state, box.since = "ready", now
+            # a machine given up is removed by the organizer when the hub stops counting it
+            if box.state == capacity.GIVEN_UP and now - box.since > settings.join_within:
+                box.state, box.since, box.gone_at = "gone", now, now
             for who, end in list(box.servers.items()):
                 if end <= now:
                     del box.servers[who]
@@ -313,7 +316,10 @@ def replay(
                 decisions.append((now, decision))
                 box = next((b for b in boxes if b.name == decision.machine), None)
                 if decision.action == capacity.GROW:
-                    counted = sum(b.state in capacity.COUNTED for b in boxes)
+                    # the group's size: a machine given up is in it until it is removed
+                    counted = sum(
+                        b.state in capacity.COUNTED or b.state == capacity.GIVEN_UP for b in boxes
+                    )
                     answer = provider.refuse(now)
                     if answer:
                         blocked_until, blocked_why = now + provider.backoff_s, answer
@@ -324,6 +330,8 @@ def replay(
                     box.state, box.since = "draining", now
                 elif decision.action == capacity.RESUME:
                     box.state, box.since = "ready", now
+                elif decision.action == capacity.GIVE_UP and box.state == "asked":
+                    box.state, box.since = capacity.GIVEN_UP, now  # never seen: not named
                 elif decision.action in (capacity.REMOVE, capacity.GIVE_UP):
                     ended_by_removal += len(box.servers)
                     box.servers.clear()

@@ -8,14 +8,16 @@ import json
 
 AT = 1_764_320_000.0
 
-#: A round of a busy morning: one machine of every state, one on its way, the cloud's quota
-#: refused the last grow, a price set.
+#: A round of a busy morning: one machine of every state, one on its way, a fixed machine of
+#: the organizer's, one given up still in the cloud's group, the cloud's quota refused the last
+#: grow, a price set.
 SNAPSHOT = {
     "at": AT,
     "fleet": "on",
     "min": 0,
     "max": 4,
     "floor": 2,
+    "group": 6,
     "machines": [
         {
             "name": "gpu-2",
@@ -64,6 +66,27 @@ SNAPSHOT = {
         },
         {"name": "gpu-5", "state": "booting", "since": AT - 90, "reason": "asked at 09:10"},
         {"name": "gpu-6", "state": "joining", "since": AT - 40, "reason": "asked at 09:08"},
+        {
+            "name": "own-1",
+            "state": "ready",
+            "since": AT - 9000,
+            "servers": 2,
+            "free": 1,
+            "slices": 3,
+            "reason": "fixed: joined without the group's mark; its slices count, never given back",
+            "fixed": True,
+        },
+        {
+            "name": "asked-3",
+            "state": "given up",
+            "since": AT - 100,
+            "servers": 0,
+            "free": 0,
+            "slices": 0,
+            "reason": "asked-3 was asked for 16 min ago and has not joined (limit 15 min); ...: "
+            "remove it in the cloud's console, the hub cannot name it",
+            "fixed": False,
+        },
     ],
     "coming": {"machines": 3, "ready_in": 240.0},
     "provider": {

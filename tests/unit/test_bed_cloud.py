@@ -88,11 +88,14 @@ def test_a_grow_launches_machines_that_boot_then_run_the_printed_join_line(cloud
     cloud.clock_.now = 1020.0
     run(cloud)
     assert cloud.waits == [20, 20]
+    # the printed line word for word, without sudo, marked as the group's as the start-up
+    # script marks it (a machine the hub may give back)
+    joined = (*LINE, "--fleet-group")
     assert cloud.fake.calls == [
         ("fresh", "fresh11"),
-        ("join", "fresh11", tuple(LINE)),  # the printed line word for word, without sudo
+        ("join", "fresh11", joined),
         ("fresh", "fresh12"),
-        ("join", "fresh12", tuple(LINE)),
+        ("join", "fresh12", joined),
     ]
     assert states(cloud) == {"fresh11": RUNNING, "fresh12": RUNNING}
     one = cloud.instances["fresh11"]

@@ -14,6 +14,7 @@ from gpu_swarm_spawner import capacity, placement
 from gpu_swarm_spawner.capacity import (
     DRAIN,
     GIVE_UP,
+    GIVEN_UP,
     GROW,
     NOTHING,
     REMOVE,
@@ -25,6 +26,7 @@ from gpu_swarm_spawner.capacity import (
     decide,
     on_its_way_message,
 )
+from gpu_swarm_spawner.contract import FLEET_GROUP, FLEET_LABEL
 from gpu_swarm_spawner.cost import Span, usage
 from gpu_swarm_spawner.schedule import Schedule, ScheduleError, read_schedule
 
@@ -189,6 +191,59 @@ def test_a_machine_that_never_joins_is_given_up_and_no_longer_counted():
 def test_a_machine_joined_by_hand_is_never_given_up():
     joining = Machine("by-hand", "joining", NOW - 5000)
     assert GIVE_UP not in [d.action for d in decide(NOW, [joining], [], SETTINGS)]
+
+
+# ---- the group's machines and the fixed ones ---------------------------------------------------
+
+
+def test_fixed_machines_free_slices_cover_the_line_but_they_are_not_in_the_groups_size():
+    fixed = [
+        replace(ready("own-1", free=2), fixed=True),
+        replace(ready("own-2", free=0), fixed=True),
+    ]
+    fleet = [*fixed, ready("gpu-0", free=0)]
+    assert actions(decide(NOW, fleet, [1, 1], SETTINGS)) == [(NOTHING, 0)]
+    [grow] = decide(NOW, fleet, [1] * 4, SETTINGS)
+    assert (grow.action, grow.target) == (GROW, 2)  # the group's one, and one for 2 slices
+    # no group machine at all: the group is grown from nothing, whatever the fixed ones
+    assert actions(decide(NOW, fixed, [1] * 3, SETTINGS)) == [(GROW, 1)]
+    # the maximum is the group's: two fixed machines do not use it up
+    held = Settings(max_machines=1, slices_per_machine=3)
+    assert actions(decide(NOW, fixed, [1] * 3, held)) == [(GROW, 1)]
+
+
+def test_a_fixed_machine_not_ready_is_not_waited_for_nor_ever_given_up():
+    joining = Machine("own-1", "joining", NOW - 5000, asked=NOW - 5000, fixed=True)
+    assert actions(decide(NOW, [joining], [1], SETTINGS)) == [(GROW, 1)]
+    assert capacity.arrival(NOW, [joining], 300) is None
+
+
+def test_a_fixed_machine_is_never_given_back_and_the_floor_counts_the_groups_machines():
+    settings = Settings(min_machines=1, max_machines=4, slices_per_machine=3, empty_for=600)
+    own = replace(ready("own-1", free=3, since=NOW - 7200), fixed=True)  # the emptiest
+    assert actions(decide(NOW, [own], [], settings)) == [(GROW, 1)]  # the minimum: the group's
+    fleet = [own, ready("gpu-1"), ready("gpu-2")]
+    [drain] = decide(NOW, fleet, [], replace(settings, margin=6))
+    assert (drain.action, drain.machine) == (DRAIN, "gpu-1")  # own-1's slices cover the margin
+    assert actions(decide(NOW, [own, ready("gpu-1")], [], settings)) == [(NOTHING, 0)]
+    assert decide(NOW, [own, ready("gpu-1")], [], settings)[0].reason == (
+        "1 machine(s) of the group and 1 fixed; none may go yet (floor 1)"
+    )
+
+
+def test_a_machine_given_up_unseen_stays_in_the_groups_size_until_the_organizer_removes_it():
+    stuck = Machine("asked-1", "asked", NOW - 1000, asked=NOW - 1000)
+    fleet = [ready("gpu-0", free=0), stuck]
+    decisions = decide(NOW, fleet, [1], SETTINGS)
+    # the cloud still holds it: growing to 2 would ask for nothing
+    assert actions(decisions) == [(GIVE_UP, "asked-1"), (GROW, 3)]
+    assert "1 machine(s) given up are still in the group" in decisions[1].reason
+    given_up = Machine("asked-1", GIVEN_UP, NOW, asked=NOW - 1000)
+    fleet = [ready("gpu-0", free=0, servers=3), given_up]
+    assert actions(decide(NOW + 10, fleet, [1], SETTINGS)) == [(GROW, 3)]
+    assert actions(decide(NOW + 10, fleet, [], SETTINGS)) == [(NOTHING, 0)]  # brings nothing
+    [held] = decide(NOW + 10, fleet, [1], replace(SETTINGS, max_machines=2))
+    assert held.reason.endswith("(2 machines, 1 of them given up but still in the group)")
 
 
 # ---- giving back ----------------------------------------------------------------------------
@@ -485,7 +540,8 @@ def test_a_machine_that_never_joins_is_given_up_within_its_bound_and_replaced():
     never = next(b for b in driven.boxes if b.ready_at == float("inf"))
     given_up = [t for t, d in driven.decisions if d.action == GIVE_UP and d.machine == never.name]
     assert given_up and given_up[0] - never.asked <= DAY.join_within + fleet_day.ROUND_S
-    assert never.gone_at == given_up[0]
+    # in the group (and paid for) until the organizer removes it, when the hub stops counting it
+    assert never.gone_at == pytest.approx(given_up[0] + DAY.join_within, abs=fleet_day.TICK_S)
     assert driven.unserved == 0
 
 
@@ -537,8 +593,12 @@ def test_the_fleets_settings_are_made_from_the_settings_values():
 # ---- the swarm read into the fleet (observe) --------------------------------------------------
 
 
-def _gpu_node(name, slices=3, state="ready", availability="active"):
-    return node(f"id-{name}", name, {f"GPU-{name}": slices}, state, availability)
+def _gpu_node(name, slices=3, state="ready", availability="active", group=True):
+    """A GPU machine of the cloud's group (its start-up script's mark), or a fixed one."""
+    made = node(f"id-{name}", name, {f"GPU-{name}": slices}, state, availability)
+    if group:
+        made["Description"]["Engine"] = {"Labels": {FLEET_LABEL: FLEET_GROUP}}
+    return made
 
 
 def _server(name, slices=1, labels=None):
@@ -584,6 +644,33 @@ def test_observe_gives_a_new_machine_the_place_of_the_oldest_one_asked_for():
     assert [m.state for m in seen.machines] == ["ready", "asked"]
 
 
+def test_observe_tells_the_groups_machines_by_their_mark_and_the_others_are_fixed():
+    nodes = [_gpu_node("own-1", group=False), _gpu_node("gpu-1"), _cpu_node()]
+    asked = [capacity.Asked("asked-1", NOW - 200)]
+    seen = capacity.observe(NOW, nodes, [_server("own-1", 2), _server("gpu-1", 1)], {}, asked)
+    by_name = {m.name: m for m in seen.machines}
+    assert {n: m.fixed for n, m in by_name.items()} == {"own-1": True, "gpu-1": False}
+    assert seen.joined == [("gpu-1", 200.0)]  # the fixed one took no asked-for machine's place
+    assert seen.memory["own-1"].fixed and seen.memory["own-1"].reason.startswith("fixed")
+    assert seen.used == 1  # the group's slice-hours: the fixed machine's are the organizer's
+    # alone, the fixed machine still takes no asked-for machine's place
+    seen = capacity.observe(NOW, nodes[:1], [], {}, asked)
+    assert [a.name for a in seen.asked] == ["asked-1"] and seen.joined == []
+
+
+def test_observe_gives_a_machine_joining_late_the_place_of_one_given_up():
+    given_up = [capacity.GivenUp("asked-1", NOW - 2000, NOW - 1000)]
+    seen = capacity.observe(NOW, [], [], {}, [], given_up=given_up)
+    assert seen.given_up == given_up
+    assert [(m.name, m.state) for m in seen.machines] == [("asked-1", GIVEN_UP)]
+    seen = capacity.observe(NOW, [_gpu_node("gpu-7")], [], {}, [], given_up=given_up)
+    assert seen.given_up == [] and seen.joined == []  # too late to be a join's measure
+    assert seen.memory["gpu-7"].start == NOW - 2000  # paid for since it was asked for
+    assert seen.memory["gpu-7"].reason == "joined 17 min after it was given up"
+    seen = capacity.observe(NOW, [_gpu_node("own-1", group=False)], [], {}, [], given_up=given_up)
+    assert seen.given_up == given_up  # a fixed machine is not the one given up
+
+
 def test_observe_pauses_again_a_machine_whose_removal_did_not_happen():
     leaving = capacity.Memory("id-gpu-1", "leaving", NOW - 1000, NOW - 9000, hub="leaving",
                               hub_at=NOW - 1000)  # fmt: skip
@@ -601,6 +688,9 @@ def test_a_new_machine_brings_the_slices_most_machines_have():
     }
     assert capacity.learnt_slices(memory, 3) == 4
     assert capacity.learnt_slices({}, 3) == 3
+    own = {n: capacity.Memory(f"id-{n}", "ready", NOW, NOW, slices=8, fixed=True) for n in "xyz"}
+    assert capacity.learnt_slices(memory | own, 3) == 4  # the organizer's own are another kind
+    assert capacity.learnt_slices(own, 3) == 3
 
 
 def test_the_line_reads_the_clouds_refusal_before_any_machine_on_its_way():

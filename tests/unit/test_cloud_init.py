@@ -46,8 +46,11 @@ def test_the_join_line_is_inside_word_for_word_without_sudo():
     line = printed().splitlines()[-1]
     assert line.startswith("sudo ./worker_setup/setup.sh --manager 10.0.0.5:2377 --token ")
     script = the_script(user_data(printed(), REPOSITORY))
-    assert f"  if {line.removeprefix('sudo ')}; then exit 0; fi\n" in script
+    # marked as a machine of the cloud's group, which the hub may give back
+    assert f"  if {line.removeprefix('sudo ')} --fleet-group; then exit 0; fi\n" in script
     assert "sudo" not in script
+    assert "--fleet-group" not in line  # the printed line joins a fixed machine, by hand
+    assert join_words(line + " --fleet-group").count("--fleet-group") == 1
 
 
 def test_words_a_shell_would_split_or_expand_stay_one_word_each():

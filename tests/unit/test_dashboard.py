@@ -432,8 +432,14 @@ def test_the_page_draws_the_fleet_tells_a_refusal_at_the_next_refresh_and_hides_
             ]
             assert rows[0].split("\t")[3:] == ["3", "0 / 3", "asked at 09:02 for 4 people in line"]
             assert rows[4].split("\t")[4] == "unknown / unknown"  # booting: not known yet
+            kept = [r.split("\t")[:2] for r in rows if r.startswith(("own-1", "asked-3"))]
+            assert kept == [
+                ["own-1", "taking servers (fixed: yours, never given back)"],
+                ["asked-3", "given up (never joined; still in the cloud's group)"],
+            ]
             summary = page.inner_text("#fleet-summary")
             assert "Cost so far: 12.5 machine-hours, 20.1 of 37.5 slice-hours used" in summary
+            assert "The cloud's group: 6 machine(s), as the hub counts it; 1 fixed" in summary
             assert "3 machine(s) on their way, ready in about 4 minutes" in summary
             assert "A provider command is running." in summary
             assert page.locator("#fleet-alert").is_hidden()  # the last call worked

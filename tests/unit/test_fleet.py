@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpu_swarm_spawner import capacity, events, fleet, line, provider
+from gpu_swarm_spawner import capacity, contract, events, fleet, line, provider
 from gpu_swarm_spawner.capacity import Settings
 from gpu_swarm_spawner.line import Entry
 from gpu_swarm_spawner.placement import Request
@@ -32,9 +32,15 @@ QUOTA = (
 LOG = logging.getLogger("test_fleet")
 
 
-def gpu_node(name: str, slices: int = 3, state: str = "ready", availability: str = "active"):
+def gpu_node(
+    name: str, slices: int = 3, state: str = "ready", availability: str = "active", group=True
+):
+    """A GPU machine of the swarm: one of the cloud's group (joined by its start-up script,
+    with the group's mark), or with ``group`` False a fixed one, joined by hand."""
     made = node(f"id-{name}", name, {f"GPU-{name}": slices}, state, availability)
     made["Version"] = {"Index": 7}
+    if group:
+        made["Description"]["Engine"] = {"Labels": {contract.FLEET_LABEL: contract.FLEET_GROUP}}
     return made
 
 
@@ -197,6 +203,82 @@ async def test_a_full_gpu_in_line_counts_as_that_gpus_slices(tmp_path):
     hub.engine.swarm_tasks = [server("gpu-1", slices=4)]
     hub.line = Line([None, 1])
     assert await hub.round() == [("grow", 3)]  # 5 slices: two machines of 4
+
+
+async def test_a_fixed_machine_covers_the_line_but_is_not_in_the_count_the_cloud_is_given(
+    tmp_path,
+):
+    hub = Hub(tmp_path)
+    own_2 = gpu_node("own-2", state="unknown", group=False)  # joining: not the cloud's to await
+    hub.engine.node_list = [gpu_node("own-1", group=False), gpu_node("gpu-1"), own_2]
+    hub.engine.swarm_tasks = [server("gpu-1", service=f"s{i}") for i in range(3)]  # full
+    hub.line = Line([1, 1, 1])
+    assert await hub.round() == [("nothing", 0)]  # own-1's free slices hold them
+    assert hub.line.fleet_note == ""  # no machine on its way
+    hub.line = Line([1, 1, 1, 1])
+    assert await hub.round() == [("grow", 2)]  # gpu-1 and one more: own-1 is not the group's
+    assert hub.cloud.calls == [("grow", 2)]
+    made = hub.snapshot()
+    assert {m["name"]: m["fixed"] for m in made["machines"]} == {
+        "own-1": True, "own-2": True, "gpu-1": False, "asked-1": False,
+    }  # fmt: skip
+    assert made["group"] == 2
+    assert made["machines"][1]["reason"].startswith("fixed: joined without the group's mark")
+    assert made["coming"]["machines"] == 1  # asked-1, not own-2
+
+
+async def test_a_fixed_machine_is_never_given_back_nor_in_the_cost(tmp_path):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("own-1", group=False), gpu_node("gpu-1")]
+    assert await hub.round() == [("nothing", 0)]
+    hub.now += 3600  # both empty for an hour: only the group's is given back
+    assert await hub.round() == [("drain", "gpu-1")]
+    hub.now += 10
+    assert await hub.round() == [("remove", "gpu-1")]
+    hub.engine.api_node("gpu-1")["Status"]["State"] = "down"  # the cloud ended it
+    for _ in range(3):
+        hub.now += 3600
+        assert await hub.round() == [("nothing", 0)]
+    assert hub.cloud.calls == [("remove", "gpu-1")]
+    assert hub.availability("own-1") == "active"
+    assert [(m["name"], m["state"]) for m in hub.snapshot()["machines"]] == [("own-1", "ready")]
+    # the cost is the group's: gpu-1's, until its node was seen down, not own-1's four hours
+    assert hub.snapshot()["cost"]["machine_hours"] == pytest.approx(7210 / 3600, abs=0.001)
+    hub.start()  # a restart remembers own-1 as fixed...
+    hub.engine.node_list = []  # ...when the organizer takes it out of the swarm
+    hub.now += 10
+    await hub.round()
+    assert [(h["name"], h.get("fixed")) for h in hub.keeper.state.history] == [
+        ("gpu-1", None), ("own-1", True),
+    ]  # fmt: skip
+    assert hub.snapshot()["cost"]["machine_hours"] == pytest.approx(7210 / 3600, abs=0.001)
+
+
+async def test_a_machine_given_up_unseen_stays_in_the_groups_count_for_join_within(tmp_path):
+    hub = Hub(tmp_path)
+    hub.line = Line([1])
+    await hub.round()
+    hub.now += 901  # the join limit, 900 s, passed: asked-1 never joined
+    assert await hub.round() == [("give up", "asked-1"), ("grow", 2)]
+    # the cloud still holds asked-1: "grow to 1" would ask it for nothing
+    assert hub.cloud.calls == [("grow", 1), ("grow", 2)]
+    given = {m["name"]: m for m in hub.snapshot()["machines"]}["asked-1"]
+    assert given["state"] == capacity.GIVEN_UP and given["since"] == NOW + 901
+    assert "remove it in the cloud's console, the hub cannot name it" in given["reason"]
+    assert hub.snapshot()["group"] == 2
+    assert hub.kinds() == [events.FLEET_GROW, events.FLEET_GIVE_UP, events.FLEET_GROW]
+    hub.now += 300
+    hub.engine.node_list = [gpu_node("gpu-5")]
+    hub.start()  # a restart keeps it counted
+    assert await hub.round() == [("nothing", 0)]
+    assert [g.name for g in hub.keeper.state.given_up] == ["asked-1"]
+    assert hub.keeper.state.memory["gpu-5"].asked == NOW + 901  # asked-2's place
+    hub.now += 601  # join_within after it was given up: taken to be removed by the organizer
+    await hub.round()
+    assert hub.keeper.state.given_up == [] and hub.snapshot()["group"] == 1
+    assert [m["name"] for m in hub.snapshot()["machines"]] == ["gpu-5"]
+    (ended,) = hub.keeper.state.history
+    assert (ended["name"], ended["start"], ended["end"]) == ("asked-1", NOW, NOW + 1802)
 
 
 # ---- giving back ----------------------------------------------------------------------------
@@ -399,15 +481,18 @@ async def test_the_snapshot_has_the_plans_schema(tmp_path):
     await hub.round()
     made = hub.snapshot()
     assert set(made) == {
-        "at", "fleet", "min", "max", "floor", "machines", "coming", "provider", "cost",
+        "at", "fleet", "min", "max", "floor", "group", "machines", "coming", "provider", "cost",
         "decisions",
     }  # fmt: skip
     assert (made["at"], made["fleet"], made["min"], made["max"], made["floor"]) == (
         NOW + 600, "on", 0, 4, 0,
     )  # fmt: skip
+    assert made["group"] == 2  # gpu-1 and the machine asked for
     for machine in made["machines"]:
-        assert set(machine) == {"name", "state", "since", "servers", "free", "slices", "reason"}
-        assert machine["state"] in capacity.STATES
+        assert set(machine) == {
+            "name", "state", "since", "servers", "free", "slices", "reason", "fixed",
+        }  # fmt: skip
+        assert machine["state"] in capacity.STATES and machine["fixed"] is False
     ready = made["machines"][0]
     assert (ready["name"], ready["servers"], ready["free"], ready["slices"]) == ("gpu-1", 1, 1, 3)
     assert set(made["coming"]) == {"machines", "ready_in"}

@@ -25,8 +25,16 @@ def test_the_keepers_snapshot_reads_in_the_organizers_words():
         ("asked-7", "asked for", False, False),
         ("gpu-5", "booting", False, False),
         ("gpu-6", "joining the swarm", False, False),
+        ("own-1", "taking servers (fixed: yours, never given back)", True, False),
+        ("asked-3", "given up (never joined; still in the cloud's group)", False, True),
         ("gpu-1", "gone", False, True),  # the day's history, after the fleet of now
     ]
+    assert [m["fixed"] for m in fleet["machines"]] == [None] * 6 + [True, False, None]
+    assert fleet["group"] == 6
+    assert fleet["group_line"] == (
+        "The cloud's group: 6 machine(s), as the hub counts it; 1 fixed machine(s) of yours "
+        "beside it"
+    )
     gpu2 = fleet["machines"][0]
     assert (gpu2["since"], gpu2["servers"], gpu2["free"], gpu2["slices"]) == (AT - 1000, 3, 0, 3)
     assert gpu2["reason"] == "asked at 09:02 for 4 people in line"
@@ -65,6 +73,8 @@ def test_what_is_not_a_snapshot_is_no_fleet(case):
 def test_a_key_missing_or_of_the_wrong_type_is_unknown_not_an_error():
     bare = fleet_view.read(json.dumps({"at": AT}), now=AT)
     assert (bare["min"], bare["max"], bare["floor"], bare["fleet"]) == (None, None, None, None)
+    assert bare["group"] is None
+    assert bare["group_line"] == "The cloud's group: unknown machine(s), as the hub counts it"
     assert bare["machines"] == [] and bare["decisions"] == [] and bare["coming"] is None
     assert bare["provider"] == {
         "busy": None,
@@ -79,7 +89,12 @@ def test_a_key_missing_or_of_the_wrong_type_is_unknown_not_an_error():
         "min": "two",
         "max": -1,
         "floor": 1.5,
-        "machines": ["gpu-9", {"state": "rebooting", "servers": True, "free": "3"}, {}],
+        "group": "six",
+        "machines": [
+            "gpu-9",
+            {"state": "rebooting", "servers": True, "free": "3", "fixed": "yes"},
+            {},
+        ],
         "coming": {"ready_in": "soon"},
         "provider": {"busy": "no", "last": {"ok": False}, "blocked_until": "later"},
         "cost": {"machine_hours": "12"},
@@ -90,6 +105,7 @@ def test_a_key_missing_or_of_the_wrong_type_is_unknown_not_an_error():
     strange, empty = fleet["machines"]  # what is not a machine is left out
     assert (strange["name"], strange["words"], strange["taking"]) == (None, "rebooting", False)
     assert (strange["servers"], strange["free"], strange["since"]) == (None, None, None)
+    assert strange["fixed"] is None and fleet["group"] is None
     assert empty["words"] is None and empty["reason"] is None
     assert fleet["coming"]["line"] == "unknown machine(s) on their way, ready in an unknown time"
     assert fleet["coming"]["ready_at"] is None

@@ -146,6 +146,13 @@ def test_the_fleets_machines_failure_and_cost_are_printed():
     assert " unknown/unknown " in rows["gpu-5"]  # a booting machine's slices are not known yet
     assert "  3 machine(s) on their way, ready in about 4 minutes (about " in out
     assert "  At least 2 machine(s) now (minimum 0, maximum 4)" in lines
+    group = "  The cloud's group: 6 machine(s), as the hub counts it; 1 fixed machine(s) of yours"
+    assert f"{group} beside it" in lines
+    [own] = [line for line in lines if line.startswith("  own-1 ")]
+    assert "taking servers (fixed: yours, never given back)" in own
+    [given_up] = [line for line in lines if line.startswith("  asked-3 ")]
+    assert "given up (never joined; still in the cloud's group)" in given_up
+    assert given_up.endswith("remove it in the cloud's console, the hub cannot name it")
     assert (
         "  Cost: 12.5 machine-hours, 20.1 of 37.5 slice-hours used (54%), about $31.25 at $2.5 "
         "an hour" in lines

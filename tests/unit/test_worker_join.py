@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from gpu_swarm_spawner import contract
+from gpu_swarm_spawner import capacity, contract
 from tests.fakes.nvml import imported, shim_env
 from worker_setup import engine, join, shared_folders
 from worker_setup.__main__ import main, parse_args
 from worker_setup.docker_cli import DockerCLI
 
+from .clusters import node_from_daemon_json
 from .nvml_failures import FIXTURES, K80X2
 
 TOKEN = "SWMTKN-1-3pu6hszjas19xyp7ghgosyx9k8atbfcr8p2is99znpy26u2lkl-1awxwuwd3z9j1z3puu7rcgdbx"
@@ -523,6 +524,28 @@ def test_the_image_is_the_join_lines_or_the_default_one():
     assert parse_args(["--manager", "m", "--token", TOKEN]).image == contract.SINGLEUSER_IMAGE
     named = parse_args(["--manager", "m", "--token", TOKEN, "--image", "example.org/su:7"])
     assert named.image == "example.org/su:7"
+
+
+def test_the_start_up_scripts_machine_carries_the_groups_mark_and_one_joined_by_hand_none(
+    daemon_json, manager, capsys
+):
+    """--fleet-group (deploy/cloud_init.py's start-up script adds it) puts the engine label the
+    hub's fleet keeper counts the cloud group's machines by; the same machine joined again with
+    the printed line alone is fixed, the mark gone with it."""
+    engine = FakeEngine(up=False)
+    engine.pullable[IMAGE] = "sha256:" + "a" * 64
+    mark = f"{contract.FLEET_LABEL}={contract.FLEET_GROUP}"
+    assert setup(engine, daemon_json, manager, "--fleet-group") == 0
+    config = json.loads(daemon_json.read_text())
+    assert mark in config["labels"]
+    seen = capacity.observe(0.0, [node_from_daemon_json(config)], [], {}, [])
+    assert [m.fixed for m in seen.machines] == [False]
+    capsys.readouterr()
+    assert setup(engine, daemon_json, manager) == 0
+    config = json.loads(daemon_json.read_text())
+    assert mark not in config["labels"] and config["labels"]
+    seen = capacity.observe(0.0, [node_from_daemon_json(config)], [], {}, [])
+    assert [m.fixed for m in seen.machines] == [True]
 
 
 def test_servers_running_here_keep_the_engine_from_restarting(daemon_json, manager, capsys):
