@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timezone
 
 from . import contract, internals, periodic
+from .tolerant import number
 
 #: Seconds between the hub's reads of the reports: the watches measure every 10 s too.
 EVERY_S = 10.0
@@ -98,15 +98,9 @@ class Report:
     problems: tuple[str, ...] = field(default=())
 
 
-def _number(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _size(value) -> int | None:
-    number = _number(value)
-    return int(number) if number is not None and number >= 0 else None
+    found = number(value)
+    return int(found) if found is not None and found >= 0 else None
 
 
 def _text(value) -> str:
@@ -120,7 +114,7 @@ def _filesystem(entry) -> FileSystem | None:
         path=entry["path"],
         total=_size(entry.get("total")),
         used=_size(entry.get("used")),
-        line_percent=_number(entry.get("line_percent")),
+        line_percent=number(entry.get("line_percent")),
         past=entry.get("past") is True,
     )
 
@@ -128,7 +122,7 @@ def _filesystem(entry) -> FileSystem | None:
 def _stopped(value) -> Stopped | None:
     if not isinstance(value, dict):
         return None
-    return Stopped(time=_number(value.get("time")) or 0.0, reason=_text(value.get("reason")))
+    return Stopped(time=number(value.get("time")) or 0.0, reason=_text(value.get("reason")))
 
 
 def _server(entry) -> ServerDisk | None:
@@ -178,8 +172,8 @@ def read_report(text: str | bytes, machine: str = "") -> Report:
     return Report(
         machine=_text(record.get("machine")) or machine,
         version=version if isinstance(version, int) and not isinstance(version, bool) else None,
-        time=_number(record.get("time")),
-        every_s=_number(record.get("every_s")),
+        time=number(record.get("time")),
+        every_s=number(record.get("every_s")),
         filesystems=filesystems,
         servers=servers,
         problems=tuple(own + skipped_fs + skipped_servers),

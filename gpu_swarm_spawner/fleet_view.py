@@ -21,11 +21,11 @@ the manager's.
 from __future__ import annotations
 
 import json
-import math
 
 from .cost import Usage
 from .line import about
 from .provider import ADVICE, last_line
+from .tolerant import number
 
 FLEET_FILE = "fleet.json"
 #: A snapshot older than this is stale: the keeper writes one every round (10 s).
@@ -52,15 +52,9 @@ FIXED_WORDS = " (fixed: yours, never given back)"
 NOT_TAKING = frozenset({"draining", "leaving", "gone", "given up"})
 
 
-def _number(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _count(value) -> int | None:
-    number = _number(value)
-    return int(number) if number is not None and number >= 0 and number.is_integer() else None
+    found = number(value)
+    return int(found) if found is not None and found >= 0 and found.is_integer() else None
 
 
 def _text(value) -> str | None:
@@ -83,7 +77,7 @@ def _machine(entry: dict) -> dict:
         "words": words + FIXED_WORDS if words and fixed else words,
         "taking": state == "ready",
         "out": state in NOT_TAKING,
-        "since": _number(entry.get("since")),
+        "since": number(entry.get("since")),
         "servers": _count(entry.get("servers")),
         "free": _count(entry.get("free")),
         "slices": _count(entry.get("slices")),
@@ -94,7 +88,7 @@ def _machine(entry: dict) -> dict:
 def _coming(record, at: float) -> dict | None:
     if not isinstance(record, dict):
         return None
-    machines, ready_in = _count(record.get("machines")), _number(record.get("ready_in"))
+    machines, ready_in = _count(record.get("machines")), number(record.get("ready_in"))
     if machines == 0:
         return None
     ready_at = None if ready_in is None else at + max(ready_in, 0.0)
@@ -117,7 +111,7 @@ def _call(record) -> dict | None:
     failed = ok is False
     return {
         "action": _text(record.get("action")),
-        "at": _number(record.get("at")),
+        "at": number(record.get("at")),
         "ok": ok,
         "failed": failed,
         "kind": (kind or "failed") if failed else kind,
@@ -131,7 +125,7 @@ def _call(record) -> dict | None:
 def _provider(record, now: float) -> dict:
     record = _dict(record)
     busy = record.get("busy")
-    blocked_until = _number(record.get("blocked_until"))
+    blocked_until = number(record.get("blocked_until"))
     return {
         "busy": busy if isinstance(busy, bool) else None,
         "last": _call(record.get("last")),
@@ -154,7 +148,7 @@ def cost_line(machine_hours, offered, used, price) -> str:
 def _cost(record) -> dict:
     record = _dict(record)
     figures = {
-        key: _number(record.get(key))
+        key: number(record.get(key))
         for key in (
             "machine_hours",
             "slice_hours_offered",
@@ -174,7 +168,7 @@ def _cost(record) -> dict:
 
 def _decision(entry: dict) -> dict:
     return {
-        "at": _number(entry.get("at")),
+        "at": number(entry.get("at")),
         "action": _text(entry.get("action")),
         "machine": _text(entry.get("machine")) or "",
         "target": _count(entry.get("target")),
@@ -210,7 +204,7 @@ def read(text: str | bytes | None, now: float) -> dict | None:
         return None
     if not isinstance(record, dict):
         return None
-    at = _number(record.get("at"))
+    at = number(record.get("at"))
     if at is None:  # not a snapshot of this format
         return None
     age = max(now - at, 0.0)
