@@ -161,10 +161,6 @@ class GPUBroker:
         #: what the fleet keeper (fleet.py) tells those in line beside their place: a GPU
         #: machine on its way, or the cloud's refusal; "" for nothing
         self.fleet_note = ""
-        #: the fleet keeper runs (GPUHUB_FLEET=on): a request no GPU of the swarm could ever
-        #: hold may still wait in line, for a machine the keeper asks the cloud for (a fleet of
-        #: no machine at all, its minimum 0, grows only for people waiting)
-        self.fleet_grows = False
         #: services of servers without a GPU being started (they count towards the cap before
         #: their service exists)
         self.cpu_only_starting: set[str] = set()

@@ -676,7 +676,6 @@ class FleetKeeper:
         hub_broker = self.broker_of()
         if hub_broker is not None:
             hub_broker.fleet_note = self.line_note(now)
-            hub_broker.fleet_grows = True
         made = snapshot(
             now,
             self.state,

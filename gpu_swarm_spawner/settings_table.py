@@ -775,6 +775,7 @@ SETTINGS: tuple[Setting, ...] = (
         read="on",
         choices=("on", "off"),
         to=("hub",),
+        trait="GPUSwarmSpawner.fleet",
         group=FLEET,
         doc="""
         on: the hub drives the cloud's group of GPU machines as below (the machines its start-up

@@ -410,6 +410,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
                 line_max_length=self.line_max_length,
                 cpu_only_servers=self.cpu_only_servers,
                 cpu_only_max_servers=self.cpu_only_max_servers,
+                fleet=self.fleet,
             ),
             read_swarm=self._read_swarm,
             docker=self.docker,

@@ -79,13 +79,14 @@ class LineRules:
     """The hub's settings (traits.py) the choice follows: the waiting line's
     (``waiting_line``, ``line_max_wait`` in seconds, 0: no limit; ``line_max_length``, 0: no
     limit) and those of servers without a GPU (``cpu_only_servers``, ``cpu_only_max_servers``,
-    0: no limit)."""
+    0: no limit), and whether the fleet keeper asks the cloud for machines (``fleet``)."""
 
     waiting_line: str = "off"
     line_max_wait: float = 0
     line_max_length: int = 0
     cpu_only_servers: bool = False
     cpu_only_max_servers: int = 0
+    fleet: bool = False  # the fleet keeper brings machines for people waiting (GPUHUB_FLEET)
 
 
 @dataclass(frozen=True)
@@ -312,7 +313,7 @@ class GPUChoice:
         """Some GPU could ever hold the request: one of the swarm's, or one of a machine the
         fleet keeper will ask the cloud for (a new machine's GPUs are as big as any request,
         GPUHUB_SLICES_PER_SERVER being at most GPUHUB_SLICES_PER_GPU)."""
-        return self.broker.fleet_grows or line.can_ever_fit(gpus, request.slices)
+        return self.rules.fleet or line.can_ever_fit(gpus, request.slices)
 
     def _refusal_offer(
         self, gpus: list[inventory.GPU], request: broker.Request, refusal: str, options: dict

@@ -331,6 +331,17 @@ class GPUSwarmSpawnerTraits(SpawnerInternals):
         """,
     )
 
+    fleet = Bool(
+        False,
+        config=True,
+        help="""
+        The hub's fleet keeper asks the cloud for GPU machines while people wait
+        (``GPUHUB_FLEET=on``; fleet.py): a participant whom no GPU of the swarm could hold,
+        with no GPU machine connected at all say, may then wait in line for a machine that
+        comes, instead of being refused.
+        """,
+    )
+
     cpu_only_servers = Bool(
         True,
         config=True,

@@ -98,7 +98,6 @@ class Line:
     def __init__(self, slices: list[int | None] = ()):
         self.entries = [Entry(f"p{i}", Request(s)) for i, s in enumerate(slices)]
         self.fleet_note = ""
-        self.fleet_grows = False
 
     def waiting(self):
         return list(self.entries)
@@ -395,7 +394,6 @@ async def test_a_launch_the_cloud_failed_later_is_told_by_the_why_command(tmp_pa
     hub.line = Line([1])
     await hub.round()
     assert hub.line.fleet_note.startswith("A GPU machine is on its way (about 5 minutes)")
-    assert hub.line.fleet_grows  # whom no GPU of the swarm could hold may wait in line
     hub.now += 200
     await hub.round()
     assert hub.cloud.calls == [("grow", 1)]  # not late yet
