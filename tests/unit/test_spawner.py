@@ -480,3 +480,11 @@ def test_the_docker_client_is_made_once_when_the_pool_s_threads_ask_at_once(monk
     assert len(made) == 1, f"{len(made)} clients made"
     assert all(c is made[0] for c in clients)
     assert spawner.client is made[0]
+
+
+def test_the_gpu_choice_follows_the_spawners_line_settings_and_the_fleet():
+    """What the hub's config sets (GPUHUB_FLEET among them) is what the GPU choice follows: a
+    fleet with no machine lets its first participant wait for one (test_spawner_gpu.py)."""
+    rules = make_spawner(waiting_line="auto", line_max_wait=600, fleet=True).gpu_chooser().rules
+    assert (rules.waiting_line, rules.line_max_wait, rules.fleet) == ("auto", 600, True)
+    assert not make_spawner().gpu_chooser().rules.fleet  # off by default
