@@ -279,18 +279,7 @@ else:
             )
 
         fleet.install(
-            capacity.fleet_settings(
-                min_machines=cfg.fleet_min_machines,
-                max_machines=cfg.fleet_max_machines,
-                schedule=cfg.fleet_schedule,
-                timezone=cfg.fleet_timezone,
-                empty_for=cfg.fleet_empty_for,
-                margin=cfg.fleet_margin,
-                slices_per_machine=cfg.fleet_slices_per_machine,
-                slices_per_gpu=cfg.slices_per_gpu,
-                boot_and_join=cfg.fleet_boot_and_join,
-                join_within=cfg.fleet_join_within,
-            ),
+            capacity.fleet_settings_of(cfg),
             fleet_provider,
             DATA,
             DATA / "dashboard",

@@ -81,6 +81,24 @@ GROW, GIVE_UP, RESUME, DRAIN, REMOVE, NOTHING = (
 )
 
 
+def fleet_settings_of(cfg) -> Settings:
+    """``fleet_settings`` of the typed settings (``deploy.settings.Config``'s ``fleet_*``
+    attributes and ``slices_per_gpu``; any object that has them): the one place the hub's
+    config and the settings' tests build them."""
+    return fleet_settings(
+        min_machines=cfg.fleet_min_machines,
+        max_machines=cfg.fleet_max_machines,
+        schedule=cfg.fleet_schedule,
+        timezone=cfg.fleet_timezone,
+        empty_for=cfg.fleet_empty_for,
+        margin=cfg.fleet_margin,
+        slices_per_machine=cfg.fleet_slices_per_machine,
+        slices_per_gpu=cfg.slices_per_gpu,
+        boot_and_join=cfg.fleet_boot_and_join,
+        join_within=cfg.fleet_join_within,
+    )
+
+
 @dataclass(frozen=True)
 class Machine:
     """One GPU machine of the fleet, as the hub sees it this round."""

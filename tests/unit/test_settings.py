@@ -1598,18 +1598,7 @@ def test_the_fleets_settings_are_typed_and_make_what_the_hub_runs():
     assert cfg.fleet_env == {"GROUP": "gpu-workshop", "ZONE": "europe-west4-a"}
     assert read(environ={}, config="", machine=MACHINE).fleet_price_per_hour is None
     # the hub's builders, from cfg's attributes (jupyterhub_config.py, gpu_swarm_spawner.fleet)
-    settings = capacity.fleet_settings(
-        min_machines=cfg.fleet_min_machines,
-        max_machines=cfg.fleet_max_machines,
-        schedule=cfg.fleet_schedule,
-        timezone=cfg.fleet_timezone,
-        empty_for=cfg.fleet_empty_for,
-        margin=cfg.fleet_margin,
-        slices_per_machine=cfg.fleet_slices_per_machine,
-        slices_per_gpu=cfg.slices_per_gpu,
-        boot_and_join=cfg.fleet_boot_and_join,
-        join_within=cfg.fleet_join_within,
-    )
+    settings = capacity.fleet_settings_of(cfg)
     assert settings.schedule.describe() == "5 from 08:45, 1 from 17:00 (Europe/Berlin)"
     assert settings.slices_per_machine == cfg.slices_per_gpu == 3  # 0: none seen yet
     assert (settings.max_machines, settings.empty_for, settings.join_within) == (6, 900.0, 900.0)
