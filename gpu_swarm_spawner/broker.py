@@ -398,6 +398,13 @@ class GPUBroker:
         self._served = self._served[-200:]
         self._tell()
 
+    def tell_fleet_note(self, note: str) -> None:
+        """The fleet keeper's words for the line (``fleet_note``); when they change, everyone in
+        line hears them at once instead of at the line's next look."""
+        if note != self.fleet_note:
+            self.fleet_note = note
+            self._tell()
+
     def _tell(self) -> None:
         """Everyone in the line hears their place (the spawner drops repeats), and so does
         ``on_line_change`` when the line or its held GPU changed."""

@@ -675,7 +675,7 @@ class FleetKeeper:
         self.save()
         hub_broker = self.broker_of()
         if hub_broker is not None:
-            hub_broker.fleet_note = self.line_note(now)
+            hub_broker.tell_fleet_note(self.line_note(now))
         made = snapshot(
             now,
             self.state,

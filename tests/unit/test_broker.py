@@ -407,3 +407,19 @@ async def test_the_gpu_held_for_a_full_gpu_stays_held_while_another_empties_as_f
     placed = await line_broker.reserve("new", Request(1), swarm)
     assert placed.gpu.uuid == "GPU-a0"  # not the held GPU-a1, although a0 sorts first
     wait.cancel()
+
+
+async def test_the_fleets_words_reach_the_line_when_they_change_not_at_its_next_look(line_broker):
+    """The keeper's round says a GPU machine is on its way: everyone in line hears it at once
+    (the line's own looks may be seconds apart), and the same words again are not told twice."""
+    swarm = Swarm(FULL_GPU, running("x", "y", "z"))
+    told = Told()
+    wait = asyncio.ensure_future(line_broker.wait_in_line("a", Request(1), swarm, told.to("a")))
+    await until(lambda: line_broker.waiting())
+    line_broker.line_interval = 60  # the line looks only when told
+    heard = len(told.heard["a"])
+    line_broker.tell_fleet_note("A GPU machine is on its way (about 4 minutes).")
+    assert len(told.heard["a"]) == heard + 1
+    line_broker.tell_fleet_note("A GPU machine is on its way (about 4 minutes).")
+    assert len(told.heard["a"]) == heard + 1
+    wait.cancel()

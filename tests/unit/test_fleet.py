@@ -102,6 +102,9 @@ class Line:
     def waiting(self):
         return list(self.entries)
 
+    def tell_fleet_note(self, note):
+        self.fleet_note = note
+
     async def read_swarm(self, read):
         return await read()
 
