@@ -207,10 +207,16 @@ class Journal:
         path = self.folder / LINE_FILE
         text = line_snapshot(waiting, now)
         with self._lock:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(LINE_FILE + ".new")
-            partial.write_text(text, encoding="utf-8")
-            partial.replace(path)
+            write_whole(path, text)
+
+
+def write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` atomically: a reader (the dashboard) sees the old file or the
+    new one. The line's snapshot and the fleet's (fleet.py) are written so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".new")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)
 
 
 _JOURNALS: dict[str, Journal] = {}

@@ -174,14 +174,6 @@ def state_text(state: State) -> str:
     return json.dumps(asdict(state), ensure_ascii=False, indent=1)
 
 
-def write_whole(path: Path, text: str) -> None:
-    """``text`` into ``path`` atomically: a reader sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".new")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
-
-
 # ---- the snapshot -----------------------------------------------------------------------------
 
 
@@ -348,7 +340,7 @@ class FleetKeeper:
         return state
 
     def save(self) -> None:
-        write_whole(self.state_path, state_text(self.state))
+        events.write_whole(self.state_path, state_text(self.state))
 
     # ---- the engine ----
 
@@ -685,7 +677,7 @@ class FleetKeeper:
             self.busy,
             self.price_per_hour,
         )
-        write_whole(self.dashboard_dir / SNAPSHOT_FILE, json.dumps(made, ensure_ascii=False))
+        events.write_whole(self.dashboard_dir / SNAPSHOT_FILE, json.dumps(made, ensure_ascii=False))
 
     async def keep(self) -> None:
         """A round at once, then every ``every`` seconds (``periodic.keep``)."""
