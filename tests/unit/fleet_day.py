@@ -30,19 +30,27 @@ driven by ``capacity.decide`` every ``ROUND_S`` seconds, with a provider that bo
 in ``boot_s`` seconds and may say no, a machine that never joins, or a machine the cloud takes
 back. Whoever finds no slice waits in line, first come first served; each start is placed by
 the hub's own ``placement.choose`` under ``policy`` (``spread``, the hub's default, or
-``pack``), a returning participant first on the machine of their home volume while it has room
-(the hub's default, ``prefer_home_node``) unless ``shared_homes``. It returns what issue 41's
+``pack``). The fleet requires shared homes (GPUHUB_HOMES_DIR: a machine given back would take
+local home volumes with it), so with ``settings`` a returning participant is placed like
+anyone; without, as the hub without shared homes, first on the machine of their home volume
+while it has room (``prefer_home_node``) unless ``shared_homes``. It returns what issue 41's
 goals are measured on; ``packed_machine_hours`` the least any fleet could pay for the same
-servers if they could move. ``python -m tests.unit.fleet_day`` prints docs/autoscaling.md's
-figures.
+servers if they could move.
+
+A **fleet-aware culler** (``fleet_idle_stops``; ``replay``'s ``people`` and ``fleet_idle``) is
+a variant measured here, not a feature of the hub: idle servers stopped early where that lets a
+machine of the group be given back. ``with_break`` adds a break to the day, to measure what it
+costs people who come back from one (``AFTERNOON_BREAK``; not part of the day).
+``python -m tests.unit.fleet_day`` prints docs/autoscaling.md's figures.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpu_swarm_spawner import capacity, placement
 from gpu_swarm_spawner.capacity import Decision, Machine, Settings
@@ -83,20 +91,47 @@ INSTANT = Settings(min_machines=0, max_machines=FIXED, slices_per_machine=SLICES
 @dataclass(frozen=True)
 class Person:
     """One participant's day: active from ``arrive`` (to ``lunch``, None: works through it;
-    again from ``back``, None: does not come back) until ``leave``; seconds of the day."""
+    again from ``back``, None: does not come back) until ``leave``, away during each of
+    ``breaks`` (start, end) they are there for; seconds of the day."""
 
     who: str
     arrive: float
     leave: float
     lunch: float | None = None
     back: float | None = None
+    breaks: tuple[tuple[float, float], ...] = ()
 
     def active(self) -> list[tuple[float, float]]:
         """The stretches of time this person works."""
         if self.lunch is None:
-            return [(self.arrive, self.leave)]
-        stretches = [(self.arrive, self.lunch)]
-        return stretches + [(self.back, self.leave)] if self.back is not None else stretches
+            stretches = [(self.arrive, self.leave)]
+        else:
+            stretches = [(self.arrive, self.lunch)]
+            stretches += [(self.back, self.leave)] if self.back is not None else []
+        for away, again in self.breaks:
+            cut = []
+            for begin, stop in stretches:
+                if begin < away < stop:  # there when the break starts: away until its end
+                    cut += [(begin, away)] + ([(again, stop)] if again < stop else [])
+                else:
+                    cut.append((begin, stop))
+            stretches = cut
+        return stretches
+
+    def idle_since(self, now: float) -> float | None:
+        """When this person last stopped working, if they are not at work at ``now``; None while
+        they are (or before they first arrive)."""
+        last = None
+        for begin, stop in self.active():
+            if begin <= now < stop:
+                return None
+            if stop <= now:
+                last = stop
+        return last
+
+    def back_after(self, now: float) -> float | None:
+        """When this person next starts working after ``now``; None: they do not."""
+        return next((begin for begin, _ in self.active() if begin > now), None)
 
 
 @dataclass(frozen=True)
@@ -107,6 +142,7 @@ class Session:
     who: str
     start: float
     end: float
+    again: bool = False  # a new server: the fleet-aware culler stopped its participant's last
 
 
 def workshop_people(people: int = PEOPLE, seed: int = 41) -> list[Person]:
@@ -125,6 +161,12 @@ def workshop_people(people: int = PEOPLE, seed: int = 41) -> list[Person]:
         back = rng.uniform(13.5 * HOUR, 13.5 * HOUR + 20 * MINUTE) if kind >= 0.4 else None
         day.append(Person(f"p{i:02d}", arrive * HOUR, leave, lunch, back))
     return day
+
+
+def with_break(people: list[Person], start: float, end: float) -> list[Person]:
+    """``people`` with a break from ``start`` to ``end`` for everyone there then: a variant of
+    the day for the fleet-aware culler's cost (docs/autoscaling.md), not the day itself."""
+    return [replace(p, breaks=(*p.breaks, (start, end))) for p in people]
 
 
 def culled(idle_from: float, idle_timeout: float, cull_every: float = CULL_EVERY) -> float:
@@ -218,10 +260,49 @@ class Day:
     boxes: list[Box]
     restarted: int  # sessions started again after their machine was taken back
     usage: Usage  # machine-hours and slice-hours (cost.py)
+    # the servers the fleet-aware culler stopped (``fleet_idle``): (when, whose)
+    stopped_early: list[tuple[float, str]] = field(default_factory=list)
+    came_back: int = 0  # participants who came back to a server it had stopped
+    came_back_waits: list[float] = field(default_factory=list)  # their new servers' waits
 
     def p95_wait(self) -> float:
         waits = sorted(self.waits)
         return waits[min(math.ceil(0.95 * len(waits)) - 1, len(waits) - 1)] if waits else 0.0
+
+
+def fleet_idle_stops(
+    now: float,
+    boxes: list[Box],
+    waiting: int,
+    settings: Settings,
+    people: dict[str, Person],
+    idle_for: float,
+) -> list[Box]:
+    """The machines whose servers a **fleet-aware culler** stops at ``now``: a variant measured
+    in the replay (docs/autoscaling.md), not the hub's culler. It stops idle servers early only
+    where that lets a machine of the group be given back: a ready machine whose participants
+    (``people``, by name) have all been away for at least ``idle_for`` seconds, while nobody
+    waits, the machines that keep servers still hold the fleet's floor, and their free slices
+    still cover its margin (``capacity.decide`` drains on those terms). Machines already empty,
+    or being given back, count as gone."""
+    if waiting:
+        return []
+    going = ("draining", "ready")  # being given back, or empty (and so soon given back)
+    staying = [
+        b for b in boxes if b.state in capacity.COUNTED and (b.servers or b.state not in going)
+    ]
+    stops: list[Box] = []
+    for box in staying:
+        if box.state != "ready" or not box.servers:
+            continue
+        away = [people[who].idle_since(now) for who in box.servers]
+        if any(since is None or now - since < idle_for for since in away):
+            continue
+        others = [b for b in staying if b is not box and b not in stops]
+        free = sum(b.slices - len(b.servers) for b in others if b.state == "ready")
+        if len(others) >= capacity.floor(settings, now) and free >= settings.margin:
+            stops.append(box)
+    return stops
 
 
 def replay(
@@ -233,12 +314,35 @@ def replay(
     slices: int = SLICES,
     take_back: tuple[float, str] | None = None,
     policy: str = "spread",
-    shared_homes: bool = False,
+    shared_homes: bool | None = None,
+    people: list[Person] | None = None,
+    fleet_idle: float = 0.0,
 ) -> Day:
     """The day ``sessions`` against a fixed fleet of ``fixed`` machines, or (``settings``)
     against the capacity policy starting with ``start_machines`` ready; servers placed by the
     hub's ``placement.choose`` under ``policy``; ``take_back``: (time, machine) the cloud takes
-    back (spot), ending its servers, whose participants start again."""
+    back (spot), ending its servers, whose participants start again.
+
+    ``shared_homes``: None, as the hub: shared with the fleet on (it requires them,
+    GPUHUB_HOMES_DIR), else local, a returning participant placed first on their home's machine.
+
+    ``fleet_idle`` (seconds, with ``settings`` and ``people``, the participants whose servers
+    ``sessions`` are: ``servers_of(people, ...)``): the fleet-aware culler of
+    ``fleet_idle_stops`` at each of the culler's checks; whoever comes back to a server it
+    stopped joins the line for a new one, kept until the hub's culler would have ended the
+    old."""
+    if shared_homes is None:
+        shared_homes = settings is not None
+    elif settings is not None and not shared_homes:
+        raise ValueError(
+            "the hub's fleet requires shared homes (GPUHUB_HOMES_DIR): replay it with "
+            "shared_homes=True (or None)"
+        )
+    if fleet_idle and (settings is None or people is None):
+        raise ValueError("a fleet-aware culler (fleet_idle) needs the fleet's settings and people")
+    by_who = {p.who: p for p in people or []}
+    if fleet_idle and not {s.who for s in sessions} <= by_who.keys():
+        raise ValueError("every session's participant must be one of people")
     provider = provider or Provider()
     now = DAY_START
     boxes = [
@@ -255,8 +359,21 @@ def replay(
     told: list[tuple[float, str]] = []
     blocked_until, blocked_why = 0.0, ""
     never_joins = provider.never_joins
-    next_round = now
+    next_round = next_cull = now
     servers: list[Span] = []
+    running: dict[str, int] = {}  # who -> their server's span in ``servers``
+    stopped_early: list[tuple[float, str]] = []
+    came_back = 0
+    came_back_waits: list[float] = []
+
+    def end_servers(box: Box) -> list[tuple[str, float]]:
+        """Ends ``box``'s servers now; (who, when the session would have ended) each."""
+        ended = list(box.servers.items())
+        for who, _ in ended:
+            servers[running[who]] = replace(servers[running[who]], end=now)
+        box.servers.clear()
+        box.last_server = now
+        return ended
 
     def ask(count: int) -> None:
         nonlocal never_joins
@@ -280,12 +397,21 @@ def replay(
                     box.last_server = now
         if take_back and take_back[0] <= now:
             victim = next(b for b in boxes if b.name == take_back[1])
-            for who, end in victim.servers.items():
+            for who, end in end_servers(victim):
                 line.append((Session(who, now, end), now))
                 restarted += 1
-            victim.servers.clear()
             victim.state, victim.since, victim.gone_at = "gone", now, now
             take_back = None
+        if fleet_idle and now >= next_cull:
+            next_cull = now + CULL_EVERY
+            for box in fleet_idle_stops(now, boxes, len(line), settings, by_who, fleet_idle):
+                for who, end in end_servers(box):
+                    stopped_early.append((now, who))
+                    back = by_who[who].back_after(now)
+                    if back is not None and back < end:  # back before the culler would end it
+                        again = Session(who, back, end, again=True)
+                        bisect.insort(pending, again, key=lambda s: s.start)
+                        came_back += 1
         while pending and pending[0].start <= now:
             line.append((pending.pop(0), now))
         still = []
@@ -304,7 +430,10 @@ def replay(
             box.last_server = now
             homes[session.who] = box.name
             waits.append(now - joined)
+            running[session.who] = len(servers)
             servers.append(Span(now, session.end, 1))
+            if session.again:
+                came_back_waits.append(now - joined)
         line = still
 
         if settings is not None and now >= next_round:
@@ -333,8 +462,7 @@ def replay(
                 elif decision.action == capacity.GIVE_UP and box.state == "asked":
                     box.state, box.since = capacity.GIVEN_UP, now  # never seen: not named
                 elif decision.action in (capacity.REMOVE, capacity.GIVE_UP):
-                    ended_by_removal += len(box.servers)
-                    box.servers.clear()
+                    ended_by_removal += len(end_servers(box))
                     box.state, box.since, box.gone_at = "gone", now, now
         now += TICK_S
 
@@ -350,6 +478,9 @@ def replay(
         boxes,
         restarted,
         used,
+        stopped_early,
+        came_back,
+        came_back_waits,
     )
 
 
@@ -365,22 +496,37 @@ def packed_machine_hours(sessions: list[Session], slices: int = SLICES) -> float
     return hours
 
 
-def figures(sessions: list[Session], shared_homes: bool = False) -> dict[str, Day]:
-    """The day against the fixed fleet, the hub's fleet under each placement policy, and an
-    instant cloud under ``pack``."""
-    days = {"fixed": replay(sessions, fixed=FIXED)}
+def figures(sessions: list[Session]) -> dict[str, Day]:
+    """The day against the fixed fleet (the hub's default placement, ``spread``), the hub's
+    fleet under each placement policy, and an instant cloud under ``pack``; shared homes in
+    each (the fleet requires them), so that a returning participant is placed like anyone."""
+    days = {"fixed": replay(sessions, fixed=FIXED, shared_homes=True)}
     for policy in placement.POLICIES:
-        days[policy] = replay(
-            sessions, settings=ORGANIZER, start_machines=1, policy=policy, shared_homes=shared_homes
-        )
-    days["instant"] = replay(
-        sessions,
-        settings=INSTANT,
-        provider=Provider(boot_s=0),
-        policy="pack",
-        shared_homes=shared_homes,
-    )
+        days[policy] = replay(sessions, settings=ORGANIZER, start_machines=1, policy=policy)
+    days["instant"] = replay(sessions, settings=INSTANT, provider=Provider(boot_s=0), policy="pack")
     return days
+
+
+#: A 20-minute afternoon break, for the fleet-aware culler's cost: not part of the day.
+AFTERNOON_BREAK = (15 * HOUR, 15 * HOUR + 20 * MINUTE)
+#: The fleet-aware culler's idle times tried (``fleet_idle_stops``; docs/autoscaling.md).
+FLEET_IDLE = (10 * MINUTE, 15 * MINUTE, 20 * MINUTE, 30 * MINUTE)
+
+
+def fleet_idle_day(
+    idle_timeout: float, fleet_idle: float, policy: str, people: list[Person] | None = None
+) -> Day:
+    """The hub's fleet (``ORGANIZER``) on the day of ``people`` (the workshop's), the hub's
+    culler at ``idle_timeout``, with a fleet-aware culler at ``fleet_idle`` (0: none)."""
+    people = people or workshop_people()
+    return replay(
+        servers_of(people, idle_timeout),
+        settings=ORGANIZER,
+        start_machines=1,
+        policy=policy,
+        people=people,
+        fleet_idle=fleet_idle,
+    )
 
 
 def _table(sessions: list[Session]) -> str:
@@ -399,6 +545,32 @@ def _table(sessions: list[Session]) -> str:
     return "\n".join(rows)
 
 
+def _fleet_idle_table() -> str:
+    fixed = FIXED * (DAY_END - DAY_START) / HOUR
+    people = workshop_people()
+    with_coffee = with_break(people, *AFTERNOON_BREAK)
+    rows, came_back_waits = [], []
+    for timeout in (IDLE_TIMEOUT, LUNCH_CULLED):
+        for idle in (0.0, *FLEET_IDLE):
+            if idle >= timeout:
+                continue
+            for policy in ("pack", "spread"):
+                day = fleet_idle_day(timeout, idle, policy, people)
+                coffee = fleet_idle_day(timeout, idle, policy, with_coffee)
+                came_back_waits += day.came_back_waits + coffee.came_back_waits
+                after = f"{idle / MINUTE:.0f} min" if idle else "none"
+                rows.append(
+                    f"| {timeout / MINUTE:.0f} min | {after} | `{policy}` | "
+                    f"{day.machine_hours:.1f} | {day.machine_hours / fixed:.2f} | "
+                    f"{day.p95_wait():.0f} s | {len(day.stopped_early)} | {day.came_back} | "
+                    f"{coffee.machine_hours / fixed:.2f} | {len(coffee.stopped_early)} | "
+                    f"{coffee.came_back} |"
+                )
+    longest = max(came_back_waits, default=0.0)
+    rows.append(f"the longest wait of anyone who came back to a stopped server: {longest:.0f} s")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
     for timeout in (IDLE_TIMEOUT, LUNCH_CULLED):
         print(f"GPUHUB_IDLE_TIMEOUT={timeout:.0f}")
@@ -412,3 +584,11 @@ if __name__ == "__main__":
     at_work = [Session(p.who, a, b) for p in workshop_people() for a, b in p.active()]
     at_work_share = packed_machine_hours(at_work) / fixed
     print(f"only the slices of people at work, moved at will: {at_work_share:.2f}")
+    at_work_hours = sum(s.end - s.start for s in at_work) / HOUR
+    room_hours = PEOPLE * (DAY_END - DAY_START) / HOUR
+    print(
+        f"people at work: {at_work_hours:.0f} of {room_hours:.0f} slice-hours "
+        f"({at_work_hours / room_hours:.0%})"
+    )
+    print("the hub's fleet with a fleet-aware culler (a variant measured, not a feature)")
+    print(_fleet_idle_table())
