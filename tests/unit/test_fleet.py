@@ -478,7 +478,7 @@ async def test_the_snapshot_has_the_plans_schema(tmp_path):
     hub.engine.swarm_tasks = [server("gpu-1", 2)]
     hub.line = Line([1, 1])
     await hub.round()
-    hub.now += 600
+    hub.now += 400  # the machine asked for is not late yet (capacity.late_after)
     await hub.round()
     made = hub.snapshot()
     assert set(made) == {
@@ -486,7 +486,7 @@ async def test_the_snapshot_has_the_plans_schema(tmp_path):
         "decisions",
     }  # fmt: skip
     assert (made["at"], made["fleet"], made["min"], made["max"], made["floor"]) == (
-        NOW + 600, "on", 0, 4, 0,
+        NOW + 400, "on", 0, 4, 0,
     )  # fmt: skip
     assert made["group"] == 2  # gpu-1 and the machine asked for
     for machine in made["machines"]:
@@ -500,8 +500,8 @@ async def test_the_snapshot_has_the_plans_schema(tmp_path):
     assert set(made["provider"]) == {"busy", "last", "blocked_until"}
     assert set(made["provider"]["last"]) == {"action", "at", "ok", "kind", "told", "output"}
     cost = made["cost"]
-    # gpu-1 and the machine asked for, 10 minutes each
-    assert cost["machine_hours"] == pytest.approx(2 * 600 / 3600, abs=0.001)
+    # gpu-1 and the machine asked for, 400 s each
+    assert cost["machine_hours"] == pytest.approx(2 * 400 / 3600, abs=0.001)
     assert cost["slice_hours_used"] == pytest.approx(2 * fleet.GAP_S / 3600, abs=0.001)
     assert cost["estimated"] == pytest.approx(cost["machine_hours"] * 2.5, abs=0.01)
     assert cost["price_per_hour"] == 2.5
