@@ -283,6 +283,39 @@ async def test_a_machine_given_up_unseen_stays_in_the_groups_count_for_join_with
     assert (ended["name"], ended["start"], ended["end"]) == ("asked-1", NOW, NOW + 1802)
 
 
+async def test_a_machine_late_by_the_joins_seen_is_replaced_once_and_the_spare_given_back(
+    tmp_path,
+):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    hub.engine.swarm_tasks = [server("gpu-1", service=f"s{i}") for i in range(3)]  # full
+    hub.keeper.state.joins = [100.0, 120.0, 110.0]  # 110 s here; the setting says 300
+    hub.line = Line([1])
+    assert await hub.round() == [("grow", 2)]
+    hub.now += 160
+    assert await hub.round() == [("nothing", 0)]  # late after 1.5 x 110 s
+    hub.now += 10
+    assert await hub.round() == [("grow", 3)]
+    hub.now += 10
+    assert await hub.round() == [("nothing", 0)]  # asked-2 on its way covers the line
+    assert hub.cloud.calls == [("grow", 2), ("grow", 3)]
+    assert hub.snapshot()["group"] == 3
+    reason = hub.events()[-1].reason
+    assert reason.endswith(
+        "asked-1 is late: asked 170 s ago, a machine usually joins in 110 s; one more asked in "
+        "its place"
+    )
+    # asked-1 joins after all and the one waiting starts there; asked-2 joins and stays empty
+    hub.now += 60
+    hub.engine.node_list += [gpu_node("gpu-late"), gpu_node("gpu-spare")]
+    hub.engine.swarm_tasks += [server("gpu-late", service="s9")]
+    hub.line = Line()
+    assert await hub.round() == [("nothing", 0)]
+    assert hub.keeper.state.memory["gpu-late"].asked == NOW  # asked-1's place
+    hub.now += 601
+    assert await hub.round() == [("drain", "gpu-spare")]
+
+
 # ---- giving back ----------------------------------------------------------------------------
 
 
