@@ -386,6 +386,16 @@ class FleetKeeper:
         """Seconds from asking to a ready machine: the last joins', else the setting's."""
         return capacity.boot_and_join(self.state.joins, self.settings.boot_and_join)
 
+    def learnt(self) -> capacity.Settings:
+        """The settings as the joins and machines seen taught them: the expected boot-and-join
+        (the schedule is read that far ahead; a machine on its way is late after
+        ``capacity.late_after`` it) and, with ``learn_slices``, the slices a new machine brings."""
+        settings = replace(self.settings, boot_and_join=self.expected())
+        if self.learn_slices:
+            learnt = capacity.learnt_slices(self.state.memory, settings.slices_per_machine)
+            settings = replace(settings, slices_per_machine=learnt)
+        return settings
+
     async def round(self) -> list[Decision]:
         """One round: read, decide, carry out, write. Returns the decisions."""
         nodes, tasks = await self.read_swarm()
@@ -415,10 +425,7 @@ class FleetKeeper:
             state.joins = (state.joins + [seconds])[-JOINS_KEPT:]
             self.log.info("GPU machine %s joined %.0f s after it was asked for", name, seconds)
         await self._forget_removed(now, nodes)
-        settings = self.settings
-        if self.learn_slices:
-            learnt = capacity.learnt_slices(state.memory, settings.slices_per_machine)
-            settings = replace(settings, slices_per_machine=learnt)
+        settings = self.learnt()
         per_gpu = max(
             (n for node in nodes for n in gpu_kinds(node, self.kind_prefix).values()),
             default=settings.slices_per_machine,
@@ -672,7 +679,7 @@ class FleetKeeper:
             now,
             self.state,
             self.seen,
-            self.settings,
+            self.learnt(),  # the floor as the round reads it
             self.expected(),
             self.busy,
             self.price_per_hour,

@@ -184,13 +184,88 @@ def test_a_machine_that_never_joins_is_given_up_and_no_longer_counted():
         "asked-1 was asked for 17 min ago and has not joined (limit 15 min); it is no longer "
         "counted as on its way"
     )
-    within = [ready("gpu-0", free=0), Machine("asked-1", "booting", NOW, asked=NOW - 800)]
+    # within the limit it is still awaited, and while it is not late it covers the line
+    within = [ready("gpu-0", free=0), Machine("asked-1", "booting", NOW, asked=NOW - 400)]
     assert actions(decide(NOW, within, [1], SETTINGS)) == [(NOTHING, 0)]
 
 
 def test_a_machine_joined_by_hand_is_never_given_up():
     joining = Machine("by-hand", "joining", NOW - 5000)
     assert GIVE_UP not in [d.action for d in decide(NOW, [joining], [], SETTINGS)]
+
+
+def test_a_late_machine_no_longer_covers_the_line_and_one_more_is_asked_once():
+    late = Machine("asked-1", "asked", NOW - 7 * MINUTE, asked=NOW - 7 * MINUTE)
+    fleet = [ready("gpu-0", free=0), late]
+    [grow] = decide(NOW, fleet, [1], SETTINGS)  # usually 5 min: late after 7.5 min
+    assert actions([grow]) == [(NOTHING, 0)]
+    [grow] = decide(NOW + 40, fleet, [1], SETTINGS)
+    assert (grow.action, grow.target) == (GROW, 3)  # asked-1 still in the group: one more
+    assert grow.reason == (
+        "grow the group to 3 machines: 1 wait for 1 slice and the fleet keeps 0 slices free; "
+        "0 slices free now and 0 machine(s) on their way; asked-1 is late: asked 8 min ago, a "
+        "machine usually joins in 5 min; one more asked in its place"
+    )
+    # the next rounds count the new one on its way: not asked twice for the same gap...
+    fleet.append(Machine("asked-2", "asked", NOW + 40, asked=NOW + 40))
+    assert actions(decide(NOW + 50, fleet, [1], SETTINGS)) == [(NOTHING, 0)]
+    assert actions(decide(NOW + 50, fleet, [1] * 3, SETTINGS)) == [(NOTHING, 0)]
+    assert actions(decide(NOW + 50, fleet, [1] * 4, SETTINGS)) == [(GROW, 4)]  # more people
+    # ...nor when it is given up at the join limit: it was not counted for the line already
+    given_up = decide(NOW + 490, fleet, [1], SETTINGS)  # asked 15 min 10 s ago
+    assert actions(given_up) == [(GIVE_UP, "asked-1")]
+
+
+def test_a_machine_is_late_past_half_as_long_again_as_the_expected_boot_and_join():
+    assert capacity.late_after(300) == 450
+    fleet = [ready("gpu-0", free=0), Machine("asked-1", "booting", NOW, asked=NOW - 450)]
+    assert actions(decide(NOW, fleet, [1], SETTINGS)) == [(NOTHING, 0)]
+    assert actions(decide(NOW + 1, fleet, [1], SETTINGS)) == [(GROW, 3)]
+    # the expected boot-and-join is the settings' (the keeper's: learnt from the joins seen)
+    assert actions(decide(NOW + 1, fleet, [1], replace(SETTINGS, boot_and_join=301))) == [
+        (NOTHING, 0)
+    ]
+    [quick] = decide(NOW - 385, fleet, [1], replace(SETTINGS, boot_and_join=40))
+    assert "asked-1 is late: asked 65 s ago, a machine usually joins in 40 s" in quick.reason
+    # a machine joined by hand was never asked for: never late
+    by_hand = [ready("gpu-0", free=0), Machine("by-hand", "joining", NOW - 5000)]
+    assert actions(decide(NOW, by_hand, [1], SETTINGS)) == [(NOTHING, 0)]
+
+
+def test_a_late_machine_counts_in_the_groups_size_so_the_maximum_holds():
+    fleet = [ready("gpu-0", free=0), Machine("asked-1", "asked", NOW - 600, asked=NOW - 600)]
+    [held] = decide(NOW, fleet, [1], replace(SETTINGS, max_machines=2))
+    assert held.reason == (
+        "1 wait for 1 slice with 0 slices free, but the fleet is at its maximum (2 machines); "
+        "asked-1 is late: asked 10 min ago, a machine usually joins in 5 min"
+    )
+    assert held.action == NOTHING
+
+
+def test_a_late_machine_is_not_replaced_while_the_free_slices_or_the_others_cover_the_line():
+    late = Machine("asked-1", "asked", NOW - 600, asked=NOW - 600)
+    assert actions(decide(NOW, [ready("gpu-0", free=1), late], [1], SETTINGS)) == [(NOTHING, 0)]
+    other = Machine("asked-2", "asked", NOW - 60, asked=NOW - 60)
+    fleet = [ready("gpu-0", free=1), late, other]
+    assert actions(decide(NOW, fleet, [1] * 4, SETTINGS)) == [(NOTHING, 0)]
+    assert actions(decide(NOW, fleet, [1] * 5, SETTINGS)) == [(GROW, 4)]
+    # nobody waits: it still counts toward the margin, and nothing is asked in its place...
+    margin = replace(SETTINGS, margin=3)
+    assert actions(decide(NOW, [ready("gpu-0", free=0), late], [], margin)) == [(NOTHING, 0)]
+    # ...but while people wait it covers neither them nor the margin kept for the next ones
+    assert actions(decide(NOW, [ready("gpu-0", free=1), late], [1], margin)) == [(GROW, 3)]
+
+
+def test_a_late_machine_that_joins_after_all_is_one_of_the_group_and_the_spare_is_given_back():
+    # asked-1 was late, gpu-2 was asked in its place; asked-1 joined as gpu-1 and took the one
+    # waiting: the group's three machines, gpu-2 given back once empty for empty_for
+    fleet = [
+        ready("gpu-0", free=0, servers=3),
+        ready("gpu-1", free=2, servers=1, since=NOW, last_server=NOW),
+        ready("gpu-2", since=NOW),
+    ]
+    assert actions(decide(NOW + 599, fleet, [], SETTINGS)) == [(NOTHING, 0)]
+    assert actions(decide(NOW + 600, fleet, [], SETTINGS)) == [(DRAIN, "gpu-2")]
 
 
 # ---- the group's machines and the fixed ones ---------------------------------------------------
@@ -545,6 +620,51 @@ def test_a_machine_that_never_joins_is_given_up_within_its_bound_and_replaced():
     # in the group (and paid for) until the organizer removes it, when the hub stops counting it
     assert never.gone_at == pytest.approx(given_up[0] + DAY.join_within, abs=fleet_day.TICK_S)
     assert driven.unserved == 0
+
+
+@pytest.mark.parametrize(
+    ("culler", "counted", "replaced"), [("day", 540, 360), ("lunch_culled", 495, 285)]
+)
+def test_people_wait_less_behind_a_machine_that_never_joins_once_it_is_late(
+    culler, counted, replaced, request, monkeypatch
+):
+    """The machine that never joins is asked for at 08:49:30, for the margin before the 09:00
+    rush, and due at 08:54:30. Counted as on its way until it was given up at 15 minutes (the
+    rule before a machine could be late), the p95 wait was ``counted``; with one more asked
+    once it is late, from 08:57, ``replaced``."""
+    sessions, _ = request.getfixturevalue(culler)
+    stuck = replay(sessions, settings=DAY, provider=Provider(never_joins=1), start_machines=1)
+    never = next(b for b in stuck.boxes if b.ready_at == float("inf"))
+    assert never.asked == 8 * HOUR + 49.5 * MINUTE
+    when, grow = next((t, d) for t, d in stuck.decisions if f"{never.name} is late" in d.reason)
+    assert grow.action == GROW and when == 8 * HOUR + 57.5 * MINUTE  # the first round past 7.5 min
+    assert stuck.p95_wait() == replaced and stuck.unserved == 0
+    monkeypatch.setattr(capacity, "late_after", lambda expected: float("inf"))
+    before = replay(sessions, settings=DAY, provider=Provider(never_joins=1), start_machines=1)
+    assert before.p95_wait() == counted
+
+
+@pytest.mark.parametrize(
+    "culler",
+    [
+        pytest.param(
+            "day",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="with the culler at its default the p95 wait is 360 s, above the fixed "
+                "fleet's 0 s and one boot-and-join (300 s): those who came from 08:54:30, when "
+                "the machine was due, waited for it to be late (08:57) and for the one asked in "
+                "its place to boot, and the 09:00 rush brought more of them than 1 in 20. No "
+                "bound longer than the boot-and-join itself keeps them within it",
+            ),
+        ),
+        "lunch_culled",
+    ],
+)
+def test_issue_41s_wait_goal_with_a_machine_that_never_joins(culler, request):
+    sessions, days = request.getfixturevalue(culler)
+    stuck = replay(sessions, settings=DAY, provider=Provider(never_joins=1), start_machines=1)
+    assert stuck.p95_wait() <= days["fixed"].p95_wait() + DAY.boot_and_join
 
 
 def test_a_machine_taken_back_is_a_machine_gone_and_its_participants_start_again():

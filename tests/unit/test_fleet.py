@@ -283,6 +283,39 @@ async def test_a_machine_given_up_unseen_stays_in_the_groups_count_for_join_with
     assert (ended["name"], ended["start"], ended["end"]) == ("asked-1", NOW, NOW + 1802)
 
 
+async def test_a_machine_late_by_the_joins_seen_is_replaced_once_and_the_spare_given_back(
+    tmp_path,
+):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    hub.engine.swarm_tasks = [server("gpu-1", service=f"s{i}") for i in range(3)]  # full
+    hub.keeper.state.joins = [100.0, 120.0, 110.0]  # 110 s here; the setting says 300
+    hub.line = Line([1])
+    assert await hub.round() == [("grow", 2)]
+    hub.now += 160
+    assert await hub.round() == [("nothing", 0)]  # late after 1.5 x 110 s
+    hub.now += 10
+    assert await hub.round() == [("grow", 3)]
+    hub.now += 10
+    assert await hub.round() == [("nothing", 0)]  # asked-2 on its way covers the line
+    assert hub.cloud.calls == [("grow", 2), ("grow", 3)]
+    assert hub.snapshot()["group"] == 3
+    reason = hub.events()[-1].reason
+    assert reason.endswith(
+        "asked-1 is late: asked 170 s ago, a machine usually joins in 110 s; one more asked in "
+        "its place"
+    )
+    # asked-1 joins after all and the one waiting starts there; asked-2 joins and stays empty
+    hub.now += 60
+    hub.engine.node_list += [gpu_node("gpu-late"), gpu_node("gpu-spare")]
+    hub.engine.swarm_tasks += [server("gpu-late", service="s9")]
+    hub.line = Line()
+    assert await hub.round() == [("nothing", 0)]
+    assert hub.keeper.state.memory["gpu-late"].asked == NOW  # asked-1's place
+    hub.now += 601
+    assert await hub.round() == [("drain", "gpu-spare")]
+
+
 # ---- giving back ----------------------------------------------------------------------------
 
 
@@ -478,7 +511,7 @@ async def test_the_snapshot_has_the_plans_schema(tmp_path):
     hub.engine.swarm_tasks = [server("gpu-1", 2)]
     hub.line = Line([1, 1])
     await hub.round()
-    hub.now += 600
+    hub.now += 400  # the machine asked for is not late yet (capacity.late_after)
     await hub.round()
     made = hub.snapshot()
     assert set(made) == {
@@ -486,7 +519,7 @@ async def test_the_snapshot_has_the_plans_schema(tmp_path):
         "decisions",
     }  # fmt: skip
     assert (made["at"], made["fleet"], made["min"], made["max"], made["floor"]) == (
-        NOW + 600, "on", 0, 4, 0,
+        NOW + 400, "on", 0, 4, 0,
     )  # fmt: skip
     assert made["group"] == 2  # gpu-1 and the machine asked for
     for machine in made["machines"]:
@@ -500,8 +533,8 @@ async def test_the_snapshot_has_the_plans_schema(tmp_path):
     assert set(made["provider"]) == {"busy", "last", "blocked_until"}
     assert set(made["provider"]["last"]) == {"action", "at", "ok", "kind", "told", "output"}
     cost = made["cost"]
-    # gpu-1 and the machine asked for, 10 minutes each
-    assert cost["machine_hours"] == pytest.approx(2 * 600 / 3600, abs=0.001)
+    # gpu-1 and the machine asked for, 400 s each
+    assert cost["machine_hours"] == pytest.approx(2 * 400 / 3600, abs=0.001)
     assert cost["slice_hours_used"] == pytest.approx(2 * fleet.GAP_S / 3600, abs=0.001)
     assert cost["estimated"] == pytest.approx(cost["machine_hours"] * 2.5, abs=0.01)
     assert cost["price_per_hour"] == 2.5
