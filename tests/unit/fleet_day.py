@@ -84,8 +84,11 @@ ORGANIZER = Settings(
     boot_and_join=5 * MINUTE,
 )
 #: The best a fleet can do without moving servers: machines ready the moment they are asked
-#: for (``Provider(boot_s=0)``) and given back the moment they are empty.
-INSTANT = Settings(min_machines=0, max_machines=FIXED, slices_per_machine=SLICES, empty_for=0)
+#: for (``Provider(boot_s=0)``, a boot-and-join of 0: no margin kept for a rush) and given back
+#: the moment they are empty.
+INSTANT = Settings(
+    min_machines=0, max_machines=FIXED, slices_per_machine=SLICES, empty_for=0, boot_and_join=0
+)
 
 
 @dataclass(frozen=True)
@@ -439,8 +442,10 @@ def replay(
         if settings is not None and now >= next_round:
             next_round = now + ROUND_S
             views = [b.view() for b in boxes]
+            # as the hub's keeper counts them: each server's start, each join of those waiting
+            arrivals = [s.start for s in servers] + [joined for _, joined in line]
             for decision in capacity.decide(
-                now, views, [1] * len(line), settings, blocked_until, blocked_why
+                now, views, [1] * len(line), settings, blocked_until, blocked_why, arrivals
             ):
                 decisions.append((now, decision))
                 box = next((b for b in boxes if b.name == decision.machine), None)
