@@ -3,7 +3,8 @@
 With ``GPUHUB_FLEET=on`` the hub runs a round every ``EVERY_S`` seconds (``periodic.keep``):
 
 1. it reads the swarm's nodes and tasks (the broker's shared read, when a spawner made the
-   broker) and the waiting line (``broker.waiting()``);
+   broker) and the waiting line (``broker.waiting()``); the servers' starts and the line's
+   joins are when people came (``capacity.arrivals``), which the margin follows in a rush;
 2. ``capacity.observe`` makes them the fleet: every GPU machine of the swarm with what the hub
    remembers of it (those of the cloud's group by the mark their start-up script's join puts
    on them; the others are fixed, the organizer's: their slices count, nothing else), the
@@ -433,8 +434,12 @@ class FleetKeeper:
         # what each participant in line needs: a full GPU counts as that GPU's slices
         line = [(e.request.slices if e.request else None) or per_gpu for e in waiting]
         grow_blocked = state.blocked_until if state.blocked_action == "grow" else 0.0
+        # when people came, for the margin kept in a rush: the line's joins on the broker's clock
+        ago = time.monotonic()
+        joined = [now - (ago - e.joined) for e in waiting]
+        came = capacity.arrivals(tasks, joined, self.kind_prefix)
         decisions = capacity.decide(
-            now, seen.machines, line, settings, grow_blocked, state.blocked_why
+            now, seen.machines, line, settings, grow_blocked, state.blocked_why, came
         )
         for decision in decisions:
             try:

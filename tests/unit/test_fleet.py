@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -205,6 +208,32 @@ async def test_a_full_gpu_in_line_counts_as_that_gpus_slices(tmp_path):
     hub.engine.swarm_tasks = [server("gpu-1", slices=4)]
     hub.line = Line([None, 1])
     assert await hub.round() == [("grow", 3)]  # 5 slices: two machines of 4
+
+
+def created(seconds_ago: float) -> str:
+    """A task's ``CreatedAt`` as the Engine API writes it (nanoseconds, UTC), before NOW."""
+    when = datetime.fromtimestamp(NOW - seconds_ago, tz=timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"
+
+
+async def test_in_a_rush_the_servers_started_and_the_lines_joins_keep_slices_free(tmp_path):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    old, new = server("gpu-1", service="s0"), server("gpu-1", service="s1")
+    hub.engine.swarm_tasks = [old, new, task("id-gpu-1", {}, service_id="no-gpu")]
+    hub.line = Line([1])
+    old["CreatedAt"], new["CreatedAt"] = created(3600), created(301)
+    hub.engine.swarm_tasks[2]["CreatedAt"] = created(10)  # holds no slice: not counted
+    hub.line.entries = [replace(e, joined=time.monotonic() - 400) for e in hub.line.entries]
+    assert await hub.round() == [("nothing", 0)]  # 1 waits for gpu-1's 1 free slice
+    # one server started 2 min ago, one person joined the line 30 s ago: 2 came in 5 min
+    new["CreatedAt"] = created(120)
+    hub.line.entries = [replace(e, joined=time.monotonic() - 30) for e in hub.line.entries]
+    assert await hub.round() == [("grow", 2)]
+    assert (
+        "1 wait for 1 slice and 2 people came in the last 5 min, so 2 slices are kept free for "
+        "the next; 1 slice free now" in hub.events()[-1].reason
+    )
 
 
 async def test_a_fixed_machine_covers_the_line_but_is_not_in_the_count_the_cloud_is_given(
