@@ -832,7 +832,8 @@ SETTINGS: tuple[Setting, ...] = (
         starts there, then removed while still empty), and the free GPU slices always kept for the
         next arrivals (GPUHUB_FLEET_MARGIN: more machines are asked for below it, and one is given
         back only when the others still have it free; 0: the lowest cost, a newcomer beyond the free
-        slices waits a boot).
+        slices waits a boot). In a rush the hub keeps more: as many as people came over the last
+        boot-and-join, up to one machine's slices.
         """,
     ),
     Setting(
