@@ -61,18 +61,16 @@ Never is a machine with a server on it drained to removal or removed.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 
 from . import inventory
 from .contract import DOCKER_STACK_LABEL, FLEET_GROUP, FLEET_LABEL, KIND_PREFIXES
 from .line import about
 from .schedule import Schedule, read_schedule
-from .tasks import is_live
+from .tasks import is_live, swarm_time
 
 #: A machine asked for that never joined, given up: still in the cloud's group (rule 1).
 GIVEN_UP = "given up"
@@ -616,9 +614,9 @@ def arrivals(
     counted at their join while they wait, then at their server's start (no longer in line)."""
     came = list(joined)
     for t in tasks:
-        if is_server(t) and inventory.task_reservations(t, kind_prefix):
-            with contextlib.suppress(KeyError, TypeError, ValueError):  # none, or unreadable
-                came.append(datetime.fromisoformat(t["CreatedAt"]).timestamp())
+        created = swarm_time(t.get("CreatedAt"))
+        if created is not None and is_server(t) and inventory.task_reservations(t, kind_prefix):
+            came.append(created)
     return came
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 #: Task states on the way to running, and what the participant is told about each. A task in
 #: one of these states holds (or is about to hold) its reservation on its node.
@@ -118,6 +119,24 @@ def newest(tasks: list[dict]) -> dict | None:
 def is_running(task: dict) -> bool:
     """A task whose container runs (the server may be listening)."""
     return task.get("Status", {}).get("State") == "running"
+
+
+def swarm_time(stamp) -> float | None:
+    """Epoch seconds of a time as the Engine API writes it ("2026-11-28T09:05:12.123456789Z":
+    UTC, up to nine digits of a second, trailing zeros dropped); None when it is not one.
+    Read so on Python 3.9 too, whose ``fromisoformat`` takes neither the Z nor other than three
+    or six digits."""
+    if not isinstance(stamp, str):
+        return None
+    whole, dot, rest = stamp.replace("Z", "+00:00").partition(".")
+    if dot:
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        whole += "." + rest[: min(digits, 6)].ljust(6, "0") + rest[digits:]
+    try:
+        when = datetime.fromisoformat(whole)
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def is_live(task: dict) -> bool:

@@ -1,5 +1,8 @@
 """The one reader of Swarm's task dicts: what a task says about a starting or running server."""
 
+import re
+from datetime import datetime, timezone
+
 import pytest
 
 from gpu_swarm_spawner import tasks
@@ -101,3 +104,29 @@ def test_addresses_left_counts_live_tasks_on_the_network_and_what_swarm_keeps():
     assert tasks.addresses_left(["10.9.0.0/28"], full, "hubnet", 3) == 0
     # a network of two ranges; a range written with host bits (as `docker network` shows some)
     assert tasks.addresses_left(["10.9.0.0/28", "10.9.1.5/28"], full, "hubnet", 3) == 13
+
+
+class Py39Datetime(datetime):
+    """``datetime`` as Python 3.9 and 3.10 read ISO times: no Z, three or six digits of a
+    second, else ValueError (the project runs from 3.9: pyproject.toml)."""
+
+    @classmethod
+    def fromisoformat(cls, text):
+        fraction = re.search(r"\.(\d+)", text)
+        if text.endswith("Z") or (fraction and len(fraction.group(1)) not in (3, 6)):
+            raise ValueError(f"Invalid isoformat string: {text!r}")
+        return super().fromisoformat(text)
+
+
+@pytest.mark.parametrize("reader", [datetime, Py39Datetime])
+def test_swarm_times_read_with_nanoseconds_trimmed_zeros_or_none_on_every_python(
+    reader, monkeypatch
+):
+    monkeypatch.setattr(tasks, "datetime", reader)
+    at = datetime(2026, 11, 28, 9, 5, 12, tzinfo=timezone.utc).timestamp()
+    assert tasks.swarm_time("2026-11-28T09:05:12.123456789Z") == pytest.approx(at + 0.123456)
+    assert tasks.swarm_time("2026-11-28T09:05:12.1Z") == pytest.approx(at + 0.1)
+    assert tasks.swarm_time("2026-11-28T09:05:12Z") == at
+    assert tasks.swarm_time("2026-11-28T10:05:12.5+01:00") == pytest.approx(at + 0.5)
+    assert tasks.swarm_time("yesterday") is None
+    assert tasks.swarm_time(None) is None
