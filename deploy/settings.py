@@ -37,6 +37,7 @@ from typing import Callable, ClassVar
 
 from deploy import values as typed
 from gpu_swarm_spawner import provider_settings, roster
+from gpu_swarm_spawner.capacity import STOP_IDLE_LEAST_S
 from gpu_swarm_spawner.contract import (
     DISK_BUDGET_MAX_GB,
     DISK_SAFETY_RANGE,
@@ -336,6 +337,13 @@ def _fleet(settings) -> list[str]:
         errors.append(
             f"GPUHUB_FLEET_MIN_MACHINES is {low} but GPUHUB_FLEET_MAX_MACHINES is {high}; write "
             "a minimum no higher than the maximum"
+        )
+    idle = settings.get("GPUHUB_FLEET_STOP_IDLE_AFTER", "")
+    if idle.isdigit() and 0 < int(idle) < STOP_IDLE_LEAST_S:
+        errors.append(
+            f"GPUHUB_FLEET_STOP_IDLE_AFTER is {idle}, in seconds; write 0 (off), or at least "
+            f"{STOP_IDLE_LEAST_S}: longer than every break of the programme, e.g. 1200 for 20 "
+            "minutes (docs/autoscaling.md)"
         )
     zone = settings.get("GPUHUB_FLEET_TIMEZONE", "")
     if not _zones():

@@ -844,6 +844,25 @@ SETTINGS: tuple[Setting, ...] = (
         group=FLEET,
     ),
     Setting(
+        "GPUHUB_FLEET_STOP_IDLE_AFTER",
+        "0",
+        read="number",
+        low=0,
+        to=("hub",),
+        group=FLEET,
+        doc="""
+        Seconds after which the servers of a group machine are stopped when EVERY server on it has
+        been idle that long, nobody waits, and the machines that keep servers hold the floor and cover
+        GPUHUB_FLEET_MARGIN: the machine empties and is given back after GPUHUB_FLEET_EMPTY_FOR. Their
+        files are kept (shared homes); their kernels, and whatever they held in memory, are lost: the
+        participant's next visit shows the spawn page. Make it longer than every break of your
+        programme, and than 10 minutes (JupyterHub learns of a server's activity every 5 minutes);
+        900 to 1200 (15 to 20 min) saved 0.05 to 0.04 of a fixed fleet's machine-hours on the day
+        docs/autoscaling.md replays. 0: off (the default; idle servers end by GPUHUB_IDLE_TIMEOUT
+        alone); otherwise at least 60.
+        """,
+    ),
+    Setting(
         "GPUHUB_FLEET_SLICES_PER_MACHINE",
         "0",
         read="number",

@@ -1504,6 +1504,10 @@ FLEET_REFUSED = [
     ({"GPUHUB_FLEET_TIMEZONE": ""}, "GPUHUB_FLEET_TIMEZONE is ''"),
     ({"GPUHUB_FLEET_IMAGE": "Amazon/AWS-CLI"}, "GPUHUB_FLEET_IMAGE is 'Amazon/AWS-CLI'; write a"),
     ({"GPUHUB_FLEET_IMAGE": "amazon/aws-cli latest"}, "mcr.microsoft.com/azure-cli"),
+    (
+        {"GPUHUB_FLEET_STOP_IDLE_AFTER": "20"},
+        "GPUHUB_FLEET_STOP_IDLE_AFTER is 20, in seconds; write 0 (off), or at least 60",
+    ),
 ]
 
 
@@ -1531,6 +1535,7 @@ def test_the_fleet_on_with_its_defaults_and_commands_passes(base):
         GPUHUB_FLEET_IMAGE="gcr.io/google.com/cloudsdktool/google-cloud-cli:slim",
         GPUHUB_FLEET_MOUNTS="/root/.config/gcloud:/root/.config/gcloud:ro /srv/x:/x",
         GPUHUB_FLEET_ENV="GROUP=gpu-workshop ZONE=europe-west4-a",
+        GPUHUB_FLEET_STOP_IDLE_AFTER="60",
     )
     assert problems(good, mode="demo") == []
     for image in ("amazon/aws-cli", "mcr.microsoft.com/azure-cli:2.67.0", "localhost:5000/cli"):
@@ -1602,6 +1607,10 @@ def test_the_fleets_settings_are_typed_and_make_what_the_hub_runs():
     assert settings.schedule.describe() == "5 from 08:45, 1 from 17:00 (Europe/Berlin)"
     assert settings.slices_per_machine == cfg.slices_per_gpu == 3  # 0: none seen yet
     assert (settings.max_machines, settings.empty_for, settings.join_within) == (6, 900.0, 900.0)
+    assert settings.stop_idle_after == 0.0  # off by default
+    with_idle_stop = {**environ, "GPUHUB_FLEET_STOP_IDLE_AFTER": "1200"}
+    idle = read("demo", environ=with_idle_stop, config="", machine=MACHINE)
+    assert capacity.fleet_settings_of(idle).stop_idle_after == 1200.0
     commands = provider.Commands(
         cfg.fleet_grow_command,
         cfg.fleet_remove_command,
