@@ -20,9 +20,10 @@ With ``GPUHUB_FLEET=on`` the hub runs a round every ``EVERY_S`` seconds (``perio
    while the organizer is told to remove it in the cloud's console);
 4. with ``GPUHUB_FLEET_STOP_IDLE_AFTER`` set (``Settings.stop_idle_after``), the **idle
    stop**: the hub's servers (JupyterHub's, through ``internals.running_servers``, each with
-   its last activity as the idle culler reads it) are placed on their machines by the swarm's
-   tasks, ``capacity.idle_stop`` names at most one machine whose servers are all idle, and
-   each is stopped as JupyterHub's REST API stops it (``internals.stop_idle_server``, which
+   its last activity as the idle culler reads it, or the time its task began running when that
+   is later) are placed on their machines by the swarm's tasks, ``capacity.idle_stop`` names
+   at most one machine whose servers are all idle, and each is stopped as JupyterHub's REST
+   API stops it (``internals.stop_idle_server``, which
    checks again that it is still idle); the machine, emptied, is given back by rule 4 later.
    The stop is a decision like the others (the dashboard and ``make status``) and an event
    (``events.FLEET_STOP_IDLE``);
@@ -61,6 +62,7 @@ from .capacity import Asked, Decision, GivenUp, Machine, Memory
 from .contract import KIND_PREFIXES
 from .internals import HubServer
 from .inventory import gpu_kinds
+from .tasks import running_since
 
 #: Seconds between rounds.
 EVERY_S = 10.0
@@ -487,19 +489,27 @@ class FleetKeeper:
             and now - at <= max(settings.empty_for, 3 * self.every)
         }
         hostnames = {n.get("ID"): (n.get("Description") or {}).get("Hostname") for n in nodes}
-        where = {
-            t.get("ServiceID"): hostnames.get(t.get("NodeID")) or str(t.get("NodeID", ""))[:12]
+        where = {  # each server's service: its machine, and since when its task runs
+            t.get("ServiceID"): (
+                hostnames.get(t.get("NodeID")) or str(t.get("NodeID", ""))[:12],
+                running_since(t),
+            )
             for t in tasks
             if capacity.is_server(t)
         }
         by_name, servers = {}, []
         for s in self.hub_servers():
-            machine = where.get(s.service_id) if s.service_id else None
-            if machine is None:
+            if s.service_id not in where:
                 continue
+            machine, since = where[s.service_id]
+            # JupyterHub writes a start's activity when the start begins, a wait in line
+            # before it: a server is not idle before it runs
+            seen = s.last_activity
+            if seen is not None and since is not None:
+                seen = max(seen, since)
             name = f"{s.user}/{s.server}" if s.server else s.user
             by_name[name] = s
-            servers.append(capacity.Server(name, machine, s.last_activity))
+            servers.append(capacity.Server(name, machine, seen))
         decision = capacity.idle_stop(now, machines, servers, line, settings, self.emptied)
         if decision is None:
             return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 #: Task states on the way to running, and what the participant is told about each. A task in
 #: one of these states holds (or is about to hold) its reservation on its node.
@@ -118,6 +119,24 @@ def newest(tasks: list[dict]) -> dict | None:
 def is_running(task: dict) -> bool:
     """A task whose container runs (the server may be listening)."""
     return task.get("Status", {}).get("State") == "running"
+
+
+def running_since(task: dict) -> float | None:
+    """When (epoch seconds) ``task``'s container started running, as Swarm's status says (its
+    last change); None when it is not running or the time cannot be read."""
+    status = task.get("Status") or {}
+    if status.get("State") != "running" or not isinstance(status.get("Timestamp"), str):
+        return None
+    stamp = status["Timestamp"].replace("Z", "+00:00")  # read so before Python 3.11 too
+    whole, dot, rest = stamp.partition(".")  # nanoseconds: before 3.11 at most six digits
+    if dot:
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        stamp = f"{whole}.{rest[: min(digits, 6)]}{rest[digits:]}"
+    try:
+        when = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def is_live(task: dict) -> bool:

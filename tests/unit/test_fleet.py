@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 from dataclasses import replace
+from datetime import datetime, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -532,8 +533,14 @@ class Servers:
         self.reads = 0
         hub.engine.swarm_tasks = hub.engine.swarm_tasks or []
 
-    def place(self, machine: str, *users: str) -> None:
-        self.hub.engine.swarm_tasks += [server(machine, service=f"svc-{u}") for u in users]
+    def place(self, machine: str, *users: str, running_since: str = "") -> None:
+        """Their servers on ``machine``, their tasks running since ``running_since`` (Swarm's
+        timestamp; "": not said)."""
+        placed = [server(machine, service=f"svc-{u}") for u in users]
+        for t in placed:
+            if running_since:
+                t["Status"]["Timestamp"] = running_since
+        self.hub.engine.swarm_tasks += placed
 
     def running(self):
         self.reads += 1
@@ -614,6 +621,18 @@ async def test_never_a_server_in_use_nor_while_people_wait_nor_with_the_setting_
     servers.place("own-1", "al")
     await hub.round()
     assert servers.stops == []
+
+
+async def test_a_server_is_not_idle_before_it_runs_though_its_wait_in_line_was_long(tmp_path):
+    # JupyterHub wrote al's activity when the start began; al then waited in line 25 min
+    hub, servers = idle_hub(tmp_path, {"al": NOW - 1500}, nodes=["gpu-1"])
+    started = datetime.fromtimestamp(NOW - 60, tz=timezone.utc).isoformat()
+    servers.place("gpu-1", "al", running_since=started.replace("+00:00", ".000000001Z"))
+    assert await hub.round() == [("nothing", 0)]
+    hub.now += 1139
+    assert await hub.round() == [("nothing", 0)]
+    hub.now += 1  # 20 min after its task began running
+    assert await hub.round() == [("stop idle", "gpu-1")]
 
 
 async def test_a_server_active_again_before_its_stop_is_kept_and_said(tmp_path):

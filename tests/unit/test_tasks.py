@@ -101,3 +101,14 @@ def test_addresses_left_counts_live_tasks_on_the_network_and_what_swarm_keeps():
     assert tasks.addresses_left(["10.9.0.0/28"], full, "hubnet", 3) == 0
     # a network of two ranges; a range written with host bits (as `docker network` shows some)
     assert tasks.addresses_left(["10.9.0.0/28", "10.9.1.5/28"], full, "hubnet", 3) == 13
+
+
+def test_running_since_reads_swarms_nanosecond_timestamp_of_a_running_task_only():
+    def at(stamp, state="running"):
+        return tasks.running_since({"Status": {"State": state, "Timestamp": stamp}})
+
+    assert at("2026-11-28T12:00:00.123456789Z") == pytest.approx(1795867200.123456)
+    assert at("2026-11-28T12:00:00Z") == 1795867200.0
+    assert at("2026-11-28T13:00:00.5+01:00") == 1795867200.5
+    assert at("2026-11-28T12:00:00Z", state="starting") is None  # not running yet
+    assert at("yesterday") is None and tasks.running_since({}) is None
