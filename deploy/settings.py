@@ -37,7 +37,6 @@ from typing import Callable, ClassVar
 
 from deploy import values as typed
 from gpu_swarm_spawner import provider_settings, roster
-from gpu_swarm_spawner.capacity import STOP_IDLE_LEAST_S
 from gpu_swarm_spawner.contract import (
     DISK_BUDGET_MAX_GB,
     DISK_SAFETY_RANGE,
@@ -47,7 +46,7 @@ from gpu_swarm_spawner.contract import (
 )
 from gpu_swarm_spawner.egress import EgressError, read_egress
 from gpu_swarm_spawner.schedule import ScheduleError, read_schedule
-from gpu_swarm_spawner.settings_table import SETTINGS, Setting
+from gpu_swarm_spawner.settings_table import FLEET_STOP_IDLE_LEAST_S, SETTINGS, Setting
 from tutorial_sync import credentials
 from tutorial_sync.repos import ReposError, parse_repos, redact
 
@@ -339,11 +338,11 @@ def _fleet(settings) -> list[str]:
             "a minimum no higher than the maximum"
         )
     idle = settings.get("GPUHUB_FLEET_STOP_IDLE_AFTER", "")
-    if idle.isdigit() and 0 < int(idle) < STOP_IDLE_LEAST_S:
+    if idle.isdigit() and 0 < int(idle) < FLEET_STOP_IDLE_LEAST_S:
         errors.append(
             f"GPUHUB_FLEET_STOP_IDLE_AFTER is {idle}, in seconds; write 0 (off), or at least "
-            f"{STOP_IDLE_LEAST_S}: longer than every break of the programme, e.g. 1200 for 20 "
-            "minutes (docs/autoscaling.md)"
+            f"{FLEET_STOP_IDLE_LEAST_S}: longer than every break of the programme, e.g. 1200 "
+            "for 20 minutes (docs/autoscaling.md)"
         )
     zone = settings.get("GPUHUB_FLEET_TIMEZONE", "")
     if not _zones():

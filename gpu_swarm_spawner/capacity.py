@@ -89,9 +89,6 @@ GROW, GIVE_UP, RESUME, DRAIN, REMOVE, NOTHING = (
 )
 #: What ``idle_stop`` may say: stop these servers, so that their machine empties.
 STOP_IDLE = "stop idle"
-#: The least ``Settings.stop_idle_after`` but 0 (GPUHUB_FLEET_STOP_IDLE_AFTER): a smaller
-#: number was meant as minutes.
-STOP_IDLE_LEAST_S = 60
 
 
 def fleet_settings_of(cfg) -> Settings:

@@ -128,6 +128,9 @@ Not the organizer's: the deploy steps set these to what they find (a config file
 is refused), for the stack files and the hub's environment. The values here stand in until then.
 """
 
+#: The least GPUHUB_FLEET_STOP_IDLE_AFTER but 0 (off): a smaller number was meant as minutes.
+FLEET_STOP_IDLE_LEAST_S = 60
+
 #: The groups of settings after the first, and what settings.env says of each (the deploy's own
 #: group, last, is ``BY_DEPLOY_TITLE``).
 FLEET = "GPU machines that follow the day (GPUHUB_FLEET)"
@@ -850,7 +853,7 @@ SETTINGS: tuple[Setting, ...] = (
         low=0,
         to=("hub",),
         group=FLEET,
-        doc="""
+        doc=f"""
         Seconds after which the servers of a group machine are stopped when EVERY server on it has
         been idle that long, nobody waits, and the machines that keep servers hold the floor and cover
         GPUHUB_FLEET_MARGIN: the machine empties and is given back after GPUHUB_FLEET_EMPTY_FOR. Their
@@ -859,7 +862,7 @@ SETTINGS: tuple[Setting, ...] = (
         programme, and than 10 minutes (JupyterHub learns of a server's activity every 5 minutes);
         900 to 1200 (15 to 20 min) saved 0.05 to 0.04 of a fixed fleet's machine-hours on the day
         docs/autoscaling.md replays. 0: off (the default; idle servers end by GPUHUB_IDLE_TIMEOUT
-        alone); otherwise at least 60.
+        alone); otherwise at least {FLEET_STOP_IDLE_LEAST_S}.
         """,
     ),
     Setting(
