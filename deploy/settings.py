@@ -41,6 +41,7 @@ from gpu_swarm_spawner.contract import (
     DISK_BUDGET_MAX_GB,
     DISK_SAFETY_RANGE,
     GUARD_KEYS,
+    HOME_VOLUME,
     GuardSettings,
     guard_number,
 )
@@ -322,11 +323,11 @@ def _fleet(settings) -> list[str]:
     if not settings.get("GPUHUB_HOMES_DIR"):  # the default homes are on the GPU machines
         errors.append(
             "GPUHUB_FLEET is on but GPUHUB_HOMES_DIR is empty: each participant's home would "
-            "be the volume jy-home-<user> on the GPU machine that ran their server, and a "
-            "machine the hub gives back is destroyed by the cloud with every file on it; set "
-            "GPUHUB_HOMES_DIR to a folder on shared storage that the manager and every GPU "
-            "machine mount at the same path, e.g. /srv/gpuhub/homes (docs/homes.md: NFS, "
-            "served by the manager), or set GPUHUB_FLEET=off"
+            f"be the volume {HOME_VOLUME.format(username='<user>')} on the GPU machine that ran "
+            "their server, and a machine the hub gives back is destroyed by the cloud with "
+            "every file on it; set GPUHUB_HOMES_DIR to a folder on shared storage that the "
+            "manager and every GPU machine mount at the same path, e.g. /srv/gpuhub/homes "
+            "(docs/homes.md: NFS, served by the manager), or set GPUHUB_FLEET=off"
         )
     for which, said in provider_settings.command_problems(  # the time limit: told by _declared
         settings.get("GPUHUB_FLEET_GROW_COMMAND", ""),
