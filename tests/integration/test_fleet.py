@@ -165,7 +165,9 @@ def fleet(hub):
         os.environ.update(added)
         watched = WatchedBed()
         watched.prepare()  # the image file, so that no machine's boot waits for it
-        cloud = BedCloud(watched, bed_cloud.join_command(), boot_s=BOOT_S)
+        printed = bed_cloud.join_command()
+        assert f" --shared-folder {HOMES}=" in printed, printed  # each machine's join checks it
+        cloud = BedCloud(watched, printed, boot_s=BOOT_S)
         server = bed_cloud.serve(cloud, BED_HOST, CLOUD_PORT)
         deploy("stack")
         deployed = time.monotonic()
