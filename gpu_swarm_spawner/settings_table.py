@@ -665,7 +665,8 @@ SETTINGS: tuple[Setting, ...] = (
         machine, e.g. /srv/homes: each participant's home is its folder there (made by the hub, which
         mounts it too), so a participant whose machine is gone starts on another with every file.
         Empty: each home is the volume jy-home-<user> on the machine that ran the server (a returning
-        participant goes back there when it has room). docs/homes.md: how to set up the storage.
+        participant goes back there when it has room); GPUHUB_FLEET=on refuses that.
+        docs/homes.md: how to set up the storage.
         """,
     ),
     Setting(
@@ -783,7 +784,9 @@ SETTINGS: tuple[Setting, ...] = (
         doc="""
         on: the hub drives the cloud's group of GPU machines as below (the machines its start-up
         script joined); machines joined by hand are fixed: their free slices serve the line, the
-        hub never gives them back. off: the GPU machines are the ones you join by hand.
+        hub never gives them back. It needs GPUHUB_HOMES_DIR (homes on shared storage): a machine
+        given back is destroyed by the cloud, with the home volumes on its disk. off: the GPU
+        machines are the ones you join by hand.
         """,
     ),
     Setting(

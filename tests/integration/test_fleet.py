@@ -1,8 +1,9 @@
 """The hub's fleet on the bed (issue 41, docs/autoscaling.md): the stack deployed with
-GPUHUB_FLEET=on (minimum 0, maximum 2, a machine given back after EMPTY_FOR_S empty seconds)
-and the bed's cloud (bed_cloud.py) as its provider: its grow and remove commands are one-line
-clients that the hub runs in its own container (GPUHUB_FLEET_IMAGE empty), and its machines
-are fresh bed machines that join with the line `make join-command` prints, after a boot delay.
+GPUHUB_FLEET=on (minimum 0, maximum 2, a machine given back after EMPTY_FOR_S empty seconds),
+homes on the bed's shared storage as the fleet needs them (GPUHUB_HOMES_DIR), and the bed's
+cloud (bed_cloud.py) as its provider: its grow and remove commands are one-line clients that
+the hub runs in its own container (GPUHUB_FLEET_IMAGE empty), and its machines are fresh bed
+machines that join with the line `make join-command` prints, after a boot delay.
 
 A participant who finds no free slice joins the line and reads that a GPU machine is on its
 way; the cloud is asked once, for one machine, which joins, and their server starts on it.
@@ -43,6 +44,7 @@ from gpu_swarm_spawner.tasks import is_live
 from . import bed_cloud
 from .aftermath import token_of
 from .bed_cloud import Bed, BedCloud, recorded
+from .conftest import HOMES
 from .hub import BED_HOST, deploy
 from .spawners import inventory, remove_services, wait_slices_free
 from .test_line import progress
@@ -69,6 +71,8 @@ def fleet_settings(url: str) -> dict[str, str]:
         "GPUHUB_FLEET_JOIN_WITHIN": "600",
         "GPUHUB_FLEET_COMMAND_TIMEOUT": "60",
         **bed_cloud.commands(url),
+        # the fleet needs homes on shared storage (docs/homes.md), which fresh machines mount
+        "GPUHUB_HOMES_DIR": HOMES,
     }
 
 
@@ -156,12 +160,15 @@ def fleet(hub):
     cloud = server = None
     paused: list[str] = []
     try:
-        watched = WatchedBed()
-        watched.prepare()  # the image file, so that no machine's boot waits for it
-        cloud = BedCloud(watched, bed_cloud.join_command(), boot_s=BOOT_S)
-        server = bed_cloud.serve(cloud, BED_HOST, CLOUD_PORT)
+        # set before the join line is printed: it names the shared folders the join checks
         added = fleet_settings(f"http://{BED_HOST}:{CLOUD_PORT}")
         os.environ.update(added)
+        watched = WatchedBed()
+        watched.prepare()  # the image file, so that no machine's boot waits for it
+        printed = bed_cloud.join_command()
+        assert f" --shared-folder {HOMES}=" in printed, printed  # each machine's join checks it
+        cloud = BedCloud(watched, printed, boot_s=BOOT_S)
+        server = bed_cloud.serve(cloud, BED_HOST, CLOUD_PORT)
         deploy("stack")
         deployed = time.monotonic()
         for node in organizers:
