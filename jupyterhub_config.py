@@ -259,28 +259,9 @@ else:
     # organizer's commands; its state in the data folder, what it does on the dashboard
     # (fleet.py, docs/autoscaling.md)
     if cfg.fleet:
-
-        def fleet_provider():
-            import docker
-
-            commands = provider.Commands(
-                cfg.fleet_grow_command,
-                cfg.fleet_remove_command,
-                cfg.fleet_why_command,
-                timeout=cfg.fleet_command_timeout,
-            )
-            return provider.fleet_provider(
-                commands,
-                image=cfg.fleet_image,
-                env=cfg.fleet_env,
-                mounts=cfg.fleet_mounts,
-                client=docker.from_env() if cfg.fleet_image else None,
-                stack=cfg.stack,
-            )
-
         fleet.install(
             capacity.fleet_settings_of(cfg),
-            fleet_provider,
+            lambda: provider.fleet_provider_of(cfg),  # at the hub's start (its Docker client)
             DATA,
             DATA / "dashboard",
             learn_slices=not cfg.fleet_slices_per_machine,

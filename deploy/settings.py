@@ -41,12 +41,13 @@ from gpu_swarm_spawner.contract import (
     DISK_BUDGET_MAX_GB,
     DISK_SAFETY_RANGE,
     GUARD_KEYS,
+    HOME_VOLUME,
     GuardSettings,
     guard_number,
 )
 from gpu_swarm_spawner.egress import EgressError, read_egress
 from gpu_swarm_spawner.schedule import ScheduleError, read_schedule
-from gpu_swarm_spawner.settings_table import SETTINGS, Setting
+from gpu_swarm_spawner.settings_table import FLEET_STOP_IDLE_LEAST_S, SETTINGS, Setting
 from tutorial_sync import credentials
 from tutorial_sync.repos import ReposError, parse_repos, redact
 
@@ -310,7 +311,8 @@ _COMMAND_KEYS = {
 
 def _fleet(settings) -> list[str]:
     """The fleet's settings (docs/autoscaling.md): their types always (Config reads them), the
-    rest only with GPUHUB_FLEET=on (with off an organizer may leave them as they are). The
+    rest only with GPUHUB_FLEET=on (with off an organizer may leave them as they are), and
+    with on, homes on shared storage (machines given back take their disks with them). The
     checks are the hub's own readers (provider_settings: the commands, mounts, variables, image;
     schedule.read_schedule in its time zone)."""
     errors = []
@@ -318,6 +320,15 @@ def _fleet(settings) -> list[str]:
         errors += _typed(settings, key)[1]
     if settings.get("GPUHUB_FLEET") != "on":
         return errors
+    if not settings.get("GPUHUB_HOMES_DIR"):  # the default homes are on the GPU machines
+        errors.append(
+            "GPUHUB_FLEET is on but GPUHUB_HOMES_DIR is empty: each participant's home would "
+            f"be the volume {HOME_VOLUME.format(username='<user>')} on the GPU machine that ran "
+            "their server, and a machine the hub gives back is destroyed by the cloud with "
+            "every file on it; set GPUHUB_HOMES_DIR to a folder on shared storage that the "
+            "manager and every GPU machine mount at the same path, e.g. /srv/gpuhub/homes "
+            "(docs/homes.md: NFS, served by the manager), or set GPUHUB_FLEET=off"
+        )
     for which, said in provider_settings.command_problems(  # the time limit: told by _declared
         settings.get("GPUHUB_FLEET_GROW_COMMAND", ""),
         settings.get("GPUHUB_FLEET_REMOVE_COMMAND", ""),
@@ -336,6 +347,13 @@ def _fleet(settings) -> list[str]:
         errors.append(
             f"GPUHUB_FLEET_MIN_MACHINES is {low} but GPUHUB_FLEET_MAX_MACHINES is {high}; write "
             "a minimum no higher than the maximum"
+        )
+    idle = settings.get("GPUHUB_FLEET_STOP_IDLE_AFTER", "")
+    if idle.isdigit() and 0 < int(idle) < FLEET_STOP_IDLE_LEAST_S:
+        errors.append(
+            f"GPUHUB_FLEET_STOP_IDLE_AFTER is {idle}, in seconds; write 0 (off), or at least "
+            f"{FLEET_STOP_IDLE_LEAST_S}: longer than every break of the programme, e.g. 1200 "
+            "for 20 minutes (docs/autoscaling.md)"
         )
     zone = settings.get("GPUHUB_FLEET_TIMEZONE", "")
     if not _zones():

@@ -57,13 +57,21 @@ The rules of ``decide``, in order:
 5. A draining machine that is still empty is **removed** through the provider.
 
 Never is a machine with a server on it drained to removal or removed.
+
+**The idle stop** (``idle_stop``; ``Settings.stop_idle_after``, GPUHUB_FLEET_STOP_IDLE_AFTER,
+0: off) is a decision of its own, over the hub's servers as well as the machines: the servers
+of one ready group machine are **stopped** when every one of them has been idle for at least
+``stop_idle_after``, nobody waits, and the machines that keep servers hold the floor and cover
+the margin with their free slices (rule 4's terms, as if the machine were already empty). The
+machine then empties and rule 4 gives it back. One machine a round; never a fixed machine, a
+server in use, starting or stopping, nor a machine holding a task the hub does not know.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from . import inventory
@@ -89,6 +97,8 @@ GROW, GIVE_UP, RESUME, DRAIN, REMOVE, NOTHING = (
     "remove",
     "nothing",
 )
+#: What ``idle_stop`` may say: stop these servers, so that their machine empties.
+STOP_IDLE = "stop idle"
 
 
 def fleet_settings_of(cfg) -> Settings:
@@ -106,6 +116,7 @@ def fleet_settings_of(cfg) -> Settings:
         slices_per_gpu=cfg.slices_per_gpu,
         boot_and_join=cfg.fleet_boot_and_join,
         join_within=cfg.fleet_join_within,
+        stop_idle_after=cfg.fleet_stop_idle_after,
     )
 
 
@@ -145,6 +156,7 @@ class Settings:
     boot_and_join: float = 300.0  # expected seconds from asking to ready (the keeper: learnt)
     join_within: float = 900.0  # a machine not ready this long after it was asked is given up
     schedule: Schedule = field(default_factory=Schedule)
+    stop_idle_after: float = 0.0  # seconds every server of a machine was idle: stopped; 0: off
 
     def __post_init__(self):
         if not 0 <= self.min_machines <= self.max_machines:
@@ -170,6 +182,7 @@ def fleet_settings(
     slices_per_gpu: int,
     boot_and_join: float,
     join_within: float,
+    stop_idle_after: float = 0.0,
 ) -> Settings:
     """``Settings`` from the GPUHUB_FLEET_* settings' values (the hub's ``cfg.fleet_*``):
     the schedule read in its time zone (a ``ScheduleError`` naming GPUHUB_FLEET_SCHEDULE when
@@ -185,6 +198,7 @@ def fleet_settings(
         boot_and_join=float(boot_and_join),
         join_within=float(join_within),
         schedule=read_schedule(schedule, timezone, "GPUHUB_FLEET_SCHEDULE"),
+        stop_idle_after=float(stop_idle_after),
     )
 
 
@@ -192,10 +206,11 @@ def fleet_settings(
 class Decision:
     """One thing to do, and why, in the words the dashboard shows."""
 
-    action: str  # GROW, GIVE_UP, RESUME, DRAIN, REMOVE or NOTHING
+    action: str  # GROW, GIVE_UP, RESUME, DRAIN, REMOVE, STOP_IDLE or NOTHING
     reason: str
-    machine: str = ""  # GIVE_UP, RESUME, DRAIN, REMOVE: which one
+    machine: str = ""  # GIVE_UP, RESUME, DRAIN, REMOVE, STOP_IDLE: which one
     target: int = 0  # GROW: the group's new size (machines counted, new ones included)
+    servers: tuple[str, ...] = ()  # STOP_IDLE: the servers to stop (``Server.name``)
 
 
 def floor(settings: Settings, now: float) -> int:
@@ -506,6 +521,79 @@ def _steady(
     return (
         f"{len(counted) - fixed} machine(s) of the group{also}; none may go yet "
         f"(floor {floor(settings, now)})"
+    )
+
+
+# ---- the idle stop ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Server:
+    """A participant's server of the hub, as the idle stop sees it."""
+
+    name: str  # whose: "alice", or "alice/big" for a named server
+    machine: str  # the machine it runs on (``Machine.name``)
+    last_activity: float | None  # epoch seconds (JupyterHub's); None: starting or stopping
+
+
+def idle_stop(
+    now: float,
+    fleet: Sequence[Machine],
+    servers: Sequence[Server],
+    line: Sequence[int],
+    settings: Settings,
+    going: Collection[str] = (),
+) -> Decision | None:
+    """A STOP_IDLE decision: the servers of the one ready group machine to stop this round so
+    that it empties, and why; None when none may be stopped (``settings.stop_idle_after`` 0:
+    never). ``servers``: the hub's servers, each on its machine; ``line``: as ``decide``'s;
+    ``going``: machines whose servers were stopped already (counted as given back, never
+    chosen again). A machine qualifies when it is ready and of the group, every task on it is
+    one of ``servers`` (``Machine.servers`` of them) and each has been idle for at least
+    ``stop_idle_after``, nobody waits, and without it the group's machines that keep servers
+    (or are on their way) hold the floor and the free slices of the machines that stay (the
+    fixed ones' included) cover the margin: the terms on which rule 4 gives a machine back. An
+    empty machine counts as given back (rule 4 takes it). Of several, the one idle longest."""
+    after = settings.stop_idle_after
+    if after <= 0 or line:
+        return None
+    staying = [
+        m
+        for m in fleet
+        if m.state in COUNTED
+        and m.name not in going
+        and (m.servers or m.fixed or m.state not in ("ready", "draining"))
+    ]
+    lowest = floor(settings, now)
+    chosen: tuple[float, str] | None = None
+    for m in staying:
+        if m.fixed or m.state != "ready":
+            continue
+        on = [s for s in servers if s.machine == m.name]
+        if len(on) != m.servers or any(
+            s.last_activity is None or now - s.last_activity < after for s in on
+        ):
+            continue
+        others = [o for o in staying if o is not m]
+        if sum(not o.fixed for o in others) < lowest:
+            continue
+        if sum(o.free for o in others if o.state == "ready") < settings.margin:
+            continue
+        last = max(s.last_activity for s in on)
+        if chosen is None or (last, m.name) < chosen:
+            chosen = (last, m.name)
+    if chosen is None:
+        return None
+    last, name = chosen
+    on = sorted(s.name for s in servers if s.machine == name)
+    return Decision(
+        STOP_IDLE,
+        f"{name}'s {len(on)} server{'s' if len(on) != 1 else ''} idle for "
+        f"{(now - last) // 60:.0f}+ min (GPUHUB_FLEET_STOP_IDLE_AFTER: {_minutes(after)}) and "
+        "nobody waits; stopped so that the machine can be given back (files kept, kernels "
+        f"lost): {', '.join(on)}",
+        machine=name,
+        servers=tuple(on),
     )
 
 

@@ -8,12 +8,11 @@ Two files in one folder (``GPUSwarmSpawner.dashboard_dir``):
   stopped, or a participant joined or left the line, or the hub healed a divergence between its
   view, Swarm's and the proxy's (``healing.py``), or stopped a server for its machine's disk
   (``disk.py``), or the fleet keeper asked the cloud for a machine, paused, resumed, gave up or
-  removed one, or the cloud said no (``fleet.py``: ``FLEET_KINDS``, with no user; ``node`` the
-  machine, ``reason`` why, ``action`` the provider's kind of failure). ``read_events`` is the one
-  reader: it
-  skips lines it cannot use (a line cut short by a crash, an unknown kind from a newer
-  version) instead of failing the page. The file is rotated to ``events.jsonl.1`` past
-  ``MAX_BYTES``.
+  removed one, stopped a machine's idle servers, or the cloud said no (``fleet.py``:
+  ``FLEET_KINDS``, with no user; ``node`` the machine, ``reason`` why, ``action`` the
+  provider's kind of failure). ``read_events`` is the one reader: it skips lines it cannot
+  use (a line cut short by a crash, an unknown kind from a newer version) instead of failing
+  the page. The file is rotated to ``events.jsonl.1`` past ``MAX_BYTES``.
 - ``line.json``: the line now, rewritten whole (atomically) whenever it changes.
 
 ``Event``, ``encode``, ``read_events``, ``line_snapshot`` and ``read_line`` are pure; ``Journal``
@@ -33,7 +32,8 @@ from pathlib import Path
 #: ``node`` is the machine, ``reason`` what its participant was told.
 DISK_STOP = "disk stop"
 #: What the fleet keeper did (fleet.py): a grow asked, a machine paused, resumed, given up or
-#: removed, the cloud's refusal. No user: ``node`` is the machine, ``reason`` why.
+#: removed, the cloud's refusal, a machine's idle servers stopped (GPUHUB_FLEET_STOP_IDLE_AFTER).
+#: No user: ``node`` is the machine, ``reason`` why (the servers stopped, for an idle stop).
 FLEET_GROW, FLEET_DRAIN, FLEET_RESUME, FLEET_GIVE_UP, FLEET_REMOVE, FLEET_FAILED = (
     "fleet grow",
     "fleet drain",
@@ -42,8 +42,17 @@ FLEET_GROW, FLEET_DRAIN, FLEET_RESUME, FLEET_GIVE_UP, FLEET_REMOVE, FLEET_FAILED
     "fleet remove",
     "fleet failed",
 )
+FLEET_STOP_IDLE = "fleet stop idle"
 FLEET_KINDS = frozenset(
-    {FLEET_GROW, FLEET_DRAIN, FLEET_RESUME, FLEET_GIVE_UP, FLEET_REMOVE, FLEET_FAILED}
+    {
+        FLEET_GROW,
+        FLEET_DRAIN,
+        FLEET_RESUME,
+        FLEET_GIVE_UP,
+        FLEET_REMOVE,
+        FLEET_FAILED,
+        FLEET_STOP_IDLE,
+    }
 )
 #: The kinds of event, in the words the dashboard shows.
 KINDS = (

@@ -19,10 +19,19 @@ With ``GPUHUB_FLEET=on`` the hub runs a round every ``EVERY_S`` seconds (``perio
    machine that never joined (one in the swarm is removed like any other; one the swarm never
    saw stays counted in the group's size for ``join_within`` more, or until it joins late,
    while the organizer is told to remove it in the cloud's console);
-4. while a machine is overdue, the provider's ``why`` command is asked (at most every
+4. with ``GPUHUB_FLEET_STOP_IDLE_AFTER`` set (``Settings.stop_idle_after``), the **idle
+   stop**: the hub's servers (JupyterHub's, through ``internals.running_servers``, each with
+   its last activity as the idle culler reads it, or the time its task began running when that
+   is later) are placed on their machines by the swarm's tasks, ``capacity.idle_stop`` names
+   at most one machine whose servers are all idle, and each is stopped as JupyterHub's REST
+   API stops it (``internals.stop_idle_server``, which
+   checks again that it is still idle); the machine, emptied, is given back by rule 4 later.
+   The stop is a decision like the others (the dashboard and ``make status``) and an event
+   (``events.FLEET_STOP_IDLE``);
+5. while a machine is overdue, the provider's ``why`` command is asked (at most every
    ``WHY_EVERY_S``) what the cloud said, since AWS and Google Cloud accept a grow and fail
    to launch later;
-5. it writes its state (``STATE_FILE`` in the hub's data folder: what it asked for and when,
+6. it writes its state (``STATE_FILE`` in the hub's data folder: what it asked for and when,
    each machine's history, the provider's last outcome and back-off), the dashboard's snapshot
    (``SNAPSHOT_FILE`` in the dashboard folder), events for the dashboard (``events.FLEET_*``),
    and what the line reads beside their place (``broker.fleet_note``).
@@ -52,7 +61,9 @@ from zoneinfo import ZoneInfo
 from . import broker, capacity, cost, events, fleet_view, internals, periodic, provider
 from .capacity import Asked, Decision, GivenUp, Machine, Memory
 from .contract import KIND_PREFIXES
+from .internals import HubServer
 from .inventory import gpu_kinds
+from .tasks import running_since
 
 #: Seconds between rounds.
 EVERY_S = 10.0
@@ -278,7 +289,9 @@ class FleetKeeper:
     commands (``provider.Provider``); ``data_dir``: where ``STATE_FILE`` is kept;
     ``dashboard_dir``: the dashboard's folder (the snapshot and the events); ``client``: a
     ``docker.APIClient`` (made from the environment when None); ``broker_of``: the hub's
-    broker, None before a spawner made it."""
+    broker, None before a spawner made it; ``hub_servers`` and ``stop_server``: JupyterHub's
+    servers and their stop (``internals.running_servers``, ``internals.stop_idle_server``),
+    for the idle stop (``Settings.stop_idle_after``; none without them)."""
 
     def __init__(
         self,
@@ -295,6 +308,8 @@ class FleetKeeper:
         clock: Callable[[], float] = time.time,
         every: float = EVERY_S,
         kind_prefix=KIND_PREFIXES,
+        hub_servers: Callable[[], list[HubServer]] | None = None,
+        stop_server: Callable[[HubServer, float], Awaitable[bool]] | None = None,
     ):
         self.settings = settings
         self.provider = provider_
@@ -308,8 +323,11 @@ class FleetKeeper:
         self.clock = clock
         self.every = every
         self.kind_prefix = kind_prefix
+        self.hub_servers = hub_servers
+        self.stop_server = stop_server
         self.call_task: asyncio.Task | None = None
         self.seen: list[Machine] = []
+        self.emptied: dict[str, float] = {}  # machines whose idle servers it stopped: when
         self.state = self._load()
 
     # ---- the state file ----
@@ -446,10 +464,93 @@ class FleetKeeper:
                 await self._carry_out(decision, now, seen)
             except Exception:
                 self.log.exception("The fleet could not %s", decision.action)
+        try:
+            stop = await self._stop_idle(now, seen.machines, nodes, tasks, line, settings)
+        except Exception:
+            self.log.exception("The fleet could not stop idle servers")
+            stop = None
+        if stop is not None:
+            decisions = [d for d in decisions if d.action != capacity.NOTHING] + [stop]
         self._ask_why(now)
         self.seen = seen.machines
         self.publish(now)
         return decisions
+
+    async def _stop_idle(
+        self,
+        now: float,
+        machines: list[Machine],
+        nodes: list[dict],
+        tasks: list[dict],
+        line: list[int],
+        settings: capacity.Settings,
+    ) -> Decision | None:
+        """The idle stop (``capacity.idle_stop``) of this round, carried out: the decision with
+        the servers stopped, or None."""
+        if settings.stop_idle_after <= 0 or self.hub_servers is None or self.stop_server is None:
+            return None
+        # a machine emptied stays counted as given back until it holds no server (the tasks
+        # of the services just removed may still show), at most until it could have been
+        live = {m.name: m for m in machines}
+        self.emptied = {
+            name: at
+            for name, at in self.emptied.items()
+            if name in live
+            and live[name].servers
+            and live[name].state == "ready"
+            and now - at <= max(settings.empty_for, 3 * self.every)
+        }
+        hostnames = {n.get("ID"): (n.get("Description") or {}).get("Hostname") for n in nodes}
+        where = {  # each server's service: its machine, and since when its task runs
+            t.get("ServiceID"): (
+                hostnames.get(t.get("NodeID")) or str(t.get("NodeID", ""))[:12],
+                running_since(t),
+            )
+            for t in tasks
+            if capacity.is_server(t)
+        }
+        by_name, servers = {}, []
+        for s in self.hub_servers():
+            if s.service_id not in where:
+                continue
+            machine, since = where[s.service_id]
+            # JupyterHub writes a start's activity when the start begins, a wait in line
+            # before it: a server is not idle before it runs
+            seen = s.last_activity
+            if seen is not None and since is not None:
+                seen = max(seen, since)
+            name = f"{s.user}/{s.server}" if s.server else s.user
+            by_name[name] = s
+            servers.append(capacity.Server(name, machine, seen))
+        decision = capacity.idle_stop(now, machines, servers, line, settings, self.emptied)
+        if decision is None:
+            return None
+        idle_since = now - settings.stop_idle_after
+        done = await asyncio.gather(
+            *(self.stop_server(by_name[n], idle_since) for n in decision.servers),
+            return_exceptions=True,
+        )
+        stopped = []
+        for name, outcome in zip(decision.servers, done):
+            if isinstance(outcome, BaseException):
+                self.log.error("The fleet could not stop %s's idle server: %s", name, outcome)
+            elif outcome:
+                stopped.append(name)
+        if not stopped:
+            return None
+        reason = decision.reason
+        if len(stopped) < len(decision.servers):
+            kept = sorted(set(decision.servers) - set(stopped))
+            reason += f"; kept, active again or not stopped: {', '.join(kept)}"
+        decision = replace(decision, reason=reason, servers=tuple(stopped))
+        self.emptied[decision.machine] = now
+        m = self.state.memory.get(decision.machine)
+        if m is not None:
+            self.state.memory[decision.machine] = replace(m, reason=reason)
+        self._decided(now, decision)
+        self.record(now, events.FLEET_STOP_IDLE, decision.machine, reason)
+        self.log.info("Stopped idle servers on %s: %s", decision.machine, reason)
+        return decision
 
     def _ended(self, name: str, start: float, end: float, slices: int, fixed=False) -> None:
         ended = {"name": name, "start": start, "end": end, "slices": slices}
@@ -731,6 +832,8 @@ def install(
             log=hub.log,
             learn_slices=learn_slices,
             price_per_hour=price_per_hour,
+            hub_servers=lambda: internals.running_servers(hub),
+            stop_server=lambda s, since: internals.stop_idle_server(hub, s.user, s.server, since),
         )
         hub.gpuhub_fleet = keeper
         hub.gpuhub_fleet_task = asyncio.ensure_future(keeper.keep())

@@ -35,7 +35,9 @@ The reach-ins:
 - ``StartHandlerInternals``, the base of the gate's handlers, holding the two methods of
   JupyterHub's ``BaseHandler`` the gate replaces (``spawn_single_user``, ``find_user``), each
   handing over to a method of ours; and small readers of JupyterHub's objects
-  (``server_rows``, ``held_user``, ``oauthenticator_check_allowed``).
+  (``server_rows``, ``held_user``, ``oauthenticator_check_allowed``);
+- the hub's servers read with their last activity and stopped as JupyterHub stops them
+  (``running_servers``, ``stop_idle_server``: the fleet's idle stop, fleet.py).
 
 Each entry of ``RELIES_ON`` has a contract test of the same name (``contract_<name>``) that
 checks it against the installed library; a library that changes what it relies on fails there,
@@ -65,6 +67,12 @@ by name, before any hub runs it. Why there is no public way, per entry:
 - ``object name``: dockerspawner calls its default by the private name when the image changes,
   so the spawner's default must have that name. If dockerspawner renames it, service names are
   no longer fitted to Swarm's limit: ``contract_object_name``.
+- ``idle servers``: JupyterHub has no call that stops a server from inside the hub but its REST
+  API's handler (``BaseHandler.stop_single_user``, bound to a request); the fleet's idle stop
+  does what it does (the route removed, then ``User.stop``) and reads each server's last
+  activity from its row, as the idle culler reads it through the REST API. If the column or
+  the calls change, the idle stop fails with an AttributeError and stops nothing:
+  ``contract_idle_servers``.
 """
 
 from __future__ import annotations
@@ -72,6 +80,8 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import threading
+from dataclasses import dataclass
+from datetime import timezone
 from typing import Callable
 
 from dockerspawner import SwarmSpawner
@@ -147,6 +157,11 @@ RELIES_ON = {
     "jupyterhub.utils.new_token, makes every such cookie of the user invalid), and "
     "orm.User.api_tokens, every API and OAuth token of the user (their servers' and the "
     "tokens their browsers hold for their servers)",
+    "idle servers": "orm.Spawner.last_activity (naive UTC; the REST API's server model gives it "
+    "as last_activity, which jupyterhub-idle-culler reads), Spawner.active, Spawner.pending, "
+    "User.spawners and JupyterHub.users (held users); a server stopped as "
+    "BaseHandler.stop_single_user does: Proxy.delete_user(user, server_name), then "
+    "User.stop(server_name)",
 }
 
 #: the attribute a process-wide change carries: which change it is
@@ -557,3 +572,57 @@ def end_sessions(user) -> int:
         db.delete(token)
     db.commit()
     return len(tokens)
+
+
+# ---- the hub's servers, for the fleet's idle stop ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class HubServer:
+    """A server JupyterHub has, as the fleet's idle stop reads it."""
+
+    user: str
+    server: str  # "" for the default server
+    service_id: str  # its Swarm service (dockerspawner's object_id); "" before it exists
+    last_activity: float | None  # epoch seconds, JupyterHub's; None: starting or stopping
+
+
+def _epoch(when) -> float | None:
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)  # JupyterHub's columns are naive UTC
+    return when.timestamp()
+
+
+def running_servers(hub) -> list[HubServer]:
+    """Every server of the users JupyterHub holds that is running, starting or stopping, with
+    its last activity as jupyterhub-idle-culler reads it (the server's row's
+    ``last_activity``, the REST API's server model's); None while it starts or stops."""
+    found = []
+    for user in list(hub.users.values()):
+        for name, spawner in list(user.spawners.items()):
+            if not spawner.active:
+                continue
+            row = spawner.orm_spawner
+            last = None if spawner.pending else _epoch(getattr(row, "last_activity", None))
+            service = getattr(spawner, "object_id", "") or ""
+            found.append(HubServer(user.name, name or "", service, last))
+    return found
+
+
+async def stop_idle_server(hub, user_name: str, server_name: str, idle_since: float) -> bool:
+    """Stop ``user_name``'s ``server_name`` as JupyterHub's REST API does
+    (``BaseHandler.stop_single_user``: its route first, then ``User.stop``; the home is kept),
+    only if it is still running, neither starting nor stopping, and had no activity after
+    ``idle_since`` (epoch seconds). Returns whether it was stopped."""
+    user = next((u for u in list(hub.users.values()) if u.name == user_name), None)
+    spawner = dict.get(user.spawners, server_name) if user is not None else None
+    if spawner is None or not spawner.active or spawner.pending:
+        return False
+    last = _epoch(getattr(spawner.orm_spawner, "last_activity", None))
+    if last is None or last > idle_since:
+        return False
+    await hub.proxy.delete_user(user, server_name)
+    await user.stop(server_name)
+    return True

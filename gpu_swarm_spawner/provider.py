@@ -1,6 +1,7 @@
 """The provider: the organizer's commands that resize the cloud's group of GPU machines, run with
 a hard time limit, retried where that helps, and their failures read into what the organizer
-and the line are told. Not wired yet (docs/autoscaling.md); standard library only.
+and the line are told (docs/autoscaling.md). Standard library only, but for the Docker SDK's
+client that a fleet image needs, imported only then (``fleet_provider_of``).
 
 Every cloud keeps a group of identical machines and resizes it on request (AWS Auto Scaling
 groups, Google Cloud managed instance groups, Azure VM scale sets); the hub only says how many
@@ -19,7 +20,7 @@ an optional third (recipes for the three clouds' own tools in ``docs/providers/`
 hostname or instance id, so nothing in it reaches the shell as code).
 
 Where a command runs is the ``Runner``'s (``async runner(command, timeout, env) -> Ran``), chosen
-once from the settings (``fleet_provider``):
+once from the settings (``fleet_provider``; ``fleet_provider_of`` from the typed settings):
 
 - ``run``, without GPUHUB_FLEET_IMAGE: ``/bin/sh -c`` inside the hub's own container, in a
   process group of its own, with no input (a tool that prompts gets end-of-file instead of
@@ -426,3 +427,32 @@ def fleet_provider(
     labels = {STACK_LABEL: stack} if stack else {}
     runner = ContainerRunner(client, image, tuple(mounts), labels, executor)
     return Provider(commands, env=env, sleep=sleep, runner=runner)
+
+
+def fleet_provider_of(cfg, docker_client: Callable[[], object] | None = None) -> Provider:
+    """``fleet_provider`` as the typed settings say (``deploy.settings.Config``'s ``fleet_*``
+    attributes and ``stack``; any object that has them), as ``capacity.fleet_settings_of`` makes
+    the decision's settings: the one place the hub's config (at the hub's start) and the tests
+    build the provider. Only a fleet image needs the Docker client: ``docker_client()`` makes it
+    then (default: the Docker SDK's ``docker.from_env``, imported only then)."""
+    commands = Commands(
+        cfg.fleet_grow_command,
+        cfg.fleet_remove_command,
+        cfg.fleet_why_command,
+        timeout=cfg.fleet_command_timeout,
+    )
+    client = None
+    if cfg.fleet_image:
+        if docker_client is None:
+            import docker  # the hub's image has it; the commands' own runner needs none
+
+            docker_client = docker.from_env
+        client = docker_client()
+    return fleet_provider(
+        commands,
+        image=cfg.fleet_image,
+        env=cfg.fleet_env,
+        mounts=cfg.fleet_mounts,
+        client=client,
+        stack=cfg.stack,
+    )

@@ -128,6 +128,9 @@ Not the organizer's: the deploy steps set these to what they find (a config file
 is refused), for the stack files and the hub's environment. The values here stand in until then.
 """
 
+#: The least GPUHUB_FLEET_STOP_IDLE_AFTER but 0 (off): a smaller number was meant as minutes.
+FLEET_STOP_IDLE_LEAST_S = 60
+
 #: The groups of settings after the first, and what settings.env says of each (the deploy's own
 #: group, last, is ``BY_DEPLOY_TITLE``).
 FLEET = "GPU machines that follow the day (GPUHUB_FLEET)"
@@ -662,7 +665,8 @@ SETTINGS: tuple[Setting, ...] = (
         machine, e.g. /srv/homes: each participant's home is its folder there (made by the hub, which
         mounts it too), so a participant whose machine is gone starts on another with every file.
         Empty: each home is the volume jy-home-<user> on the machine that ran the server (a returning
-        participant goes back there when it has room). docs/homes.md: how to set up the storage.
+        participant goes back there when it has room); GPUHUB_FLEET=on refuses that.
+        docs/homes.md: how to set up the storage.
         """,
     ),
     Setting(
@@ -780,7 +784,9 @@ SETTINGS: tuple[Setting, ...] = (
         doc="""
         on: the hub drives the cloud's group of GPU machines as below (the machines its start-up
         script joined); machines joined by hand are fixed: their free slices serve the line, the
-        hub never gives them back. off: the GPU machines are the ones you join by hand.
+        hub never gives them back. It needs GPUHUB_HOMES_DIR (homes on shared storage): a machine
+        given back is destroyed by the cloud, with the home volumes on its disk. off: the GPU
+        machines are the ones you join by hand.
         """,
     ),
     Setting(
@@ -843,6 +849,25 @@ SETTINGS: tuple[Setting, ...] = (
         low=0,
         to=("hub",),
         group=FLEET,
+    ),
+    Setting(
+        "GPUHUB_FLEET_STOP_IDLE_AFTER",
+        "0",
+        read="number",
+        low=0,
+        to=("hub",),
+        group=FLEET,
+        doc=f"""
+        Seconds after which the servers of a group machine are stopped when EVERY server on it has
+        been idle that long, nobody waits, and the machines that keep servers hold the floor and cover
+        GPUHUB_FLEET_MARGIN: the machine empties and is given back after GPUHUB_FLEET_EMPTY_FOR. Their
+        files are kept (shared homes); their kernels, and whatever they held in memory, are lost: the
+        participant's next visit shows the spawn page. Make it longer than every break of your
+        programme, and than 10 minutes (JupyterHub learns of a server's activity every 5 minutes);
+        900 to 1200 (15 to 20 min) saved 0.05 to 0.04 of a fixed fleet's machine-hours on the day
+        docs/autoscaling.md replays. 0: off (the default; idle servers end by GPUHUB_IDLE_TIMEOUT
+        alone); otherwise at least {FLEET_STOP_IDLE_LEAST_S}.
+        """,
     ),
     Setting(
         "GPUHUB_FLEET_SLICES_PER_MACHINE",

@@ -139,6 +139,13 @@ def swarm_time(stamp) -> float | None:
     return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
+def running_since(task: dict) -> float | None:
+    """When (epoch seconds) ``task``'s container started running, as Swarm's status says (its
+    last change); None when it is not running or the time cannot be read."""
+    status = task.get("Status") or {}
+    return swarm_time(status.get("Timestamp")) if status.get("State") == "running" else None
+
+
 def is_live(task: dict) -> bool:
     """A task that Swarm still counts against its node's resources.
 

@@ -13,7 +13,8 @@ in it), reports activity while it works (``POST /users/NAME/activity``), and sto
 when it leaves or goes to lunch, after which the hub's idle culler ends its server
 (GPUHUB_IDLE_TIMEOUT: its default 90 minutes, as the replay's, compressed). A server ended
 under a working participant (its machine taken back) is asked for again. Servers are the stand-in
-(images/scale-server), so that three machines of 6 slices fit on the bed's 2 cores.
+(images/scale-server), so that three machines of 6 slices fit on the bed's 2 cores. Both runs
+keep participants' homes on the bed's shared storage (GPUHUB_HOMES_DIR), which the fleet needs.
 
 1. fixed: the group grown to the peak's machines before the day and left so all day.
 2. hub: GPUHUB_FLEET=on (minimum 1, maximum the fixed fleet's, margin 2, a machine given back
@@ -88,9 +89,11 @@ STACK = {
     "LINE_MAX_WAIT": "0",
     "CULL_EVERY": "5",
     "SIMULATE_IF_NO_GPU": "0",
-    # on the bed's shared storage, which every fresh machine mounts
+    # on the bed's shared storage, which every fresh machine mounts; the homes too, as the
+    # fleet needs them (docs/homes.md), in both runs alike
     "TUTORIALS_DIR": str(SHARED / "tutorials"),
     "DATASETS_DIR": str(SHARED / "datasets"),
+    "HOMES_DIR": str(SHARED / "homes"),
 }
 TICK_S = 0.5  # the participants' clock (real seconds)
 ACTIVITY_S = 5.0  # how often a working participant's activity is reported (real seconds)

@@ -1,8 +1,9 @@
 """The hub's fleet on the bed (issue 41, docs/autoscaling.md): the stack deployed with
-GPUHUB_FLEET=on (minimum 0, maximum 2, a machine given back after EMPTY_FOR_S empty seconds)
-and the bed's cloud (bed_cloud.py) as its provider: its grow and remove commands are one-line
-clients that the hub runs in its own container (GPUHUB_FLEET_IMAGE empty), and its machines
-are fresh bed machines that join with the line `make join-command` prints, after a boot delay.
+GPUHUB_FLEET=on (minimum 0, maximum 2, a machine given back after EMPTY_FOR_S empty seconds),
+homes on the bed's shared storage as the fleet needs them (GPUHUB_HOMES_DIR), and the bed's
+cloud (bed_cloud.py) as its provider: its grow and remove commands are one-line clients that
+the hub runs in its own container (GPUHUB_FLEET_IMAGE empty), and its machines are fresh bed
+machines that join with the line `make join-command` prints, after a boot delay.
 
 A participant who finds no free slice joins the line and reads that a GPU machine is on its
 way; the cloud is asked once, for one machine, which joins, and their server starts on it.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import docker
 import pytest
@@ -36,14 +38,15 @@ import requests
 
 from gpu_swarm_spawner.capacity import on_its_way_message
 from gpu_swarm_spawner.contract import USER_LABEL
-from gpu_swarm_spawner.events import read_events
-from gpu_swarm_spawner.provider import QUOTA, last_line
-from gpu_swarm_spawner.tasks import is_live
+from gpu_swarm_spawner.events import FLEET_STOP_IDLE, read_events
+from gpu_swarm_spawner.provider import QUOTA, backoff, last_line
+from gpu_swarm_spawner.tasks import is_live, running_since
 
 from . import bed_cloud
 from .aftermath import token_of
 from .bed_cloud import Bed, BedCloud, recorded
-from .hub import BED_HOST, deploy
+from .conftest import HOMES
+from .hub import BED_HOST, container_of, deploy
 from .spawners import inventory, remove_services, wait_slices_free
 from .test_line import progress
 
@@ -54,6 +57,8 @@ BOOT_S = 10  # the cloud's boot delay, before bed.sh fresh (which takes its own 
 EMPTY_FOR_S = 40
 ROUND_S = 10  # the fleet's round (docs/autoscaling.md)
 PARTICIPANT, LATER = "ci-fleet-p", "ci-fleet-q"
+#: the idle stop's time (GPUHUB_FLEET_STOP_IDLE_AFTER): the least `make up` takes
+IDLE_S = 60
 #: the text people in line read while a machine is on its way (capacity.py), up to "(about"
 ON_ITS_WAY = on_its_way_message(60).split(" (")[0]
 
@@ -68,7 +73,10 @@ def fleet_settings(url: str) -> dict[str, str]:
         "GPUHUB_FLEET_BOOT_AND_JOIN": "120",
         "GPUHUB_FLEET_JOIN_WITHIN": "600",
         "GPUHUB_FLEET_COMMAND_TIMEOUT": "60",
+        "GPUHUB_FLEET_STOP_IDLE_AFTER": str(IDLE_S),
         **bed_cloud.commands(url),
+        # the fleet needs homes on shared storage (docs/homes.md), which fresh machines mount
+        "GPUHUB_HOMES_DIR": HOMES,
     }
 
 
@@ -156,12 +164,15 @@ def fleet(hub):
     cloud = server = None
     paused: list[str] = []
     try:
-        watched = WatchedBed()
-        watched.prepare()  # the image file, so that no machine's boot waits for it
-        cloud = BedCloud(watched, bed_cloud.join_command(), boot_s=BOOT_S)
-        server = bed_cloud.serve(cloud, BED_HOST, CLOUD_PORT)
+        # set before the join line is printed: it names the shared folders the join checks
         added = fleet_settings(f"http://{BED_HOST}:{CLOUD_PORT}")
         os.environ.update(added)
+        watched = WatchedBed()
+        watched.prepare()  # the image file, so that no machine's boot waits for it
+        printed = bed_cloud.join_command()
+        assert f" --shared-folder {HOMES}=" in printed, printed  # each machine's join checks it
+        cloud = BedCloud(watched, printed, boot_s=BOOT_S)
+        server = bed_cloud.serve(cloud, BED_HOST, CLOUD_PORT)
         deploy("stack")
         deployed = time.monotonic()
         for node in organizers:
@@ -315,3 +326,49 @@ def test_a_refused_grow_is_on_the_dashboard_within_a_round_and_the_line_is_told(
         seen=lambda: progress(hub, LATER),
     )
     assert cloud.size == 0 and len(cloud.instances) == 1, cloud.listing()
+
+
+def test_idle_servers_are_stopped_so_that_their_machine_is_given_back_files_kept(hub, fleet):
+    """GPUHUB_FLEET_STOP_IDLE_AFTER (IDLE_S): LATER, still in line after the refusal, is served
+    on the machine the hub asks for once the quota's back-off ends (a second fresh machine).
+    They write a file and do nothing more: IDLE_S after their server began running it is
+    stopped (a 'fleet stop idle' naming them), the machine is given back after EMPTY_FOR_S,
+    paused first with no server on it, and the file is in their shared home."""
+    cloud = fleet.cloud
+    waited = hub.wait_ready(LATER, timeout=backoff(QUOTA, 1) + 300)
+    machine = user_state(hub, LATER).get("gpu_node")
+    assert machine in cloud.instances and machine != fleet.machine, (machine, cloud.listing())
+    service = "jy-ci-2dfleet-2dq"  # LATER's, escaped as dockerspawner does
+    (task,) = [
+        t
+        for t in docker.from_env().services.get(service).tasks()
+        if t["Status"]["State"] == "running"
+    ]
+    began = running_since(task)
+    print(f"{LATER} served on {machine} after {waited:.0f} s in line")
+    wrote = container_of(service).exec_run(
+        ["sh", "-c", "echo kept > ~/idle-notes.txt"], user="jovyan"
+    )
+    assert wrote.exit_code == 0, wrote.output
+    (stop,) = wait_for(
+        f"{LATER}'s idle server stopped",
+        lambda: [e for e in hub_events(hub) if e.kind == FLEET_STOP_IDLE and e.node == machine],
+        IDLE_S + 3 * ROUND_S + 30,
+        seen=lambda: (hub.server(LATER), [(e.kind, e.node) for e in hub_events(hub)][-5:]),
+    )
+    print(f"stopped {stop.time - began:.1f} s after it began running: {stop.reason}")
+    assert stop.time - began >= IDLE_S, "stopped before it was idle for IDLE_S"
+    assert stop.reason.endswith(f"(files kept, kernels lost): {LATER}"), stop.reason
+    assert hub.server(LATER) is None  # their next visit: the spawn page
+    removal = wait_for(
+        f"{machine} removed through the cloud",
+        lambda: [r for r in cloud.asked("remove") if r.args == [machine]],
+        EMPTY_FOR_S + 4 * ROUND_S + 30,
+        seen=lambda: (cloud.listing(), [(r.op, r.args, r.status) for r in cloud.requests]),
+    )
+    assert removal[0].at - stop.time >= EMPTY_FOR_S - 1, "given back before its empty time"
+    wait_for(f"{machine} destroyed", lambda: machine in fleet.bed.seen, 60)
+    assert fleet.bed.seen[machine] == ("pause", 0), fleet.bed.seen
+    print(f"{machine} given back {removal[0].at - stop.time:.1f} s after the stop")
+    kept = Path(HOMES) / "ci-2dfleet-2dq" / "idle-notes.txt"
+    assert kept.read_text() == "kept\n"

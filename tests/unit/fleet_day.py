@@ -37,10 +37,11 @@ while it has room (``prefer_home_node``) unless ``shared_homes``. It returns wha
 goals are measured on; ``packed_machine_hours`` the least any fleet could pay for the same
 servers if they could move.
 
-A **fleet-aware culler** (``fleet_idle_stops``; ``replay``'s ``people`` and ``fleet_idle``) is
-a variant measured here, not a feature of the hub: idle servers stopped early where that lets a
-machine of the group be given back. ``with_break`` adds a break to the day, to measure what it
-costs people who come back from one (``AFTERNOON_BREAK``; not part of the day).
+The hub's **idle stop** (``GPUHUB_FLEET_STOP_IDLE_AFTER``, ``capacity.idle_stop``) is replayed
+by ``fleet_idle_stops`` (``replay``'s ``people`` and ``fleet_idle``): idle servers stopped early
+where that lets a machine of the group be given back. ``with_break`` adds a break to the day,
+to measure what it costs people who come back from one (``AFTERNOON_BREAK``; not part of the
+day).
 ``python -m tests.unit.fleet_day`` prints docs/autoscaling.md's figures.
 """
 
@@ -595,5 +596,5 @@ if __name__ == "__main__":
         f"people at work: {at_work_hours:.0f} of {room_hours:.0f} slice-hours "
         f"({at_work_hours / room_hours:.0%})"
     )
-    print("the hub's fleet with a fleet-aware culler (a variant measured, not a feature)")
+    print("the hub's fleet with the idle stop (GPUHUB_FLEET_STOP_IDLE_AFTER)")
     print(_fleet_idle_table())

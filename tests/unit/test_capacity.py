@@ -439,6 +439,93 @@ def test_an_unknown_state_or_impossible_settings_are_refused():
         Settings(slices_per_machine=0)
 
 
+# ---- the idle stop ---------------------------------------------------------------------------
+
+IDLE = replace(SETTINGS, stop_idle_after=1200)
+
+
+def idle(machine: str, *who: str, for_s: float = 1500) -> list[capacity.Server]:
+    """Servers of ``who`` on ``machine``, idle for ``for_s`` seconds."""
+    return [capacity.Server(w, machine, NOW - for_s) for w in who]
+
+
+def stops(fleet, servers, line=(), settings=IDLE, going=()):
+    found = capacity.idle_stop(NOW, fleet, servers, line, settings, going)
+    return None if found is None else (found.machine, found.servers)
+
+
+def test_a_machine_whose_servers_are_all_idle_is_emptied_so_that_it_can_be_given_back():
+    fleet = [ready("gpu-1", free=1, servers=2), ready("gpu-2", free=2, servers=1)]
+    servers = idle("gpu-1", "bo", "al") + idle("gpu-2", "cy", for_s=60)
+    found = capacity.idle_stop(NOW, fleet, servers, [], IDLE)
+    assert (found.action, found.machine, found.servers) == ("stop idle", "gpu-1", ("al", "bo"))
+    assert found.reason.startswith(
+        "gpu-1's 2 servers idle for 25+ min (GPUHUB_FLEET_STOP_IDLE_AFTER: 20 min) and nobody "
+        "waits; stopped so that the machine can be given back (files kept, kernels lost)"
+    )
+
+
+def test_it_is_off_at_0_the_default():
+    fleet = [ready("gpu-1", free=1, servers=2), ready("gpu-2")]
+    servers = idle("gpu-1", "al", "bo", for_s=24 * 3600)
+    assert Settings().stop_idle_after == 0
+    assert stops(fleet, servers, settings=SETTINGS) is None
+    assert stops(fleet, servers) == ("gpu-1", ("al", "bo"))
+
+
+def test_never_a_machine_with_one_server_in_use_starting_or_unknown_to_the_hub():
+    fleet = [ready("gpu-1", free=1, servers=2), ready("gpu-2")]
+    assert stops(fleet, idle("gpu-1", "al") + idle("gpu-1", "bo", for_s=1199)) is None  # in use
+    starting = [capacity.Server("bo", "gpu-1", None)]
+    assert stops(fleet, idle("gpu-1", "al") + starting) is None
+    assert stops(fleet, idle("gpu-1", "al")) is None  # a task on it the hub does not know
+    assert stops(fleet, idle("gpu-1", "al", "bo", for_s=1200)) == ("gpu-1", ("al", "bo"))
+
+
+def test_never_a_fixed_machine_nor_one_not_ready():
+    own = replace(ready("own-1", free=1, servers=2), fixed=True)
+    assert stops([own, ready("gpu-2")], idle("own-1", "al", "bo")) is None
+    paused = Machine("gpu-1", "draining", NOW - 30, servers=2, free=1, slices=3)
+    assert stops([paused, ready("gpu-2")], idle("gpu-1", "al", "bo")) is None
+
+
+def test_not_while_anyone_waits():
+    fleet = [ready("gpu-1", free=1, servers=2), ready("gpu-2")]
+    assert stops(fleet, idle("gpu-1", "al", "bo"), line=[1]) is None
+
+
+def test_not_below_the_floor_counting_only_the_group_machines_that_keep_servers():
+    fleet = [ready("gpu-1", free=1, servers=2), ready("gpu-2", free=2, servers=1)]
+    servers = idle("gpu-1", "al", "bo") + idle("gpu-2", "cy", for_s=60)
+    assert stops(fleet, servers, settings=replace(IDLE, min_machines=2)) is None
+    assert stops(fleet, servers, settings=replace(IDLE, min_machines=1)) == ("gpu-1", ("al", "bo"))
+    # an empty machine is given back anyway, and a fixed one is not the group's: neither counts
+    more = fleet[:1] + [ready("gpu-3"), replace(ready("own-1"), fixed=True)]
+    assert stops(more, servers[:2], settings=replace(IDLE, min_machines=1)) is None
+
+
+def test_not_when_the_machines_that_stay_would_not_cover_the_margin():
+    fleet = [ready("gpu-1", free=1, servers=2), ready("gpu-2", free=2, servers=1)]
+    servers = idle("gpu-1", "al", "bo") + idle("gpu-2", "cy", for_s=60)
+    assert stops(fleet, servers, settings=replace(IDLE, margin=3)) is None
+    assert stops(fleet, servers, settings=replace(IDLE, margin=2)) == ("gpu-1", ("al", "bo"))
+    # an empty group machine goes anyway; a fixed one's free slices stay and count
+    empty = ready("gpu-3", free=3)
+    assert stops(fleet + [empty], servers, settings=replace(IDLE, margin=3)) is None
+    own = replace(ready("own-1", free=1), fixed=True)
+    covered = stops(fleet + [own], servers, settings=replace(IDLE, margin=3))
+    assert covered == ("gpu-1", ("al", "bo"))
+
+
+def test_one_machine_a_round_the_one_idle_longest_and_never_one_already_emptied():
+    fleet = [ready("gpu-1", free=2, servers=1), ready("gpu-2", free=2, servers=1), ready("gpu-3")]
+    servers = idle("gpu-1", "al", for_s=1300) + idle("gpu-2", "bo", for_s=1800)
+    assert stops(fleet, servers) == ("gpu-2", ("bo",))
+    # gpu-2's servers were stopped; its tasks may still show: it counts as given back
+    assert stops(fleet, servers, going={"gpu-2"}) == ("gpu-1", ("al",))
+    assert stops(fleet, servers, settings=replace(IDLE, min_machines=1), going={"gpu-2"}) is None
+
+
 # ---- what the line is told ------------------------------------------------------------------
 
 
@@ -633,8 +720,8 @@ def test_no_fleet_whose_servers_stay_put_reaches_issue_41s_goal_on_this_day(day,
     "its last participant leaves plus the culler's time; the hub's fleet pays 0.95 of the "
     "fixed fleet's hours under spread and 0.94 under pack, an instant cloud 0.92, and servers "
     "moved at will would still need 0.81 (with a 30-minute culler: the hub's 0.86 spread and "
-    "0.85 pack, an instant cloud 0.80, servers moved 0.68; a fleet-aware culler of 15 minutes, "
-    "measured in the replay only: 0.89 under pack)",
+    "0.85 pack, an instant cloud 0.80, servers moved 0.68; the idle stop "
+    "(GPUHUB_FLEET_STOP_IDLE_AFTER) at 15 minutes: 0.89 under pack)",
 )
 def test_issue_41s_machine_hours_goal(day):
     _, days = day
@@ -757,7 +844,7 @@ def test_a_culled_lunchs_returners_are_placed_like_anyone_so_pack_saves_over_spr
     assert days["pack"].machine_hours < days["spread"].machine_hours - 0.2
 
 
-# ---- a fleet-aware culler: a variant measured in the replay, not a feature of the hub -------
+# ---- the idle stop (GPUHUB_FLEET_STOP_IDLE_AFTER) in the replay ----------------------------
 #
 # fleet_day.fleet_idle_stops: idle servers stopped early only where that lets a machine go.
 

@@ -578,6 +578,153 @@ async def test_the_snapshot_has_the_plans_schema(tmp_path):
     assert unpriced.snapshot()["cost"]["estimated"] is None
 
 
+# ---- the idle stop ---------------------------------------------------------------------------
+
+
+class Servers:
+    """JupyterHub's servers as the keeper reads and stops them (``internals.running_servers``,
+    ``internals.stop_idle_server``): a stop removes the server's service's tasks from the
+    swarm unless ``linger`` (Swarm still lists them for a while)."""
+
+    def __init__(self, hub: Hub, idle: dict[str, float | None], linger: bool = False):
+        self.hub, self.linger = hub, linger
+        self.idle = dict(idle)  # user: last activity
+        self.stops: list[tuple[str, float]] = []
+        self.reads = 0
+        hub.engine.swarm_tasks = hub.engine.swarm_tasks or []
+
+    def place(self, machine: str, *users: str, running_since: str = "") -> None:
+        """Their servers on ``machine``, their tasks running since ``running_since`` (Swarm's
+        timestamp; "": not said)."""
+        placed = [server(machine, service=f"svc-{u}") for u in users]
+        for t in placed:
+            if running_since:
+                t["Status"]["Timestamp"] = running_since
+        self.hub.engine.swarm_tasks += placed
+
+    def running(self):
+        self.reads += 1
+        return [fleet.HubServer(u, "", f"svc-{u}", seen) for u, seen in self.idle.items()]
+
+    async def stop(self, running, idle_since: float) -> bool:
+        self.stops.append((running.user, idle_since))
+        if (self.idle[running.user] or idle_since + 1) > idle_since:
+            return False  # active again since the round read it
+        del self.idle[running.user]
+        if not self.linger:
+            gone = f"svc-{running.user}"
+            self.hub.engine.swarm_tasks = [
+                t for t in self.hub.engine.swarm_tasks if t["ServiceID"] != gone
+            ]
+        return True
+
+
+IDLE = replace(SETTINGS, stop_idle_after=1200)
+
+
+def idle_hub(tmp_path, idle, settings=IDLE, linger=False, nodes=("gpu-1", "gpu-2")):
+    hub = Hub(tmp_path, settings=settings)
+    hub.engine.node_list = [gpu_node(n) if isinstance(n, str) else n for n in nodes]
+    servers = Servers(hub, idle, linger)
+    hub.kwargs = {"hub_servers": servers.running, "stop_server": servers.stop}
+    hub.start()
+    return hub, servers
+
+
+async def test_a_machine_whose_servers_are_all_idle_is_emptied_then_given_back(tmp_path):
+    hub, servers = idle_hub(tmp_path, {"al": NOW - 1300, "bo": NOW - 1250, "cy": NOW - 5})
+    servers.place("gpu-1", "al", "bo")
+    servers.place("gpu-2", "cy")
+    assert await hub.round() == [("stop idle", "gpu-1")]
+    assert servers.stops == [("al", NOW - 1200), ("bo", NOW - 1200)]  # cy is at work
+    last = hub.snapshot()["decisions"][-1]
+    assert (last["action"], last["machine"]) == ("stop idle", "gpu-1")
+    assert last["reason"].startswith("gpu-1's 2 servers idle for 20+ min")
+    assert last["reason"].endswith("(files kept, kernels lost): al, bo")
+    (event,) = hub.events()
+    assert (event.kind, event.node, event.reason) == (
+        events.FLEET_STOP_IDLE,
+        "gpu-1",
+        last["reason"],
+    )
+    machines = {m["name"]: m for m in hub.snapshot()["machines"]}
+    assert machines["gpu-1"]["reason"] == last["reason"]  # the GPU machines' table says why
+    hub.now += 300
+    assert await hub.round() == [("nothing", 0)]  # cy's machine kept: cy is at work
+    hub.now += 301
+    assert await hub.round() == [("drain", "gpu-1")]  # empty for GPUHUB_FLEET_EMPTY_FOR
+    hub.now += 10
+    assert await hub.round() == [("remove", "gpu-1")]
+    assert [s for s, _ in servers.stops] == ["al", "bo"]
+    assert hub.availability("gpu-2") == "active"
+
+
+async def test_never_a_server_in_use_nor_while_people_wait_nor_with_the_setting_at_0(tmp_path):
+    hub, servers = idle_hub(tmp_path / "in use", {"al": NOW - 1300, "bo": NOW - 1100})
+    servers.place("gpu-1", "al", "bo")
+    assert await hub.round() == [("nothing", 0)]
+    assert servers.stops == []
+
+    hub, servers = idle_hub(tmp_path / "line", {"al": NOW - 1300})
+    servers.place("gpu-1", "al")
+    hub.line = Line([1])
+    await hub.round()
+    assert servers.stops == []
+
+    hub, servers = idle_hub(tmp_path / "off", {"al": NOW - 99999}, settings=SETTINGS)
+    servers.place("gpu-1", "al")
+    assert await hub.round() == [("nothing", 0)]
+    assert (servers.stops, servers.reads) == ([], 0)  # JupyterHub not even read
+
+    own = gpu_node("own-1", group=False)
+    hub, servers = idle_hub(tmp_path / "fixed", {"al": NOW - 99999}, nodes=[own])
+    servers.place("own-1", "al")
+    await hub.round()
+    assert servers.stops == []
+
+
+async def test_a_server_is_not_idle_before_it_runs_though_its_wait_in_line_was_long(tmp_path):
+    # JupyterHub wrote al's activity when the start began; al then waited in line 25 min
+    hub, servers = idle_hub(tmp_path, {"al": NOW - 1500}, nodes=["gpu-1"])
+    started = datetime.fromtimestamp(NOW - 60, tz=timezone.utc).isoformat()
+    servers.place("gpu-1", "al", running_since=started.replace("+00:00", ".000000001Z"))
+    assert await hub.round() == [("nothing", 0)]
+    hub.now += 1139
+    assert await hub.round() == [("nothing", 0)]
+    hub.now += 1  # 20 min after its task began running
+    assert await hub.round() == [("stop idle", "gpu-1")]
+
+
+async def test_a_server_active_again_before_its_stop_is_kept_and_said(tmp_path):
+    hub, servers = idle_hub(tmp_path, {"al": NOW - 1300, "bo": NOW - 1300})
+    servers.place("gpu-1", "al", "bo")
+    real = servers.running
+
+    def read_then_bo_comes_back():
+        running = real()
+        servers.idle["bo"] = NOW  # between the round's read and the stop
+        return running
+
+    servers.running = read_then_bo_comes_back
+    hub.kwargs = {"hub_servers": servers.running, "stop_server": servers.stop}
+    hub.start()
+    assert await hub.round() == [("stop idle", "gpu-1")]
+    (event,) = hub.events()
+    assert event.reason.endswith("al, bo; kept, active again or not stopped: bo")
+    assert "bo" in servers.idle and "al" not in servers.idle
+
+
+async def test_a_machine_emptied_counts_as_given_back_while_its_stopped_servers_linger(tmp_path):
+    floor_1 = replace(IDLE, min_machines=1)
+    hub, servers = idle_hub(tmp_path, {"al": NOW - 1800, "bo": NOW - 1300}, floor_1, linger=True)
+    servers.place("gpu-1", "al")
+    servers.place("gpu-2", "bo")
+    assert await hub.round() == [("stop idle", "gpu-1")]
+    hub.now += 10  # al's task is still listed: gpu-1 is not one that keeps servers
+    assert await hub.round() == [("nothing", 0)]
+    assert [s for s, _ in servers.stops] == ["al"]
+
+
 def test_the_fleets_events_read_back_without_a_participant():
     written = events.Event(NOW, events.FLEET_DRAIN, "", node="gpu-1", reason="empty")
     assert events.read_events([events.encode(written)]) == [written]

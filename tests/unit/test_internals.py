@@ -16,6 +16,7 @@ import importlib.metadata
 import inspect
 import re
 import sqlite3
+from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -145,6 +146,25 @@ def contract_login_sessions():
     assert column.unique and column.default.arg.__name__ == new_token.__name__
     assert "orm.User.cookie_id == cookie_id" in inspect.getsource(BaseHandler._user_for_cookie)
     assert orm.User.api_tokens.property.mapper.class_ is orm.APIToken
+
+
+def contract_idle_servers():
+    from jupyterhub.apihandlers.base import APIHandler
+    from jupyterhub.proxy import Proxy
+
+    assert "last_activity" in orm.Spawner.__table__.columns
+    model = inspect.getsource(APIHandler.server_model)  # what the idle culler reads
+    assert "'last_activity': isoformat(orm_spawner.last_activity)" in model
+    for name in ("active", "pending"):
+        assert isinstance(inspect.getattr_static(Spawner, name), property), name
+    assert parameters(Proxy.delete_user) == ["self", "user", "server_name"]
+    assert parameters(User.stop) == ["self", "server_name"]
+    assert inspect.iscoroutinefunction(User.stop)
+    stop = inspect.getsource(BaseHandler.stop_single_user)  # JupyterHub's stop, as we do it
+    assert stop.index("self.proxy.delete_user(user, server_name)") < stop.index(
+        "user.stop(server_name)"
+    )
+    assert "object_id" in SwarmSpawner.class_trait_names()
 
 
 def contract_start_handlers():
@@ -501,6 +521,51 @@ def test_ending_a_users_sessions_invalidates_their_cookie_and_tokens():
     assert db.query(orm.User).filter(orm.User.cookie_id == cookie).first() is None
     assert ada.api_tokens == [] and orm.APIToken.find(db, kept) is not None
     assert db.query(orm.User).filter_by(name="ada").one().cookie_id == ada.cookie_id
+
+
+class Stopping:
+    """What of JupyterHub's hub, users and spawners the idle stop reads and calls."""
+
+    def __init__(self):
+        self.calls = []
+        seen = datetime(2026, 11, 28, 9, 0)  # naive UTC, as JupyterHub's columns
+        self.users = {
+            1: self.user("ada", {"": self.spawner("svc-a", seen)}),
+            2: self.user("bo", {"": self.spawner("svc-b", seen, pending="spawn")}),
+            3: self.user("cy", {"": self.spawner("", None, active=False)}),
+        }
+        self.proxy = SimpleNamespace(delete_user=self.call("route"))
+
+    def call(self, what):
+        async def called(user, server_name):
+            self.calls.append((what, user.name, server_name))
+
+        return called
+
+    def user(self, name, spawners):
+        made = SimpleNamespace(name=name, spawners=spawners)
+        made.stop = lambda server_name: self.call("stop")(made, server_name)
+        return made
+
+    def spawner(self, service, seen, pending=None, active=True):
+        row = SimpleNamespace(last_activity=seen)
+        return SimpleNamespace(object_id=service, orm_spawner=row, pending=pending, active=active)
+
+
+def test_the_hubs_servers_are_read_with_their_last_activity_and_an_idle_one_stopped():
+    hub = Stopping()
+    nine = datetime(2026, 11, 28, 9, 0, tzinfo=timezone.utc).timestamp()
+    assert internals.running_servers(hub) == [
+        internals.HubServer("ada", "", "svc-a", nine),
+        internals.HubServer("bo", "", "svc-b", None),  # starting: never idle
+    ]
+    # active since: not stopped
+    assert asyncio.run(internals.stop_idle_server(hub, "ada", "", nine - 1)) is False
+    assert asyncio.run(internals.stop_idle_server(hub, "bo", "", nine + 60)) is False
+    assert asyncio.run(internals.stop_idle_server(hub, "nobody", "", nine + 60)) is False
+    assert hub.calls == []
+    assert asyncio.run(internals.stop_idle_server(hub, "ada", "", nine)) is True
+    assert hub.calls == [("route", "ada", ""), ("stop", "ada", "")]  # the REST API's order
 
 
 # ---- versions ---------------------------------------------------------------------------------

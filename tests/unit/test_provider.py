@@ -415,6 +415,43 @@ def test_the_runner_is_chosen_once_from_the_settings(engine, monkeypatch):
         provider.fleet_provider(commands, image=IMAGE)
 
 
+def test_the_hubs_provider_is_made_from_the_typed_settings_and_asks_docker_only_for_an_image(
+    engine, monkeypatch
+):
+    """provider.fleet_provider_of: what jupyterhub_config.py calls at the hub's start."""
+    import types
+
+    cfg = types.SimpleNamespace(
+        fleet_grow_command="grow {count}",
+        fleet_remove_command="remove {machine}",
+        fleet_why_command="why",
+        fleet_command_timeout=60.0,
+        fleet_image="",
+        fleet_env={"GROUP": "g"},
+        fleet_mounts=(provider.Mount("/root/.aws", "/root/.aws", read_only=True),),
+        stack="gpuhub",
+    )
+    monkeypatch.setenv("HUB_ONLY", "1")
+
+    def no_docker():
+        raise AssertionError("the hub's own container needs no Docker client")
+
+    here = provider.fleet_provider_of(cfg, docker_client=no_docker)
+    assert here.runner is run and here.env["GROUP"] == "g" and here.env["HUB_ONLY"] == "1"
+    assert (here.commands.grow, here.commands.why, here.commands.timeout) == (
+        "grow {count}", "why", 60.0)  # fmt: skip
+    cfg.fleet_image = IMAGE
+    clients = []
+    there = provider.fleet_provider_of(cfg, docker_client=lambda: clients.append(1) or engine)
+    assert clients == [1] and isinstance(there.runner, provider.ContainerRunner)
+    assert (there.runner.client, there.runner.image) == (engine, IMAGE)
+    assert there.runner.mounts == cfg.fleet_mounts and there.env == {"GROUP": "g"}
+    assert there.runner.labels == {"gpu-jupyterhub.stack": "gpuhub"}
+    # by default the Docker SDK's client of the environment (the hub's engine socket)
+    monkeypatch.setitem(sys.modules, "docker", types.SimpleNamespace(from_env=lambda: engine))
+    assert provider.fleet_provider_of(cfg).runner.client is engine
+
+
 # ---- the recipes (docs/providers/) run against stand-ins of the clouds' tools -------------
 
 RECIPES = Path(__file__).parents[2] / "docs" / "providers"

@@ -1469,14 +1469,67 @@ def test_what_github_and_caddy_take_passes(base, key, value):
 
 
 def fleet_on(base, **changes):
-    """The demo's settings with the fleet on and commands that pass its checks."""
+    """The demo's settings with the fleet on, commands that pass its checks and the shared
+    homes it needs."""
     return {
         **base,
         "GPUHUB_FLEET": "on",
         "GPUHUB_FLEET_GROW_COMMAND": "resize --size {count}",
         "GPUHUB_FLEET_REMOVE_COMMAND": "delete --instance {machine}",
+        "GPUHUB_HOMES_DIR": "/srv/gpuhub/homes",
         **changes,
     }
+
+
+#: An organizer's config.env for `make up` with the fleet on (a cloud's recipe pasted in),
+#: homes left at their default: the volumes on the GPU machines.
+FLEET_WITHOUT_SHARED_HOMES = """\
+GPUHUB_HOSTNAME=hub.uni.example
+GPUHUB_TLS=self-signed
+GPUHUB_AUTH=github
+GPUHUB_GITHUB_CLIENT_ID=Iv1.8a61f9b3a7aba766
+GPUHUB_GITHUB_CLIENT_SECRET=3c9f1e0d8b7a
+GPUHUB_ALLOWED_ORGS=uni-gpu-workshop
+GPUHUB_CPU_LIMIT=4
+GPUHUB_MEM_LIMIT=16G
+GPUHUB_PIDS_LIMIT=4096
+# GPU machines that follow the day (docs/providers/gcp.env)
+GPUHUB_FLEET=on
+GPUHUB_FLEET_ENV='GROUP=gpu-workshop ZONE=europe-west4-a'
+GPUHUB_FLEET_GROW_COMMAND='gcloud compute instance-groups managed resize "$GROUP" --zone "$ZONE" --size {count}'
+GPUHUB_FLEET_REMOVE_COMMAND='gcloud compute instance-groups managed delete-instances "$GROUP" --zone "$ZONE" --instances {machine}'
+"""  # noqa: E501  (a command is one line of the file)
+
+
+def test_the_fleet_needs_shared_homes_as_a_machine_given_back_takes_its_volumes(base, tmp_path):
+    """`make up`'s check (deploy check up: the settings' one reader) refuses the fleet with
+    homes in volumes on the GPU machines, on the line that turned it on, saying why and what
+    to write; with GPUHUB_HOMES_DIR, or with the fleet off, the same file passes."""
+    from deploy.__main__ import read_settings
+
+    config = tmp_path / "config.env"
+    config.write_text(FLEET_WITHOUT_SHARED_HOMES)
+    config.chmod(0o600)
+    environ = {"GPUHUB_CONFIG": str(config)}
+    with pytest.raises(SettingsError) as refused:
+        read_settings("up", environ)
+    assert refused.value.problems == [
+        f"{config} line 11: GPUHUB_FLEET is on but GPUHUB_HOMES_DIR is empty: each "
+        "participant's home would be the volume jy-home-<user> on the GPU machine that ran "
+        "their server, and a machine the hub gives back is destroyed by the cloud with every "
+        "file on it; set GPUHUB_HOMES_DIR to a folder on shared storage that the manager and "
+        "every GPU machine mount at the same path, e.g. /srv/gpuhub/homes (docs/homes.md: NFS, "
+        "served by the manager), or set GPUHUB_FLEET=off"
+    ]
+    config.write_text(FLEET_WITHOUT_SHARED_HOMES + "GPUHUB_HOMES_DIR=/srv/gpuhub/homes\n")
+    cfg = read_settings("up", environ)
+    assert cfg.fleet and cfg.homes_dir == "/srv/gpuhub/homes"
+    config.write_text(FLEET_WITHOUT_SHARED_HOMES.replace("GPUHUB_FLEET=on", "GPUHUB_FLEET=off"))
+    assert read_settings("up", environ).homes_dir == ""  # no fleet: volumes are the default
+    # the demo's check is the same (a fleet there gives its machines back all the same)
+    assert problems(fleet_on(base, GPUHUB_HOMES_DIR=""), mode="demo") == [
+        refused.value.problems[0].split(": ", 1)[1]
+    ]
 
 
 #: Fleet settings each fleet check refuses; with the fleet off, none of them is a problem.
@@ -1504,6 +1557,10 @@ FLEET_REFUSED = [
     ({"GPUHUB_FLEET_TIMEZONE": ""}, "GPUHUB_FLEET_TIMEZONE is ''"),
     ({"GPUHUB_FLEET_IMAGE": "Amazon/AWS-CLI"}, "GPUHUB_FLEET_IMAGE is 'Amazon/AWS-CLI'; write a"),
     ({"GPUHUB_FLEET_IMAGE": "amazon/aws-cli latest"}, "mcr.microsoft.com/azure-cli"),
+    (
+        {"GPUHUB_FLEET_STOP_IDLE_AFTER": "20"},
+        "GPUHUB_FLEET_STOP_IDLE_AFTER is 20, in seconds; write 0 (off), or at least 60",
+    ),
 ]
 
 
@@ -1531,6 +1588,7 @@ def test_the_fleet_on_with_its_defaults_and_commands_passes(base):
         GPUHUB_FLEET_IMAGE="gcr.io/google.com/cloudsdktool/google-cloud-cli:slim",
         GPUHUB_FLEET_MOUNTS="/root/.config/gcloud:/root/.config/gcloud:ro /srv/x:/x",
         GPUHUB_FLEET_ENV="GROUP=gpu-workshop ZONE=europe-west4-a",
+        GPUHUB_FLEET_STOP_IDLE_AFTER="60",
     )
     assert problems(good, mode="demo") == []
     for image in ("amazon/aws-cli", "mcr.microsoft.com/azure-cli:2.67.0", "localhost:5000/cli"):
@@ -1581,6 +1639,7 @@ def test_the_fleets_settings_are_typed_and_make_what_the_hub_runs():
 
     environ = {
         "GPUHUB_FLEET": "on",
+        "GPUHUB_HOMES_DIR": "/srv/gpuhub/homes",
         "GPUHUB_FLEET_MAX_MACHINES": "6",
         "GPUHUB_FLEET_SCHEDULE": "5 from 08:45, 1 from 17:00",
         "GPUHUB_FLEET_TIMEZONE": "Europe/Berlin",
@@ -1602,13 +1661,16 @@ def test_the_fleets_settings_are_typed_and_make_what_the_hub_runs():
     assert settings.schedule.describe() == "5 from 08:45, 1 from 17:00 (Europe/Berlin)"
     assert settings.slices_per_machine == cfg.slices_per_gpu == 3  # 0: none seen yet
     assert (settings.max_machines, settings.empty_for, settings.join_within) == (6, 900.0, 900.0)
-    commands = provider.Commands(
-        cfg.fleet_grow_command,
-        cfg.fleet_remove_command,
-        cfg.fleet_why_command,
-        timeout=cfg.fleet_command_timeout,
-    )
-    assert commands.timeout == 120
+    assert settings.stop_idle_after == 0.0  # off by default
+    with_idle_stop = {**environ, "GPUHUB_FLEET_STOP_IDLE_AFTER": "1200"}
+    idle = read("demo", environ=with_idle_stop, config="", machine=MACHINE)
+    assert capacity.fleet_settings_of(idle).stop_idle_after == 1200.0
+    engine = object()  # the Docker client, which the image's runner is given
+    made = provider.fleet_provider_of(cfg, docker_client=lambda: engine)
+    assert (made.commands.grow, made.commands.timeout) == ("resize $GROUP --size {count}", 120)
+    assert made.env == cfg.fleet_env  # in the image's container: nothing of the hub's
+    assert made.runner.client is engine and made.runner.image == "amazon/aws-cli"
+    assert made.runner.mounts == cfg.fleet_mounts
 
 
 def test_the_fleets_checks_are_the_hubs_own_readers(base, monkeypatch):

@@ -130,3 +130,14 @@ def test_swarm_times_read_with_nanoseconds_trimmed_zeros_or_none_on_every_python
     assert tasks.swarm_time("2026-11-28T10:05:12.5+01:00") == pytest.approx(at + 0.5)
     assert tasks.swarm_time("yesterday") is None
     assert tasks.swarm_time(None) is None
+
+
+def test_running_since_reads_swarms_nanosecond_timestamp_of_a_running_task_only():
+    def at(stamp, state="running"):
+        return tasks.running_since({"Status": {"State": state, "Timestamp": stamp}})
+
+    assert at("2026-11-28T12:00:00.123456789Z") == pytest.approx(1795867200.123456)
+    assert at("2026-11-28T12:00:00Z") == 1795867200.0
+    assert at("2026-11-28T13:00:00.5+01:00") == 1795867200.5
+    assert at("2026-11-28T12:00:00Z", state="starting") is None  # not running yet
+    assert at("yesterday") is None and tasks.running_since({}) is None
