@@ -34,6 +34,7 @@ import docker
 import pytest
 import requests
 
+from gpu_swarm_spawner.capacity import ASKING_MESSAGE as ASKING
 from gpu_swarm_spawner.capacity import on_its_way_message
 from gpu_swarm_spawner.contract import USER_LABEL
 from gpu_swarm_spawner.events import read_events
@@ -45,7 +46,7 @@ from .aftermath import token_of
 from .bed_cloud import Bed, BedCloud, recorded
 from .hub import BED_HOST, deploy
 from .spawners import inventory, remove_services, wait_slices_free
-from .test_line import progress
+from .test_line import PageWatch, progress
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +57,8 @@ ROUND_S = 10  # the fleet's round (docs/autoscaling.md)
 PARTICIPANT, LATER = "ci-fleet-p", "ci-fleet-q"
 #: the text people in line read while a machine is on its way (capacity.py), up to "(about"
 ON_ITS_WAY = on_its_way_message(60).split(" (")[0]
+#: the most seconds from joining the line to the cloud's ask, and from that ask to the page
+TELL_S = 5
 
 
 def fleet_settings(url: str) -> dict[str, str]:
@@ -200,24 +203,50 @@ def user_state(hub, user: str) -> dict:
     return server.get("state") or {}
 
 
+def joined_line(hub, user: str) -> float:
+    """When the hub put ``user`` in the waiting line (its "joined line" event)."""
+    return next(e.time for e in hub_events(hub) if e.kind == "joined line" and e.user == user)
+
+
 def test_a_participant_in_line_is_told_a_machine_comes_and_is_served_on_it(hub, fleet):
+    """They join the line: the cloud is asked at once (the newcomer wakes the fleet's round),
+    and their page, open all along, reads that the hub is asking, then that a machine is on its
+    way, within seconds; the machine joins and their server starts on it."""
     cloud = fleet.cloud
     hub.api("POST", f"/users/{PARTICIPANT}")
-    t0 = time.time()
-    r = hub.api("POST", f"/users/{PARTICIPANT}/server", json={"line": "join"})
-    assert r.status_code == 202, (r.status_code, r.text)  # no free slice: in line
-    told = wait_for(
-        f"{PARTICIPANT} reads that a machine is on its way",
-        lambda: [m for m in progress(hub, PARTICIPANT) if ON_ITS_WAY in m],
-        3 * ROUND_S + 10,
-        seen=lambda: (progress(hub, PARTICIPANT), cloud.listing()),
+    page = PageWatch(hub, PARTICIPANT)  # the spawn page, as a browser keeps it open
+    try:
+        # (the REST API answers after JupyterHub's slow_spawn_timeout, 10 s; the page is read
+        # all along)
+        r = hub.api("POST", f"/users/{PARTICIPANT}/server", json={"line": "join"})
+        assert r.status_code == 202, (r.status_code, r.text)  # no free slice: in line
+        told = wait_for(
+            f"{PARTICIPANT}'s page reads that a machine is on its way",
+            lambda: page.first(ON_ITS_WAY),
+            3 * ROUND_S + 10,
+            seen=lambda: (page.seen, cloud.listing()),
+            every=0.1,
+        )
+    finally:
+        page.stop()
+    joined = joined_line(hub, PARTICIPANT)
+    grows = cloud.asked("grow")
+    assert grows, [(r.at - joined, r.op, r.args, r.status) for r in cloud.requests]
+    asked = grows[0].at
+    asking = page.first(ASKING)
+    assert asking is not None and asking <= told, page.seen  # asking, then on its way
+    print(
+        f"after joining the line: the cloud asked {asked - joined:.1f} s, the page read "
+        f"'{ASKING}' {asking - joined:.1f} s and '{ON_ITS_WAY}' {told - joined:.1f} s"
     )
-    print(f"told after {time.time() - t0:.1f} s: {told[-1]}")
-    waited = hub.wait_ready(PARTICIPANT, timeout=600)
+    assert asked - joined <= TELL_S, f"the cloud was asked {asked - joined:.1f} s after joining"
+    assert told - asked <= TELL_S, f"the page read it {told - asked:.1f} s after the cloud's ask"
+    hub.wait_ready(PARTICIPANT, timeout=600)
+    ready = time.time()
     grows = cloud.asked("grow")
     # once, for one machine: the group is the cloud's machines only (the manager is not in it)
     assert [(r.args, r.status) for r in grows] == [(["1"], 0)], [
-        (r.at - t0, r.op, r.args, r.status, r.output) for r in cloud.requests
+        (r.at - joined, r.op, r.args, r.status, r.output) for r in cloud.requests
     ]
     assert len(cloud.instances) == 1, cloud.listing()
     (instance,) = cloud.instances.values()
@@ -226,8 +255,8 @@ def test_a_participant_in_line_is_told_a_machine_comes_and_is_served_on_it(hub, 
     state = user_state(hub, PARTICIPANT)
     assert state.get("gpu_node") == instance.name, state
     print(
-        f"asked after {grows[0].at - t0:.1f} s, made after {instance.made - t0:.1f} s, joined "
-        f"after {instance.started - t0:.1f} s, server ready after {waited:.1f} s in line"
+        f"after joining the line: the machine made {instance.made - joined:.1f} s, joined the "
+        f"swarm {instance.started - joined:.1f} s, the server ready {ready - joined:.1f} s"
     )
 
 
