@@ -17,6 +17,8 @@ Participants who do not fit may wait in the *line* (``line.py`` decides who gets
 
     reservation = await broker.wait_in_line(spawner, request, read, told)  # told(position...)
 
+Each newcomer to the line sets the hub's ``line_joined()`` event, which the fleet keeper
+(fleet.py) waits on between its rounds: a machine is asked for at once, not at the next round.
 While the line is not empty the broker reads the swarm every ``line_interval`` seconds (and at
 once when ``nudge()`` says a server stopped) and gives freed slices to the line in its order,
 as claims like any other; newcomers' ``reserve`` serves the line first, so nobody jumps it.
@@ -320,6 +322,7 @@ class GPUBroker:
         self._told[owner] = told
         self._line_read = read
         self._tell()
+        line_joined().set()
         if self._line_task is None or self._line_task.done():
             self._nudged = asyncio.Event()
             self._line_task = asyncio.ensure_future(self._keep_line())
@@ -445,23 +448,38 @@ class GPUBroker:
 #: one broker per event loop (a hub has one; each test has its own)
 _BROKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _NO_LOOP = asyncio.AbstractEventLoop  # the key used outside a running loop
+#: one ``line_joined`` event per event loop
+_JOINED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _hub_key():
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return _NO_LOOP
+
+
+def line_joined() -> asyncio.Event:
+    """Set whenever someone joins the line of the hub running in this event loop; the fleet
+    keeper waits on it between rounds (``periodic.keep``'s ``wake``). It is the hub's, not its
+    broker's: the keeper may wait on it before the first spawner made the broker, as on a hub
+    just started whose first participant finds no GPU machine."""
+    key = _hub_key()
+    event = _JOINED.get(key)
+    if event is None:
+        event = _JOINED[key] = asyncio.Event()
+    return event
 
 
 def of_hub_if_made() -> GPUBroker | None:
     """The broker of the hub running in this event loop once its first spawner made it; None
     before (the hub's other keepers read it without making it with settings of their own)."""
-    try:
-        return _BROKERS.get(asyncio.get_running_loop())
-    except RuntimeError:
-        return _BROKERS.get(_NO_LOOP)
+    return _BROKERS.get(_hub_key())
 
 
 def of_hub(threads: int, kind_prefix, max_age: float, line_interval: float = 2.0) -> GPUBroker:
     """The broker of the hub running in this event loop, created by its first spawner."""
-    try:
-        key = asyncio.get_running_loop()
-    except RuntimeError:
-        key = _NO_LOOP
+    key = _hub_key()
     broker = _BROKERS.get(key)
     if broker is None:
         broker = _BROKERS[key] = GPUBroker(threads, kind_prefix, max_age)

@@ -617,6 +617,11 @@ def arrival(now: float, fleet: Sequence[Machine], expected: float) -> float | No
     return max(soonest - now, 60.0)
 
 
+#: What people in line read beside their place while the grow command runs: the cloud has not
+#: said yes yet (Azure's scale command waits until the machines are made).
+ASKING_MESSAGE = "The hub is asking the cloud for a GPU machine."
+
+
 def on_its_way_message(seconds: float | None) -> str:
     """What people in line read beside their place: "A GPU machine is on its way (about 4
     minutes)."; "" when no machine is on its way."""
@@ -830,10 +835,17 @@ def learnt_slices(memory: dict[str, Memory], default: int) -> int:
     return max(counts, key=lambda n: (counts[n], n))
 
 
-def for_the_line(now: float, fleet: Sequence[Machine], expected: float, refused: str = "") -> str:
+def for_the_line(
+    now: float,
+    fleet: Sequence[Machine],
+    expected: float,
+    refused: str = "",
+    asking: bool = False,
+) -> str:
     """What people in line read beside their place about the fleet: ``refused`` (what the
-    cloud's refusal means for them) while the cloud says no, else when the first machine on
-    its way is likely ready, else nothing."""
+    cloud's refusal means for them, ``provider.FOR_THE_LINE``) while the cloud says no, else
+    when the first machine on its way (``fleet``: those the cloud said yes to) is likely
+    ready, else ``ASKING_MESSAGE`` while the grow command runs (``asking``), else nothing."""
     if refused:
         return refused
-    return on_its_way_message(arrival(now, fleet, expected))
+    return on_its_way_message(arrival(now, fleet, expected)) or (ASKING_MESSAGE if asking else "")

@@ -1,6 +1,8 @@
 """The hub's fleet keeper: GPU machines that follow the day (docs/autoscaling.md).
 
-With ``GPUHUB_FLEET=on`` the hub runs a round every ``EVERY_S`` seconds (``periodic.keep``):
+With ``GPUHUB_FLEET=on`` the hub runs a round every ``EVERY_S`` seconds (``periodic.keep``),
+and at once when someone joins the waiting line (``broker.line_joined``; at most one round a
+``SOONEST_S``):
 
 1. it reads the swarm's nodes and tasks (the broker's shared read, when a spawner made the
    broker) and the waiting line (``broker.waiting()``); the servers' starts and the line's
@@ -34,7 +36,9 @@ With ``GPUHUB_FLEET=on`` the hub runs a round every ``EVERY_S`` seconds (``perio
 6. it writes its state (``STATE_FILE`` in the hub's data folder: what it asked for and when,
    each machine's history, the provider's last outcome and back-off), the dashboard's snapshot
    (``SNAPSHOT_FILE`` in the dashboard folder), events for the dashboard (``events.FLEET_*``),
-   and what the line reads beside their place (``broker.fleet_note``).
+   and what the line reads beside their place (``broker.fleet_note``): while the grow command
+   runs, that the hub is asking the cloud; once the cloud said yes, when the machine is
+   likely ready; after a refusal, what it means for them (``capacity.for_the_line``).
 
 A provider call that ends writes its outcome at once: a refusal is in the snapshot, in the
 events and in the line's words before the next round. A hub restart reads the state back:
@@ -67,6 +71,8 @@ from .tasks import running_since
 
 #: Seconds between rounds.
 EVERY_S = 10.0
+#: The fewest seconds from one round's start to the next one's, however many join the line.
+SOONEST_S = 1.0
 #: The keeper's state, in the hub's data folder; the dashboard's snapshot, in its folder.
 STATE_FILE = "fleet-state.json"
 SNAPSHOT_FILE = fleet_view.FLEET_FILE
@@ -289,9 +295,11 @@ class FleetKeeper:
     commands (``provider.Provider``); ``data_dir``: where ``STATE_FILE`` is kept;
     ``dashboard_dir``: the dashboard's folder (the snapshot and the events); ``client``: a
     ``docker.APIClient`` (made from the environment when None); ``broker_of``: the hub's
-    broker, None before a spawner made it; ``hub_servers`` and ``stop_server``: JupyterHub's
-    servers and their stop (``internals.running_servers``, ``internals.stop_idle_server``),
-    for the idle stop (``Settings.stop_idle_after``; none without them)."""
+    broker, None before a spawner made it; ``line_joined``: the hub's event set when someone
+    joins the line, which starts a round at once (``keep``); ``hub_servers`` and
+    ``stop_server``: JupyterHub's servers and their stop (``internals.running_servers``,
+    ``internals.stop_idle_server``), for the idle stop (``Settings.stop_idle_after``; none
+    without them)."""
 
     def __init__(
         self,
@@ -305,8 +313,10 @@ class FleetKeeper:
         price_per_hour: float = 0.0,
         client=None,
         broker_of: Callable[[], broker.GPUBroker | None] = broker.of_hub_if_made,
+        line_joined: Callable[[], asyncio.Event] = broker.line_joined,
         clock: Callable[[], float] = time.time,
         every: float = EVERY_S,
+        soonest: float = SOONEST_S,
         kind_prefix=KIND_PREFIXES,
         hub_servers: Callable[[], list[HubServer]] | None = None,
         stop_server: Callable[[HubServer, float], Awaitable[bool]] | None = None,
@@ -320,8 +330,10 @@ class FleetKeeper:
         self.price_per_hour = price_per_hour
         self.client = client
         self.broker_of = broker_of
+        self.line_joined = line_joined
         self.clock = clock
         self.every = every
+        self.soonest = soonest
         self.kind_prefix = kind_prefix
         self.hub_servers = hub_servers
         self.stop_server = stop_server
@@ -708,6 +720,8 @@ class FleetKeeper:
     def _start(self, call: dict, outcome: Awaitable[provider.Outcome]) -> None:
         self.state.call = call
         self.call_task = asyncio.ensure_future(self._call(call, outcome))
+        asked = {key: value for key, value in call.items() if key != "at"}
+        self.log.info("The fleet's provider is asked: %s", asked)
 
     async def _call(self, call: dict, outcome: Awaitable[provider.Outcome]) -> None:
         try:
@@ -767,13 +781,21 @@ class FleetKeeper:
     # ---- what the others read ----
 
     def line_note(self, now: float) -> str:
-        """What people in line read about the fleet now."""
+        """What people in line read about the fleet now: machines of a grow the cloud has not
+        answered yet are not on their way, they are being asked for."""
         refused = self.state.line_note if self.blocked("grow", now) else ""
-        on_the_way = [Machine(a.name, "asked", a.at, asked=a.at) for a in self.state.asked]
+        call = self.state.call or {}
+        asking = call.get("action") == "grow"
+        unanswered = set(call.get("asked") or ()) if asking else set()
+        on_the_way = [
+            Machine(a.name, "asked", a.at, asked=a.at)
+            for a in self.state.asked
+            if a.name not in unanswered
+        ]
         on_the_way += [  # a fixed machine joining is not awaited (``capacity.arrival``)
             m for m in self.seen if m.state in capacity.ON_ITS_WAY and m.state != "asked"
         ]
-        return capacity.for_the_line(now, on_the_way, self.expected(), refused)
+        return capacity.for_the_line(now, on_the_way, self.expected(), refused, asking)
 
     def publish(self, now: float) -> None:
         """The state, the dashboard's snapshot and the line's words, as they are now."""
@@ -793,8 +815,16 @@ class FleetKeeper:
         events.write_whole(self.dashboard_dir / SNAPSHOT_FILE, json.dumps(made, ensure_ascii=False))
 
     async def keep(self) -> None:
-        """A round at once, then every ``every`` seconds (``periodic.keep``)."""
-        await periodic.keep(self.round, self.every, self.log, "fleet round")
+        """A round at once, then ``every`` seconds after each, and as soon as someone joins
+        the line (at most one round a ``soonest``; ``periodic.keep``)."""
+        await periodic.keep(
+            self.round,
+            self.every,
+            self.log,
+            "fleet round",
+            wake=self.line_joined(),
+            least=self.soonest,
+        )
 
 
 def clock_time(when: float, zone: str = "UTC") -> str:

@@ -8,8 +8,10 @@ machines that join with the line `make join-command` prints, after a boot delay.
 A participant who finds no free slice joins the line and reads that a GPU machine is on its
 way; the cloud is asked once, for one machine, which joins, and their server starts on it.
 They stop; after EMPTY_FOR_S the machine is paused, then removed through the cloud, and no
-server was ended. Last, the cloud refuses a grow with Google Cloud's recorded quota error: the
-dashboard shows it within a round (10 s) and the person in line is told.
+server was ended. Then the idle stop (GPUHUB_FLEET_STOP_IDLE_AFTER): a second participant served
+on a second machine does nothing, their server is stopped, the machine given back, their file
+kept in their shared home. Last, the cloud refuses a grow with Google Cloud's recorded quota
+error: the dashboard shows it within a round (10 s) and the person in line is told.
 
 The bed as the test finds it is 3 GPU machines (the manager and w1, w2; 18 slices), joined by
 hand: fixed machines (docs/autoscaling.md), never given back, whose free slices would serve the
@@ -21,8 +23,8 @@ fleet on (soon after, as when every GPU machine counted as the group's and empty
 given back; the manager runs the hub). Nothing is started or stopped for it; the hub sees no
 GPU slice at all, and the participant's request must still be able to wait in line for the
 machine the fleet asks for. Afterwards the hub is scaled to nothing first, then the three are
-resumed and the suite's own stack deployed again. At most one fresh machine is made (2
-simulated GPUs, 6 slices).
+resumed and the suite's own stack deployed again. Two fresh machines are made, one after the
+other (2 simulated GPUs, 6 slices each).
 """
 
 from __future__ import annotations
@@ -30,16 +32,18 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import docker
 import pytest
 import requests
 
+from gpu_swarm_spawner.capacity import ASKING_MESSAGE as ASKING
 from gpu_swarm_spawner.capacity import on_its_way_message
 from gpu_swarm_spawner.contract import USER_LABEL
 from gpu_swarm_spawner.events import FLEET_STOP_IDLE, read_events
-from gpu_swarm_spawner.provider import QUOTA, backoff, last_line
+from gpu_swarm_spawner.provider import QUOTA, last_line
 from gpu_swarm_spawner.tasks import is_live, running_since
 
 from . import bed_cloud
@@ -48,7 +52,7 @@ from .bed_cloud import Bed, BedCloud, recorded
 from .conftest import HOMES
 from .hub import BED_HOST, container_of, deploy
 from .spawners import inventory, remove_services, wait_slices_free
-from .test_line import progress
+from .test_line import PageWatch, progress
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +65,8 @@ PARTICIPANT, LATER = "ci-fleet-p", "ci-fleet-q"
 IDLE_S = 60
 #: the text people in line read while a machine is on its way (capacity.py), up to "(about"
 ON_ITS_WAY = on_its_way_message(60).split(" (")[0]
+#: the most seconds from joining the line to the cloud's ask, and from that ask to the page
+TELL_S = 5
 
 
 def fleet_settings(url: str) -> dict[str, str]:
@@ -211,24 +217,50 @@ def user_state(hub, user: str) -> dict:
     return server.get("state") or {}
 
 
+def joined_line(hub, user: str) -> float:
+    """When the hub put ``user`` in the waiting line (its "joined line" event)."""
+    return next(e.time for e in hub_events(hub) if e.kind == "joined line" and e.user == user)
+
+
 def test_a_participant_in_line_is_told_a_machine_comes_and_is_served_on_it(hub, fleet):
+    """They join the line: the cloud is asked at once (the newcomer wakes the fleet's round),
+    and their page, open all along, reads that the hub is asking, then that a machine is on its
+    way, within seconds; the machine joins and their server starts on it."""
     cloud = fleet.cloud
     hub.api("POST", f"/users/{PARTICIPANT}")
-    t0 = time.time()
-    r = hub.api("POST", f"/users/{PARTICIPANT}/server", json={"line": "join"})
-    assert r.status_code == 202, (r.status_code, r.text)  # no free slice: in line
-    told = wait_for(
-        f"{PARTICIPANT} reads that a machine is on its way",
-        lambda: [m for m in progress(hub, PARTICIPANT) if ON_ITS_WAY in m],
-        3 * ROUND_S + 10,
-        seen=lambda: (progress(hub, PARTICIPANT), cloud.listing()),
+    page = PageWatch(hub, PARTICIPANT)  # the spawn page, as a browser keeps it open
+    try:
+        # (the REST API answers after JupyterHub's slow_spawn_timeout, 10 s; the page is read
+        # all along)
+        r = hub.api("POST", f"/users/{PARTICIPANT}/server", json={"line": "join"})
+        assert r.status_code == 202, (r.status_code, r.text)  # no free slice: in line
+        told = wait_for(
+            f"{PARTICIPANT}'s page reads that a machine is on its way",
+            lambda: page.first(ON_ITS_WAY),
+            3 * ROUND_S + 10,
+            seen=lambda: (page.seen, cloud.listing()),
+            every=0.1,
+        )
+    finally:
+        page.stop()
+    joined = joined_line(hub, PARTICIPANT)
+    grows = cloud.asked("grow")
+    assert grows, [(r.at - joined, r.op, r.args, r.status) for r in cloud.requests]
+    asked = grows[0].at
+    asking = page.first(ASKING)
+    assert asking is not None and asking <= told, page.seen  # asking, then on its way
+    print(
+        f"after joining the line: the cloud asked {asked - joined:.1f} s, the page read "
+        f"'{ASKING}' {asking - joined:.1f} s and '{ON_ITS_WAY}' {told - joined:.1f} s"
     )
-    print(f"told after {time.time() - t0:.1f} s: {told[-1]}")
-    waited = hub.wait_ready(PARTICIPANT, timeout=600)
+    assert asked - joined <= TELL_S, f"the cloud was asked {asked - joined:.1f} s after joining"
+    assert told - asked <= TELL_S, f"the page read it {told - asked:.1f} s after the cloud's ask"
+    hub.wait_ready(PARTICIPANT, timeout=600)
+    ready = time.time()
     grows = cloud.asked("grow")
     # once, for one machine: the group is the cloud's machines only (the manager is not in it)
     assert [(r.args, r.status) for r in grows] == [(["1"], 0)], [
-        (r.at - t0, r.op, r.args, r.status, r.output) for r in cloud.requests
+        (r.at - joined, r.op, r.args, r.status, r.output) for r in cloud.requests
     ]
     assert len(cloud.instances) == 1, cloud.listing()
     (instance,) = cloud.instances.values()
@@ -237,8 +269,8 @@ def test_a_participant_in_line_is_told_a_machine_comes_and_is_served_on_it(hub, 
     state = user_state(hub, PARTICIPANT)
     assert state.get("gpu_node") == instance.name, state
     print(
-        f"asked after {grows[0].at - t0:.1f} s, made after {instance.made - t0:.1f} s, joined "
-        f"after {instance.started - t0:.1f} s, server ready after {waited:.1f} s in line"
+        f"after joining the line: the machine made {instance.made - joined:.1f} s, joined the "
+        f"swarm {instance.started - joined:.1f} s, the server ready {ready - joined:.1f} s"
     )
 
 
@@ -296,46 +328,15 @@ def dashboard_state(hub, fleet: Fleet) -> str:
     return json.dumps(r.json())
 
 
-def test_a_refused_grow_is_on_the_dashboard_within_a_round_and_the_line_is_told(hub, fleet):
-    cloud = fleet.cloud
-    text = recorded(bed_cloud.QUOTA_TEXT)
-    said = last_line(text)  # what the organizer's line quotes of the cloud's answer
-    assert said not in dashboard_state(hub, fleet)
-    cloud.refuse_next_grow(text)
-    start(hub, LATER, line="join")
-    refused = wait_for(
-        "the cloud asked to grow again",
-        lambda: [r for r in cloud.asked("grow") if r.status == 1],
-        3 * ROUND_S + 10,
-        seen=lambda: [(r.op, r.args, r.status) for r in cloud.requests],
-    )
-    shown = wait_for(
-        "the refusal on the dashboard",
-        lambda: (QUOTA in (state := dashboard_state(hub, fleet)) and said in state) and time.time(),
-        30,
-        seen=lambda: dashboard_state(hub, fleet)[-2000:],
-        every=0.25,
-    )
-    late = shown - refused[0].at
-    print(f"the refusal on the dashboard {late:.1f} s after the cloud's answer")
-    assert late <= ROUND_S, f"the refusal reached the dashboard after {late:.1f} s"
-    wait_for(
-        f"{LATER} told that no machine can come now",
-        lambda: [m for m in progress(hub, LATER) if "No more GPU machines" in m],
-        ROUND_S + 10,
-        seen=lambda: progress(hub, LATER),
-    )
-    assert cloud.size == 0 and len(cloud.instances) == 1, cloud.listing()
-
-
 def test_idle_servers_are_stopped_so_that_their_machine_is_given_back_files_kept(hub, fleet):
-    """GPUHUB_FLEET_STOP_IDLE_AFTER (IDLE_S): LATER, still in line after the refusal, is served
-    on the machine the hub asks for once the quota's back-off ends (a second fresh machine).
+    """GPUHUB_FLEET_STOP_IDLE_AFTER (IDLE_S): LATER, in line with no GPU machine (the first one
+    was given back), is served on the machine the hub asks for (a second fresh machine).
     They write a file and do nothing more: IDLE_S after their server began running it is
     stopped (a 'fleet stop idle' naming them), the machine is given back after EMPTY_FOR_S,
     paused first with no server on it, and the file is in their shared home."""
     cloud = fleet.cloud
-    waited = hub.wait_ready(LATER, timeout=backoff(QUOTA, 1) + 300)
+    start(hub, LATER, line="join")
+    waited = hub.wait_ready(LATER, timeout=300)
     machine = user_state(hub, LATER).get("gpu_node")
     assert machine in cloud.instances and machine != fleet.machine, (machine, cloud.listing())
     service = "jy-ci-2dfleet-2dq"  # LATER's, escaped as dockerspawner does
@@ -372,3 +373,42 @@ def test_idle_servers_are_stopped_so_that_their_machine_is_given_back_files_kept
     print(f"{machine} given back {removal[0].at - stop.time:.1f} s after the stop")
     kept = Path(HOMES) / "ci-2dfleet-2dq" / "idle-notes.txt"
     assert kept.read_text() == "kept\n"
+
+
+def test_a_refused_grow_is_on_the_dashboard_within_a_round_and_the_line_is_told(hub, fleet):
+    cloud = fleet.cloud
+    text = recorded(bed_cloud.QUOTA_TEXT)
+    said = last_line(text)  # what the organizer's line quotes of the cloud's answer
+    assert said not in dashboard_state(hub, fleet)
+    cloud.refuse_next_grow(text)
+    # the start's REST call answers after JupyterHub's slow_spawn_timeout (10 s), and the cloud
+    # is asked as LATER joins the line: the dashboard is watched meanwhile
+    with ThreadPoolExecutor(1) as pool:
+        joining = pool.submit(start, hub, LATER, line="join")
+        refused = wait_for(
+            "the cloud asked to grow again",
+            lambda: [r for r in cloud.asked("grow") if r.status == 1],
+            3 * ROUND_S + 10,
+            seen=lambda: [(r.op, r.args, r.status) for r in cloud.requests],
+            every=0.1,
+        )
+        shown = wait_for(
+            "the refusal on the dashboard",
+            lambda: (
+                said in (state := dashboard_state(hub, fleet)) and QUOTA in state and time.time()
+            ),
+            30,
+            seen=lambda: dashboard_state(hub, fleet)[-2000:],
+            every=0.25,
+        )
+        joining.result()
+    late = shown - refused[0].at
+    print(f"the refusal on the dashboard {late:.1f} s after the cloud's answer")
+    assert late <= ROUND_S, f"the refusal reached the dashboard after {late:.1f} s"
+    wait_for(
+        f"{LATER} told that no machine can come now",
+        lambda: [m for m in progress(hub, LATER) if "No more GPU machines" in m],
+        ROUND_S + 10,
+        seen=lambda: progress(hub, LATER),
+    )
+    assert cloud.size == 0 and len(cloud.instances) == 2, cloud.listing()

@@ -12,6 +12,7 @@ left afterwards. Last, a hub restart empties the line, and the participant waiti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -42,24 +43,71 @@ def no_gpu_over_its_slices() -> None:
     assert all(g.used <= g.slices for g in gpus.values()), gpus
 
 
+def _stream(hub, user: str, done: threading.Event, heard) -> None:
+    """``heard(message)`` for each message of the user's progress stream, from its first,
+    until the stream ends or ``done`` is set. The reader closes the stream itself: a close from
+    another thread waits until this one's read returns, which is at the hub's next keep-alive
+    (every 8 s) when no message comes."""
+    with hub.api("GET", f"/users/{user}/server/progress", stream=True) as r:
+        for line in r.iter_lines(decode_unicode=True):
+            if done.is_set():
+                return
+            if line.startswith("data:"):
+                heard(json.loads(line[5:])["message"])
+
+
 def progress(hub, user: str, seconds: float = 2.0) -> list[str]:
-    """The messages of the user's spawn-pending page so far (its progress stream)."""
-    r = hub.api("GET", f"/users/{user}/server/progress", stream=True)
+    """The messages of the user's spawn-pending page so far (its progress stream), as read
+    for ``seconds``."""
     messages: list[str] = []
+    done = threading.Event()
 
     def read():
-        try:
-            for line in r.iter_lines(decode_unicode=True):
-                if line.startswith("data:"):
-                    messages.append(json.loads(line[5:])["message"])
-        except Exception:  # closed under it
-            pass
+        with contextlib.suppress(Exception):  # no stream (not pending), or cut off
+            _stream(hub, user, done, messages.append)
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(seconds)
-    r.close()
-    return messages
+    threading.Thread(target=read, daemon=True).start()
+    done.wait(seconds)
+    done.set()
+    return list(messages)
+
+
+class PageWatch:
+    """The user's spawn-pending page as a browser keeps it open, from before the spawn asked
+    for is pending until ``stop()``: ``seen`` is each message of the progress stream with the
+    time it arrived (epoch seconds). A stream that ends or is not there yet is opened again;
+    the messages it repeats (each opening sends the spawn's stages from the first) are not
+    counted twice."""
+
+    def __init__(self, hub, user: str):
+        self.seen: list[tuple[float, str]] = []
+        self.done = threading.Event()
+        threading.Thread(target=self._watch, args=(hub, user), daemon=True).start()
+
+    def _watch(self, hub, user: str) -> None:
+        while not self.done.is_set():
+            with contextlib.suppress(Exception):
+                _stream(hub, user, self.done, self._heard())
+            self.done.wait(0.1)
+
+    def _heard(self):
+        """What one opening of the stream hears: its first messages are those seen before."""
+        count = 0
+
+        def heard(message: str) -> None:
+            nonlocal count
+            count += 1
+            if count > len(self.seen):
+                self.seen.append((time.time(), message))
+
+        return heard
+
+    def first(self, text: str) -> float | None:
+        """When a message with ``text`` first arrived; None while none has."""
+        return next((at for at, m in self.seen if text in m), None)
+
+    def stop(self) -> None:
+        self.done.set()
 
 
 def place(hub, user: str) -> str:

@@ -12,6 +12,7 @@ from gpu_swarm_spawner.broker import (
     LineFull,
     NoRoom,
     Request,
+    line_joined,
     of_hub,
     of_hub_if_made,
 )
@@ -423,3 +424,19 @@ async def test_the_fleets_words_reach_the_line_when_they_change_not_at_its_next_
     line_broker.tell_fleet_note("A GPU machine is on its way (about 4 minutes).")
     assert len(told.heard["a"]) == heard + 1
     wait.cancel()
+
+
+async def test_each_newcomer_to_the_line_rings_the_hubs_bell_made_before_its_broker(line_broker):
+    """The fleet keeper waits on ``line_joined()`` between rounds, perhaps since before the
+    first spawner made the broker (a hub just started): a newcomer sets that same event, and
+    one who leaves does not."""
+    bell = line_joined()  # the keeper's, taken before any broker of this loop exists
+    assert of_hub_if_made() is None and line_joined() is bell and not bell.is_set()
+    swarm = Swarm(FULL_GPU, running("x", "y", "z"))
+    wait = asyncio.ensure_future(line_broker.wait_in_line("a", Request(1), swarm, Told().to("a")))
+    await until(lambda: line_broker.waiting())
+    assert bell.is_set()
+    bell.clear()
+    wait.cancel()
+    await asyncio.sleep(0)
+    assert not line_broker.waiting() and not bell.is_set()

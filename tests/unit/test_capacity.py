@@ -1090,3 +1090,16 @@ def test_the_line_reads_the_clouds_refusal_before_any_machine_on_its_way():
     )
     assert capacity.for_the_line(NOW, coming, 300, "No more.") == "No more."
     assert capacity.for_the_line(NOW, [], 300) == ""
+
+
+def test_while_the_grow_command_runs_the_line_reads_that_the_hub_is_asking():
+    """Not "on its way" before the cloud said yes; a machine it said yes to before, or its
+    refusal, is what the line reads all the same."""
+    said_yes = [Machine("asked-1", "asked", NOW - 60, asked=NOW - 60)]
+    assert capacity.for_the_line(NOW, [], 300, asking=True) == (
+        "The hub is asking the cloud for a GPU machine."
+    )
+    assert capacity.for_the_line(NOW, said_yes, 300, asking=True).startswith(
+        "A GPU machine is on its way"
+    )
+    assert capacity.for_the_line(NOW, [], 300, "No more.", asking=True) == "No more."

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpu_swarm_spawner import capacity, contract, events, fleet, line, provider
+from gpu_swarm_spawner import capacity, contract, events, fleet, line, periodic, provider
 from gpu_swarm_spawner.capacity import Settings
 from gpu_swarm_spawner.line import Entry
 from gpu_swarm_spawner.placement import Request
@@ -54,13 +54,15 @@ def server(name: str, slices: int = 1, service: str = "svc"):
 
 class Cloud:
     """The provider's commands, answered: ``said[action]`` the outcomes to give next (then
-    ok), ``hang`` actions that never answer, ``calls`` each call made."""
+    ok), ``hang`` actions that never answer, ``held[action]`` an event each call of that
+    action waits for before answering, ``calls`` each call made."""
 
     def __init__(self, why: str = ""):
         self.commands = SimpleNamespace(why=why)
         self.calls: list[tuple] = []
         self.said: dict[str, list[provider.Outcome]] = {}
         self.hang: set[str] = set()
+        self.held: dict[str, asyncio.Event] = {}
         self.in_flight = 0
         self.most_at_once = 0
 
@@ -70,6 +72,8 @@ class Cloud:
         try:
             if action in self.hang:
                 await asyncio.Event().wait()
+            if action in self.held:
+                await self.held[action].wait()
             await asyncio.sleep(0)
             queued = self.said.get(action) or []
             if queued:
@@ -490,6 +494,77 @@ async def test_a_provider_call_that_hangs_holds_no_round_and_no_second_call_star
 
 
 # ---- the line's words ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "answer, then",
+    [
+        (None, "A GPU machine is on its way (about 5 minutes)."),
+        (QUOTA, provider.FOR_THE_LINE[provider.QUOTA].strip()),
+    ],
+)
+async def test_the_line_reads_that_the_hub_asks_until_the_cloud_said_yes_or_no(
+    tmp_path, answer, then
+):
+    """While the grow command runs (Azure's waits until the machines are made), nobody is told
+    a machine is on its way: they read that the hub is asking; then what the cloud said."""
+    hub = Hub(tmp_path)
+    hub.cloud.held["grow"] = asked = asyncio.Event()
+    if answer:
+        hub.cloud.said["grow"] = [refused(answer, "grow the group to 1")]
+    hub.line = Line([1])
+    assert await hub.round(settle=False) == [("grow", 1)]
+    assert hub.line.fleet_note == capacity.ASKING_MESSAGE
+    assert hub.snapshot()["coming"]["machines"] == 1  # the organizer sees it asked for
+    hub.now += 10
+    await hub.round(settle=False)  # a round during the call says the same
+    assert hub.line.fleet_note == capacity.ASKING_MESSAGE
+    asked.set()
+    await asyncio.wait_for(hub.keeper.call_task, 2)
+    assert hub.line.fleet_note == then
+    assert hub.cloud.calls == [("grow", 1)]
+
+
+async def test_someone_joining_the_line_starts_a_round_at_once_not_at_the_next(tmp_path):
+    """The keeper's rounds are an hour apart here: the newcomer's bell (the broker's
+    ``line_joined``) is what brings the round that asks for a machine."""
+    bell = asyncio.Event()
+    hub = Hub(tmp_path, every=3600, soonest=0, line_joined=lambda: bell)
+    keeping = asyncio.ensure_future(hub.keeper.keep())
+    await until(lambda: hub.keeper.state.last_round)  # the first round, at once
+    hub.line = Line([1])
+    await asyncio.sleep(0.1)
+    assert hub.cloud.calls == []  # nobody rang: the next round is an hour away
+    bell.set()
+    await until(lambda: hub.cloud.calls == [("grow", 1)])
+    await until(lambda: hub.line.fleet_note.startswith("A GPU machine is on its way"))
+    bell.set()  # another newcomer: a round, and never a second grow for the same people
+    await until(lambda: not bell.is_set())
+    await asyncio.sleep(0.1)
+    assert hub.cloud.calls == [("grow", 1)]
+    keeping.cancel()
+
+
+async def test_a_burst_of_wake_ups_brings_one_round_no_sooner_than_the_least_gap():
+    gate, began = asyncio.Event(), []
+    wake = asyncio.Event()
+
+    async def one_round():
+        began.append(asyncio.get_running_loop().time())
+        if len(began) == 1:
+            await gate.wait()
+
+    keeping = asyncio.ensure_future(periodic.keep(one_round, 3600, LOG, "round", wake, 0.3))
+    await until(lambda: began)
+    for _ in range(20):  # twenty newcomers during the first round
+        wake.set()
+        await asyncio.sleep(0)
+    gate.set()
+    await until(lambda: len(began) == 2)
+    await asyncio.sleep(0.4)
+    assert len(began) == 2  # one round for all of them, then the hour's wait
+    assert began[1] - began[0] >= 0.29
+    keeping.cancel()
 
 
 async def test_people_in_line_read_that_a_machine_is_on_its_way(tmp_path):
