@@ -274,6 +274,23 @@ def test_a_participant_in_line_is_told_a_machine_comes_and_is_served_on_it(hub, 
     )
 
 
+def wait_forgotten(machine: str) -> None:
+    """The swarm forgets a machine given back once it is down (the hub's part after the
+    cloud's): until then the next test's fleet still sees it."""
+    wait_for(
+        f"{machine}'s node removed from the swarm",
+        lambda: (
+            machine
+            not in {n.attrs["Description"]["Hostname"] for n in docker.from_env().nodes.list()}
+        ),
+        90,
+        seen=lambda: [
+            (n.attrs["Description"]["Hostname"], n.attrs["Status"]["State"])
+            for n in docker.from_env().nodes.list()
+        ],
+    )
+
+
 def test_the_empty_machine_is_paused_then_given_back_and_no_server_ended(hub, fleet):
     cloud, machine = fleet.cloud, fleet.machine
     assert machine, "the participant was not served on a machine of the cloud"
@@ -291,19 +308,7 @@ def test_the_empty_machine_is_paused_then_given_back_and_no_server_ended(hub, fl
     # paused first, and no participant's server on it as it went
     assert fleet.bed.seen[machine] == ("pause", 0), fleet.bed.seen
     assert cloud.size == 0 and [r.op for r in cloud.requests].count("grow") == 1
-    # the swarm forgets the machine once it is down (the hub's part after the cloud's)
-    wait_for(
-        f"{machine}'s node removed from the swarm",
-        lambda: (
-            machine
-            not in {n.attrs["Description"]["Hostname"] for n in docker.from_env().nodes.list()}
-        ),
-        90,
-        seen=lambda: [
-            (n.attrs["Description"]["Hostname"], n.attrs["Status"]["State"])
-            for n in docker.from_env().nodes.list()
-        ],
-    )
+    wait_forgotten(machine)
     # and the hub's own record: no server of anyone ended there after it was given back
     ended = [
         e
@@ -371,6 +376,7 @@ def test_idle_servers_are_stopped_so_that_their_machine_is_given_back_files_kept
     wait_for(f"{machine} destroyed", lambda: machine in fleet.bed.seen, 60)
     assert fleet.bed.seen[machine] == ("pause", 0), fleet.bed.seen
     print(f"{machine} given back {removal[0].at - stop.time:.1f} s after the stop")
+    wait_forgotten(machine)
     kept = Path(HOMES) / "ci-2dfleet-2dq" / "idle-notes.txt"
     assert kept.read_text() == "kept\n"
 
