@@ -3,7 +3,7 @@ join line ``make join-command`` prints (docs/autoscaling.md). Pure, standard lib
 ``main`` reads the line on standard input:
 
     sudo make join-command | python3 -m deploy.cloud_init --repository URL [--ref main]
-        [--name-by-instance-id]
+        [--name-by-instance-id] [--nfs SERVER:/EXPORT[=/MOUNTPOINT] ... [--nfs-options OPTS]]
 
 It prints a ``#cloud-config`` document to paste into the cloud group's launch template (AWS
 user data, Google Cloud ``user-data`` metadata, Azure custom data). At the machine's first boot
@@ -17,6 +17,18 @@ joined by hand with the printed line is fixed (docs/autoscaling.md). With
 ``--name-by-instance-id`` (AWS) the machine first takes its EC2 instance id as its hostname, so
 that the hub's remove command can name it.
 
+With ``--nfs SERVER:/EXPORT=/MOUNTPOINT`` (``=/MOUNTPOINT`` left out: the export's own path, as
+docs/homes.md lays the manager's ``/srv/gpuhub`` out), first of all the script mounts the
+shared storage that the join line's ``--shared-folder`` folders are on: the NFS client if
+missing (``nfs-common``, apt-get), the mount point, a line in ``/etc/fstab`` so that a reboot
+mounts it again (``nfs4 rw,hard,_netdev``, homes.md's line, or ``--nfs-options``) and the
+mount, tried again a few times while the server does not answer. The line has no ``nofail``:
+with ``_netdev`` a remote mount that fails does not stop the boot anyway (systemd's
+remote-fs.target fails, no emergency shell), and ``nofail`` would only hide the failure. A
+mount that never succeeds stops the script before the join, with a line in the log that says
+what to check. Without ``--nfs`` the machine's image must mount the storage; ``main`` warns
+when the join line names shared folders that no ``--nfs`` covers.
+
 The user data holds the swarm's worker token, as the join line does: whoever can read the
 group's launch template or a machine's user data can join the swarm as a worker. Keep both to
 the organizers, and block the metadata address for participants (the hub's servers never
@@ -26,8 +38,11 @@ reach it: docs/participants.md).
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shlex
 import sys
+from typing import NamedTuple
 
 SETUP = "./worker_setup/setup.sh"
 #: The join's option that marks a machine of the cloud's group (worker_setup/__main__.py).
@@ -36,10 +51,162 @@ FOLDER = "/opt/gpu-jupyterhub"
 LOG = "/var/log/gpuhub-join.log"
 #: Tries of the join while the manager does not answer yet, and the seconds between them.
 TRIES, PAUSE_S = 5, 30
+#: The join's option naming a folder the machine must have (worker_setup/shared_folders.py).
+SHARED_FOLDER = "--shared-folder"
+#: The options of the shared storage's line in /etc/fstab unless --nfs-options says others
+#: (docs/homes.md's line for a GPU machine; no ``nofail``: see the module's doc).
+NFS_OPTIONS = "rw,hard,_netdev"
+#: An NFS server as /etc/fstab names it: a host name, an IPv4 address or an IPv6 one in [].
+SERVER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+\]")
 
 
 class JoinLineError(ValueError):
     """Not a join line this can use; the message says what to give instead."""
+
+
+class Mount(NamedTuple):
+    """One ``--nfs``: the NFS server, the path it exports and where this machine mounts it."""
+
+    server: str
+    export: str
+    point: str
+    options: str = NFS_OPTIONS
+
+    @property
+    def fstab_line(self) -> str:
+        return f"{self.server}:{self.export} {self.point} nfs4 {self.options} 0 0"
+
+
+def parse_nfs(value: str, options: str = NFS_OPTIONS) -> Mount:
+    """``SERVER:/EXPORT[=/MOUNTPOINT]`` as a Mount with the /etc/fstab ``options``;
+    JoinLineError, saying what to write, for anything else."""
+    if not options or any(c.isspace() or c in "\\'" for c in options):
+        raise JoinLineError(
+            f"--nfs-options {options!r} is not a list of mount options without spaces, e.g. "
+            f"{NFS_OPTIONS} (docs/homes.md gives AWS EFS's)"
+        )
+    source, equals, point = value.partition("=")
+    server, colon, export = source.partition(":/")
+    export = "/" + export if colon else ""
+    example = "e.g. --nfs 10.0.0.5:/srv/gpuhub=/srv/gpuhub (docs/homes.md)"
+    if not SERVER.fullmatch(server) or not export or any(c.isspace() or c == "\\" for c in value):
+        raise JoinLineError(
+            f"--nfs {value!r} is not SERVER:/EXPORT=/MOUNTPOINT (a host name or address, "
+            f"and paths without spaces or backslashes, which /etc/fstab would read otherwise); "
+            f"{example}"
+        )
+    if not equals:
+        point = export
+    if not point.startswith("/"):
+        raise JoinLineError(
+            f"--nfs {value!r}: the mount point {point!r} is not an absolute path; the hub's "
+            f"folders are mounted at the same path on every machine, {example}"
+        )
+    point = os.path.normpath(point)
+    if point == "/" or point.startswith("//"):
+        raise JoinLineError(
+            f"--nfs {value!r}: the storage cannot be mounted on /; name the folder it is "
+            f"mounted at on the manager, {example}"
+        )
+    return Mount(server, export, point, options)
+
+
+def shared_folders(words: list[str]) -> list[str]:
+    """The folders the join line's ``--shared-folder PATH=ID`` options name."""
+    found = []
+    for index, word in enumerate(words):
+        if word == SHARED_FOLDER and index + 1 < len(words):
+            value = words[index + 1]
+        elif word.startswith(SHARED_FOLDER + "="):
+            value = word.removeprefix(SHARED_FOLDER + "=")
+        else:
+            continue
+        found.append(os.path.normpath(value.rpartition("=")[0] or value))
+    return found
+
+
+def not_mounted(words: list[str], mounts: list[Mount]) -> list[str]:
+    """The join line's shared folders that are neither a mount point of ``mounts`` nor inside
+    one."""
+    return [
+        folder
+        for folder in shared_folders(words)
+        if not any(os.path.commonpath([folder, m.point]) == m.point for m in mounts)
+    ]
+
+
+def mount_warning(words: list[str], mounts: list[Mount]) -> str:
+    """A warning when the join line names shared folders that no ``--nfs`` mounts ("" when
+    none): the join refuses a machine without them, unless its image mounts them."""
+    missing = not_mounted(words, mounts)
+    if not missing:
+        return ""
+    manager = words[words.index("--manager") + 1].rpartition(":")[0] or "MANAGER"
+    common = os.path.commonpath(missing)
+    export = common if common != "/" else missing[0]
+    return (
+        f"warning: the join line names the shared folder(s) {' '.join(missing)}, which every "
+        "machine of the group must have mounted before it joins, and no --nfs mounts them: "
+        "the join refuses each machine whose image does not mount them itself. To mount the "
+        f"manager's NFS export at boot, add e.g. --nfs {manager}:{export} (the export that "
+        "holds them, mounted at the same path; docs/homes.md)"
+    )
+
+
+def apt_install(command: str, packages: str) -> list[str]:
+    """Shell lines that install ``packages`` with apt-get when ``command`` is missing."""
+    return [
+        f"if ! command -v {command} >/dev/null; then",
+        "  export DEBIAN_FRONTEND=noninteractive",
+        "  apt-get update -qq",
+        f"  apt-get install -y -qq --no-install-recommends {packages}",
+        "fi",
+    ]
+
+
+def mount_lines(mounts: list[Mount]) -> list[str]:
+    """Shell lines that mount each of ``mounts`` now and at every boot (its line in
+    /etc/fstab), tried ``TRIES`` times while the server does not answer; the script stops when
+    one never mounts."""
+    if not mounts:
+        return []
+    lines = [
+        "# the shared storage the join checks for (docs/homes.md), mounted before the join",
+        'export PATH="$PATH:/usr/sbin:/sbin"',
+        "if ! command -v mount.nfs >/dev/null && ! command -v apt-get >/dev/null; then",
+        '  echo "no NFS client (mount.nfs) and no apt-get to install nfs-common: install the '
+        'NFS client in the image (nfs-utils on RHEL, Fedora, Amazon Linux, SUSE)"',
+        "  exit 1",
+        "fi",
+        *apt_install("mount.nfs", "nfs-common"),
+    ]
+    for m in mounts:
+        point = shlex.quote(m.point)
+        source = f"{m.server}:{m.export}"
+        given_up = (
+            f"could not mount {source} at {m.point} after {TRIES} tries: check that the "
+            "server exports it to this machine and that TCP 2049 is open from here "
+            "(docs/homes.md); the join would refuse this machine"
+        )
+        lines += [
+            f"mkdir -p {point}",
+            # its line once, even when the script runs again
+            f"if ! awk -v p={point} '$2 == p {{ n++ }} END {{ exit !n }}' /etc/fstab; then",
+            f"  echo {shlex.quote(m.fstab_line)} >>/etc/fstab",
+            "fi",
+            f"for try in $(seq {TRIES}); do",
+            # retry=0: mount.nfs tries once, this loop paces the tries (its default: 2 minutes)
+            f"  if mountpoint -q {point} || mount -o retry=0 {point}; then break; fi",
+            f'  if [ "$try" -eq {TRIES} ]; then',
+            f"    echo {shlex.quote(given_up)}",
+            "    exit 1",
+            "  fi",
+            f"  echo {shlex.quote(f'mounting {source} failed')}"
+            f'" (try $try of {TRIES}); trying again in {PAUSE_S} s"',
+            f"  sleep {PAUSE_S}",
+            "done",
+        ]
+    return lines
 
 
 def join_words(printed: str) -> list[str]:
@@ -74,8 +241,15 @@ def join_words(printed: str) -> list[str]:
     return words if FLEET_GROUP in words else [*words, FLEET_GROUP]
 
 
-def join_script(words: list[str], repository: str, ref: str, name_by_instance_id: bool) -> str:
-    """The shell script a new machine runs once, at its first boot."""
+def join_script(
+    words: list[str],
+    repository: str,
+    ref: str,
+    name_by_instance_id: bool,
+    mounts: list[Mount] = (),
+) -> str:
+    """The shell script a new machine runs once, at its first boot: ``mounts`` first, then the
+    checkout and the join."""
     if not repository:
         raise JoinLineError(
             "name the repository the machine checks out (--repository URL, e.g. the address "
@@ -89,11 +263,8 @@ def join_script(words: list[str], repository: str, ref: str, name_by_instance_id
         "set -euo pipefail",
         f"exec >>{LOG} 2>&1",
         'echo "$(date -u +%FT%TZ) joining the GPU hub\'s swarm"',
-        "if ! command -v git >/dev/null; then",
-        "  export DEBIAN_FRONTEND=noninteractive",
-        "  apt-get update -qq",
-        "  apt-get install -y -qq --no-install-recommends git ca-certificates",
-        "fi",
+        *mount_lines(list(mounts)),
+        *apt_install("git", "git ca-certificates"),
         f"if [ ! -d {checkout}/.git ]; then",
         f"  git clone --quiet {shlex.quote(repository)} {checkout}",
         "fi",
@@ -124,11 +295,15 @@ def join_script(words: list[str], repository: str, ref: str, name_by_instance_id
 
 
 def user_data(
-    printed: str, repository: str, ref: str = "main", name_by_instance_id: bool = False
+    printed: str,
+    repository: str,
+    ref: str = "main",
+    name_by_instance_id: bool = False,
+    mounts: list[Mount] = (),
 ) -> str:
     """The ``#cloud-config`` user data that joins a machine with the join line in ``printed``
-    (what ``make join-command`` printed)."""
-    script = join_script(join_words(printed), repository, ref, name_by_instance_id)
+    (what ``make join-command`` printed), after mounting ``mounts``."""
+    script = join_script(join_words(printed), repository, ref, name_by_instance_id, mounts)
     content = "".join(f"      {line}\n" if line else "\n" for line in script.splitlines())
     return (
         "#cloud-config\n"
@@ -159,13 +334,37 @@ def main(argv: list[str] | None = None, stdin=None, stdout=None) -> int:
         help="AWS: the machine takes its EC2 instance id as its hostname, which the remove "
         "command of docs/providers/aws.env takes",
     )
+    parser.add_argument(
+        "--nfs",
+        action="append",
+        default=[],
+        metavar="SERVER:/EXPORT[=/MOUNTPOINT]",
+        help="mount this NFS export before the join, at /MOUNTPOINT (the export's own path "
+        "when left out) and at every boot, e.g. 10.0.0.5:/srv/gpuhub, the manager's export "
+        "of docs/homes.md; once per export",
+    )
+    parser.add_argument(
+        "--nfs-options",
+        default=NFS_OPTIONS,
+        metavar="OPTIONS",
+        help=f"the mount options of each --nfs line in /etc/fstab ({NFS_OPTIONS}; AWS EFS: "
+        "those docs/homes.md gives)",
+    )
     args = parser.parse_args(argv)
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     try:
-        text = user_data(stdin.read(), args.repository, args.ref, args.name_by_instance_id)
+        mounts = [parse_nfs(value, args.nfs_options) for value in args.nfs]
+        points = [m.point for m in mounts]
+        if len(set(points)) < len(points):
+            raise JoinLineError("two --nfs options name the same mount point; give each once")
+        printed = stdin.read()
+        text = user_data(printed, args.repository, args.ref, args.name_by_instance_id, mounts)
     except JoinLineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    warning = mount_warning(join_words(printed), mounts)
+    if warning:
+        print(warning, file=sys.stderr)
     stdout.write(text)
     return 0
 
