@@ -720,6 +720,11 @@ def is_group_machine(node: dict) -> bool:
     return labels.get(FLEET_LABEL) == FLEET_GROUP
 
 
+def machine_name(node: dict) -> str:
+    """The name the fleet knows a swarm node by: its hostname, else its ID's first 12 digits."""
+    return (node.get("Description") or {}).get("Hostname") or str(node.get("ID", ""))[:12]
+
+
 def observe(
     now: float,
     nodes: Sequence[dict],
@@ -748,7 +753,7 @@ def observe(
         if not kinds:
             continue
         node_id = str(node.get("ID", ""))
-        name = (node.get("Description") or {}).get("Hostname") or node_id[:12]
+        name = machine_name(node)
         status = (node.get("Status") or {}).get("State", "")
         availability = (node.get("Spec") or {}).get("Availability", "")
         fixed = not is_group_machine(node)

@@ -512,10 +512,10 @@ class FleetKeeper:
             and live[name].state == "ready"
             and now - at <= max(settings.empty_for, 3 * self.every)
         }
-        hostnames = {n.get("ID"): (n.get("Description") or {}).get("Hostname") for n in nodes}
+        names = {n.get("ID"): capacity.machine_name(n) for n in nodes}
         where = {  # each server's service: its machine, and since when its task runs
             t.get("ServiceID"): (
-                hostnames.get(t.get("NodeID")) or str(t.get("NodeID", ""))[:12],
+                names.get(t.get("NodeID")) or str(t.get("NodeID", ""))[:12],
                 running_since(t),
             )
             for t in tasks
