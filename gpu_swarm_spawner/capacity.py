@@ -242,6 +242,12 @@ def late_after(expected: float) -> float:
     return 1.5 * expected
 
 
+def is_late(now: float, machine: Machine, expected: float) -> bool:
+    """Whether ``machine``, on its way, was asked for longer ago than ``late_after(expected)``
+    (one never asked for by the hub, ``asked`` 0, is never late)."""
+    return bool(machine.asked) and now - machine.asked > late_after(expected)
+
+
 def came_within(now: float, arrivals: Sequence[float], window: float) -> int:
     """How many of ``arrivals`` (epoch seconds) came in the ``window`` seconds up to ``now``."""
     return sum(1 for t in arrivals if now - window < t <= now)
@@ -373,8 +379,7 @@ def decide(
 
     # while people wait, a late machine is not counted as bringing slices (rule 3); with
     # nobody waiting it still counts for the margin
-    bound = late_after(settings.boot_and_join)
-    late = [m for m in coming if m.asked and now - m.asked > bound] if line else []
+    late = [m for m in coming if is_late(now, m, settings.boot_and_join)] if line else []
     late_why = [
         f"{m.name} is late: asked {_took(now - m.asked, settings.boot_and_join)} ago, a "
         f"machine usually joins in {_took(settings.boot_and_join, settings.boot_and_join)}"
@@ -609,11 +614,13 @@ def boot_and_join(samples: Sequence[float], default: float) -> float:
 
 def arrival(now: float, fleet: Sequence[Machine], expected: float) -> float | None:
     """Seconds until the first machine on its way is likely ready (at least a minute while it
-    is not); None when none is on its way."""
+    is not); None when none is on its way. A late machine (``is_late``) is counted only while
+    no other is on its way: the one asked in its place is the one to wait for."""
     coming = [m for m in fleet if m.state in ON_ITS_WAY and not m.fixed]
     if not coming:
         return None
-    soonest = min((m.asked or m.since) + expected for m in coming)
+    timely = [m for m in coming if not is_late(now, m, expected)] or coming
+    soonest = min((m.asked or m.since) + expected for m in timely)
     return max(soonest - now, 60.0)
 
 
@@ -622,12 +629,18 @@ def arrival(now: float, fleet: Sequence[Machine], expected: float) -> float | No
 ASKING_MESSAGE = "The hub is asking the cloud for a GPU machine."
 
 
-def on_its_way_message(seconds: float | None) -> str:
+#: What people in line read while every machine on its way is late (``is_late``): no minutes
+#: promised that the cloud has already failed to keep.
+LATE_MESSAGE = "A GPU machine is on its way, later than the cloud usually takes."
+
+
+def on_its_way_message(seconds: float | None, late: bool = False) -> str:
     """What people in line read beside their place: "A GPU machine is on its way (about 4
-    minutes)."; "" when no machine is on its way."""
+    minutes)."; ``LATE_MESSAGE`` when every machine on its way is ``late``; "" when no machine
+    is on its way."""
     if seconds is None:
         return ""
-    return f"A GPU machine is on its way ({about(seconds)})."
+    return LATE_MESSAGE if late else f"A GPU machine is on its way ({about(seconds)})."
 
 
 # ---- the swarm read into machines ------------------------------------------------------------
@@ -853,4 +866,7 @@ def for_the_line(
     ready, else ``ASKING_MESSAGE`` while the grow command runs (``asking``), else nothing."""
     if refused:
         return refused
-    return on_its_way_message(arrival(now, fleet, expected)) or (ASKING_MESSAGE if asking else "")
+    coming = [m for m in fleet if m.state in ON_ITS_WAY and not m.fixed]
+    late = all(is_late(now, m, expected) for m in coming)
+    said = on_its_way_message(arrival(now, coming, expected), late)
+    return said or (ASKING_MESSAGE if asking else "")

@@ -545,8 +545,8 @@ def test_the_line_is_told_when_the_first_machine_on_its_way_is_likely_ready():
     assert on_its_way_message(arrival(NOW, fleet, 360)) == (
         "A GPU machine is on its way (about 4 minutes)."
     )
-    late = [Machine("asked-1", "joining", NOW, asked=NOW - 900)]
-    assert arrival(NOW, late, 300) == 60  # overdue: still "about a minute", never negative
+    overdue = [Machine("asked-1", "joining", NOW, asked=NOW - 400)]
+    assert arrival(NOW, overdue, 300) == 60  # past its time, not late yet: never negative
     assert arrival(NOW, [ready("gpu-0")], 300) is None
     assert on_its_way_message(None) == ""
 
@@ -1103,3 +1103,24 @@ def test_while_the_grow_command_runs_the_line_reads_that_the_hub_is_asking():
         "A GPU machine is on its way"
     )
     assert capacity.for_the_line(NOW, [], 300, "No more.", asking=True) == "No more."
+
+
+def test_the_line_is_not_promised_minutes_by_a_late_machine():
+    # asked 900 s ago, a boot-and-join of 300 s: late (past 1.5 x 300 s); nothing else coming
+    late = Machine("asked-1", "joining", NOW, asked=NOW - 900)
+    assert capacity.for_the_line(NOW, [late], 300) == capacity.LATE_MESSAGE
+    assert "minute" not in capacity.LATE_MESSAGE
+    # the machine asked in its place is the one to wait for: its own minutes are told
+    instead = Machine("asked-2", "asked", NOW - 60, asked=NOW - 60)
+    assert arrival(NOW, [late, instead], 300) == 240
+    assert capacity.for_the_line(NOW, [late, instead], 300) == (
+        "A GPU machine is on its way (about 4 minutes)."
+    )
+    # overdue but not late yet: still the minute it may take
+    overdue = Machine("asked-1", "joining", NOW, asked=NOW - 400)
+    assert capacity.for_the_line(NOW, [overdue], 300) == (
+        "A GPU machine is on its way (about 1 minute)."
+    )
+    # a refusal still comes first, and nothing coming is nothing said
+    assert capacity.for_the_line(NOW, [late], 300, refused="No GPUs.") == "No GPUs."
+    assert capacity.for_the_line(NOW, [], 300) == ""
