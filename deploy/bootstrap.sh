@@ -54,8 +54,11 @@ venv_ready() {  # venv_ready [extras]
   local extras=${1:-} stamp stamps
   stamps=("$VENV/.installed${extras:+-$extras}")
   [ -n "$extras" ] || stamps=("$VENV"/.installed*)  # any: the project is in it
+  # a stamp names the checkout installed: a venv shared with another checkout (a git worktree
+  # linking it) is installed again from this one, not left importing the other's files
   for stamp in "${stamps[@]}"; do
-    [ -f "$stamp" ] && [ "$stamp" -nt "$REPO/pyproject.toml" ] && return 0
+    [ -f "$stamp" ] && [ "$stamp" -nt "$REPO/pyproject.toml" ] \
+      && [ "$(cat "$stamp")" = "$REPO" ] && return 0
   done
   return 1
 }
@@ -70,7 +73,11 @@ ensure_venv() {  # ensure_venv [extras]
   fi
   log "installing the project into $VENV${extras:+ (with $extras)}"
   quietly "pip install" "$VENV/bin/pip" install -q --disable-pip-version-check -e "$REPO${extras:+[$extras]}"
-  touch "$VENV/.installed${extras:+-$extras}"
+  local stamp
+  for stamp in "$VENV"/.installed*; do  # the others name the checkout installed before
+    [ "$stamp" = "$VENV/.installed${extras:+-$extras}" ] || rm -f "$stamp"
+  done
+  echo "$REPO" >"$VENV/.installed${extras:+-$extras}"
 }
 
 # Sourced: the functions only (and the caller's clock).

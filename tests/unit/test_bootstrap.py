@@ -52,7 +52,7 @@ def fake_venv(tmp_path: Path, calls: Path) -> Path:
     for name in ("pip", "python"):
         (venv / "bin" / name).write_text(f"#!/bin/sh\n{recorder(calls)}\n")
         (venv / "bin" / name).chmod(0o755)
-    (venv / ".installed").touch()
+    (venv / ".installed").write_text(f"{REPO}\n")  # the checkout installed: this one
     return venv
 
 
@@ -192,6 +192,23 @@ def test_a_venv_with_extras_serves_a_call_without_but_not_the_reverse(tmp_path):
     assert calls.read_text().startswith("pip install -q --disable-pip-version-check -e ")
     assert calls.read_text().rstrip().endswith("[test]")
     assert "installing the project into" in result.stdout and (venv / ".installed-test").exists()
+
+
+def test_a_venv_installed_from_another_checkout_is_installed_again_from_this_one(tmp_path):
+    # a git worktree sharing this checkout's .venv ran `make test` there: the project in the
+    # venv is the worktree's files, which may be gone or older
+    calls = tmp_path / "calls.log"
+    venv = fake_venv(tmp_path, calls)
+    (venv / ".installed").rename(venv / ".installed-test")
+    (venv / ".installed-test").write_text("/work/wt-other\n")
+    result = sourced(tmp_path, "ensure_venv test", {}, GPUHUB_VENV=str(venv))
+    assert result.returncode == 0, result.stderr
+    assert calls.read_text().startswith(f"pip install -q --disable-pip-version-check -e {REPO}[")
+    assert (venv / ".installed-test").read_text() == f"{REPO}\n"
+    calls.unlink()  # installed from here: ready, for a call with or without the extras
+    for script in ("ensure_venv test", "ensure_venv"):
+        result = sourced(tmp_path, script, {}, GPUHUB_VENV=str(venv))
+        assert result.returncode == 0 and not calls.exists(), result.stderr
 
 
 def test_a_failing_pip_shows_the_end_of_its_output(tmp_path):
