@@ -26,8 +26,14 @@ mount, tried again a few times while the server does not answer. The line has no
 with ``_netdev`` a remote mount that fails does not stop the boot anyway (systemd's
 remote-fs.target fails, no emergency shell), and ``nofail`` would only hide the failure. A
 mount that never succeeds stops the script before the join, with a line in the log that says
-what to check. Without ``--nfs`` the machine's image must mount the storage; ``main`` warns
-when the join line names shared folders that no ``--nfs`` covers.
+what to check. The join checks the storage once; at a later boot the script does not run, so
+a drop-in for Docker's unit (``DOCKER_DROP_IN``: ``RequiresMountsFor=`` each mount point) keeps
+the engine from starting until the storage is mounted. Without it a machine rebooted while the
+server is down would rejoin the swarm with empty local folders at the shared folders' paths,
+and a server placed there would write its participant's files to this machine's disk. With it
+the machine stays out of the swarm (its node down) until the storage is back
+(docs/homes.md: after a reboot). Without ``--nfs`` the machine's image must mount the storage;
+``main`` warns when the join line names shared folders that no ``--nfs`` covers.
 
 The user data holds the swarm's worker token, as the join line does: whoever can read the
 group's launch template or a machine's user data can join the swarm as a worker. Keep both to
@@ -58,6 +64,12 @@ SHARED_FOLDER = "--shared-folder"
 NFS_OPTIONS = "rw,hard,_netdev"
 #: An NFS server as /etc/fstab names it: a host name, an IPv4 address or an IPv6 one in [].
 SERVER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+\]")
+#: The drop-in that holds Docker's engine back at boot until the shared storage is mounted.
+#: ``RequiresMountsFor=`` adds Requires= and After= on each path's mount unit (systemd.unit(5)):
+#: ordered after the mount, and not started when it fails. In /etc/fstab it would take two
+#: options (``x-systemd.before=`` only orders, ``x-systemd.required-by=`` only requires) on a
+#: line the script leaves as it is when there is one already; the drop-in is written whole.
+DOCKER_DROP_IN = "/etc/systemd/system/docker.service.d/gpu-jupyterhub-shared-storage.conf"
 
 
 class JoinLineError(ValueError):
@@ -89,11 +101,15 @@ def parse_nfs(value: str, options: str = NFS_OPTIONS) -> Mount:
     server, colon, export = source.partition(":/")
     export = "/" + export if colon else ""
     example = "e.g. --nfs 10.0.0.5:/srv/gpuhub=/srv/gpuhub (docs/homes.md)"
-    if not SERVER.fullmatch(server) or not export or any(c.isspace() or c == "\\" for c in value):
+    if (
+        not SERVER.fullmatch(server)
+        or not export
+        or any(c.isspace() or c in "\\'\"%" for c in value)
+    ):
         raise JoinLineError(
             f"--nfs {value!r} is not SERVER:/EXPORT=/MOUNTPOINT (a host name or address, "
-            f"and paths without spaces or backslashes, which /etc/fstab would read otherwise); "
-            f"{example}"
+            f"and paths without spaces, quotes, backslashes or %, which /etc/fstab or systemd "
+            f"would read otherwise); {example}"
         )
     if not equals:
         point = export
@@ -164,10 +180,28 @@ def apt_install(command: str, packages: str) -> list[str]:
     ]
 
 
+def docker_drop_in_lines(points: list[str]) -> list[str]:
+    """Shell lines that write ``DOCKER_DROP_IN`` for ``points`` (the whole file each time: a
+    second run writes the same) and have systemd read it."""
+    text = [
+        "# Written by the start-up script of the GPU hub (python3 -m deploy.cloud_init):",
+        "# Docker starts only once the shared storage is mounted (docs/homes.md).",
+        "[Unit]",
+        f"RequiresMountsFor={' '.join(points)}",
+    ]
+    return [
+        "# at every boot Docker waits for the storage, and does not start without it",
+        f"mkdir -p {os.path.dirname(DOCKER_DROP_IN)}",
+        f"printf '%s\\n' {' '.join(shlex.quote(line) for line in text)} >{DOCKER_DROP_IN}",
+        # the drop-in and the fstab line (its mount unit) are read now, not at the next boot
+        "if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi",
+    ]
+
+
 def mount_lines(mounts: list[Mount]) -> list[str]:
     """Shell lines that mount each of ``mounts`` now and at every boot (its line in
-    /etc/fstab), tried ``TRIES`` times while the server does not answer; the script stops when
-    one never mounts."""
+    /etc/fstab, Docker's drop-in), tried ``TRIES`` times while the server does not answer; the
+    script stops when one never mounts."""
     if not mounts:
         return []
     lines = [
@@ -182,6 +216,16 @@ def mount_lines(mounts: list[Mount]) -> list[str]:
     ]
     for m in mounts:
         point = shlex.quote(m.point)
+        lines += [
+            f"mkdir -p {point}",
+            # its line once, even when the script runs again
+            f"if ! awk -v p={point} '$2 == p {{ n++ }} END {{ exit !n }}' /etc/fstab; then",
+            f"  echo {shlex.quote(m.fstab_line)} >>/etc/fstab",
+            "fi",
+        ]
+    lines += docker_drop_in_lines([m.point for m in mounts])
+    for m in mounts:
+        point = shlex.quote(m.point)
         source = f"{m.server}:{m.export}"
         given_up = (
             f"could not mount {source} at {m.point} after {TRIES} tries: check that the "
@@ -189,11 +233,6 @@ def mount_lines(mounts: list[Mount]) -> list[str]:
             "(docs/homes.md); the join would refuse this machine"
         )
         lines += [
-            f"mkdir -p {point}",
-            # its line once, even when the script runs again
-            f"if ! awk -v p={point} '$2 == p {{ n++ }} END {{ exit !n }}' /etc/fstab; then",
-            f"  echo {shlex.quote(m.fstab_line)} >>/etc/fstab",
-            "fi",
             f"for try in $(seq {TRIES}); do",
             # retry=0: mount.nfs tries once, this loop paces the tries (its default: 2 minutes)
             f"  if mountpoint -q {point} || mount -o retry=0 {point}; then break; fi",

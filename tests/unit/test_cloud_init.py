@@ -5,6 +5,7 @@ join line inside word for word and quoted right, valid shell, and what it refuse
 from __future__ import annotations
 
 import io
+import os
 import re
 import shlex
 import subprocess
@@ -164,47 +165,128 @@ def test_with_nfs_the_storage_is_mounted_at_every_boot_before_the_checkout_and_j
     assert "mount" not in plain and "fstab" not in plain  # without --nfs nothing changes
 
 
-def test_the_mount_runs_in_a_shell_as_written(tmp_path):
-    """The mount lines run by bash with the system's commands faked: fstab gets its line once
-    (a second run adds none), a server that never answers stops before the join."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    calls = tmp_path / "calls"
-    for name, body in {
-        "mount.nfs": "exit 0",
-        "mountpoint": "exit 1",
-        "mount": f'echo "mount $*" >>{calls}; exit "${{MOUNT_RC:-0}}"',
-        "mkdir": f'echo "mkdir $*" >>{calls}',
-        "sleep": f'echo "sleep $*" >>{calls}',
-    }.items():
-        (fake / name).write_text(f"#!/bin/bash\n{body}\n")
-        (fake / name).chmod(0o755)
-    fstab = tmp_path / "fstab"
-    fstab.write_text("# a comment\nUUID=1 / ext4 defaults 0 1\n")
-    lines = cloud_init.mount_lines([cloud_init.parse_nfs(NFS)])
-    body = "\n".join(lines).replace("/etc/fstab", str(fstab)) + "\necho joined\n"
-    env = {"PATH": f"{fake}:/usr/bin:/bin"}
+class Machine:
+    """A machine's system commands and files, faked in ``tmp_path`` for a start-up script run
+    by bash: each stand-in logs its call (and ``[drop-in]`` when Docker's drop-in is written
+    by then) into ``calls``; the script's system paths are rewritten to the fakes' own."""
 
-    def run(**extra):
+    def __init__(self, tmp_path: Path, systemd: bool = True):
+        self.root, self.calls = tmp_path, tmp_path / "calls"
+        self.fstab, self.run_systemd = tmp_path / "fstab", tmp_path / "run-systemd"
+        self.fstab.write_text("# a comment\nUUID=1 / ext4 defaults 0 1\n")
+        if systemd:
+            self.run_systemd.mkdir()
+        self.drop_in = tmp_path / "docker.service.d" / Path(cloud_init.DOCKER_DROP_IN).name
+        self.bin = tmp_path / "bin"
+        self.bin.mkdir()
+        seen = f'$([ -f {self.drop_in} ] && echo " [drop-in]")'
+        setup = f'#!/bin/bash\necho "join $*{seen}" >>{self.calls}\n'
+        for name, body in {
+            "mount.nfs": "exit 0",
+            "mountpoint": "exit 1",
+            "mount": f'echo "mount $*" >>{self.calls}; exit "${{MOUNT_RC:-0}}"',
+            # real under tmp_path, logged elsewhere (the mount point)
+            "mkdir": f'case "$2" in {tmp_path}/*) exec /bin/mkdir "$@" ;; esac\n'
+            f'echo "mkdir $*" >>{self.calls}',
+            "sleep": f'echo "sleep $*" >>{self.calls}',
+            "systemctl": f'echo "systemctl $*{seen}" >>{self.calls}',
+            "hostnamectl": f'echo "hostnamectl $*" >>{self.calls}',
+            "curl": "echo i-0123456789abcdef0",
+            # a clone is a checkout whose join line logs itself
+            "git": f'if [ "$1" = clone ]; then /bin/mkdir -p "$4/.git" "$4/worker_setup"\n'
+            f'  printf %s {shlex.quote(setup)} >"$4/{cloud_init.SETUP}"\n'
+            f'  chmod +x "$4/{cloud_init.SETUP}"; fi',
+        }.items():
+            (self.bin / name).write_text(f"#!/bin/bash\n{body}\n")
+            (self.bin / name).chmod(0o755)
+
+    def here(self, script: str) -> str:
+        for system, here in {
+            "/etc/fstab": self.fstab,
+            os.path.dirname(cloud_init.DOCKER_DROP_IN): self.drop_in.parent,
+            "/run/systemd/system": self.run_systemd,
+            cloud_init.LOG: self.root / "join.log",
+            cloud_init.FOLDER: self.root / "opt",
+        }.items():
+            script = script.replace(system, str(here))
+        return script
+
+    def run(self, script: str, **env: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", body],
-            env={**env, **extra},
+            ["bash", "-euo", "pipefail", "-c", self.here(script)],
+            env={"PATH": f"{self.bin}:/usr/bin:/bin", **env},
             capture_output=True,
             text=True,
         )
 
+    def called(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+
+def test_the_mount_runs_in_a_shell_as_written(tmp_path):
+    """The mount lines run by bash with the system's commands faked: fstab gets its line once
+    (a second run adds none), a server that never answers stops before the join."""
+    machine = Machine(tmp_path)
+    body = "\n".join(cloud_init.mount_lines([cloud_init.parse_nfs(NFS)])) + "\necho joined\n"
     for _ in range(2):
-        done = run()
+        done = machine.run(body)
         assert done.returncode == 0 and done.stdout.endswith("joined\n"), done
-    assert fstab.read_text().count("/srv/gpuhub nfs4") == 1
-    assert calls.read_text().count("mount -o retry=0 /srv/gpuhub\n") == 2
-    calls.unlink()
-    refused = run(MOUNT_RC="32")
+    assert machine.fstab.read_text().count("/srv/gpuhub nfs4") == 1
+    assert machine.called().count("mount -o retry=0 /srv/gpuhub") == 2
+    machine.calls.unlink()
+    refused = machine.run(body, MOUNT_RC="32")
     assert refused.returncode == 1 and "joined" not in refused.stdout
     assert "could not mount 10.0.0.5:/srv/gpuhub at /srv/gpuhub after 5 tries" in refused.stdout
     assert "mounting 10.0.0.5:/srv/gpuhub failed (try 4 of 5)" in refused.stdout
-    assert calls.read_text().count("mount -o retry=0") == 5
-    assert calls.read_text().count("sleep 30") == 4
+    assert machine.called().count("mount -o retry=0 /srv/gpuhub") == 5
+    assert machine.called().count("sleep 30") == 4
+
+
+DROP_IN = """# Written by the start-up script of the GPU hub (python3 -m deploy.cloud_init):
+# Docker starts only once the shared storage is mounted (docs/homes.md).
+[Unit]
+RequiresMountsFor=/srv/gpuhub /mnt/data
+"""
+
+
+@pytest.mark.parametrize("aws", [False, True])
+def test_docker_waits_for_the_storage_at_every_boot_from_before_it_starts_or_joins(tmp_path, aws):
+    """The whole start-up script, run twice by bash on a faked machine: Docker's drop-in
+    (RequiresMountsFor= each mount point: after the mounts, and not started without them) is
+    written, and systemd made to read it, before the engine is restarted (AWS: its new name)
+    or the join runs; a second run leaves the same drop-in and fstab lines."""
+    machine = Machine(tmp_path)
+    mounts = [cloud_init.parse_nfs(NFS), cloud_init.parse_nfs("10.0.0.6:/data=/mnt/data/")]
+    script = join_script(join_words(printed(shared=SHARED)), REPOSITORY, "main", aws, mounts)
+    for _ in range(2):
+        done = machine.run(script)
+        assert done.returncode == 0, (done, (tmp_path / "join.log").read_text())
+    assert machine.drop_in.read_text() == DROP_IN
+    assert [p.name for p in machine.drop_in.parent.iterdir()] == [machine.drop_in.name]
+    assert machine.fstab.read_text().count(" nfs4 ") == 2
+    called = machine.called()
+    first = called[: len(called) // 2]
+    assert called == first * 2  # the second run does as the first, nothing more
+    systemd = [c for c in first if c.startswith(("systemctl", "join"))]
+    restart = ["systemctl is-active --quiet docker [drop-in]", "systemctl restart docker [drop-in]"]
+    assert systemd == [
+        "systemctl daemon-reload [drop-in]",  # read now, not at the next boot
+        *(restart if aws else []),
+        f"join --manager 10.0.0.5:2377 --token {TOKEN} --slices-per-gpu 3 --registry "
+        f"10.0.0.5:5000{SHARED} --fleet-group [drop-in]",
+    ]
+    # mounted after the drop-in is read: the mount unit from fstab is systemd's by then
+    assert first.index("systemctl daemon-reload [drop-in]") < first.index(
+        "mount -o retry=0 /srv/gpuhub"
+    )
+
+
+def test_without_systemd_running_the_drop_in_is_written_and_nothing_reloaded(tmp_path):
+    machine = Machine(tmp_path, systemd=False)
+    done = machine.run("\n".join(cloud_init.mount_lines([cloud_init.parse_nfs(NFS)])))
+    assert done.returncode == 0, done
+    assert machine.drop_in.read_text().endswith("\nRequiresMountsFor=/srv/gpuhub\n")
+    assert not any(c.startswith("systemctl") for c in machine.called())
 
 
 @pytest.mark.parametrize(
@@ -230,6 +312,10 @@ def test_an_nfs_option_names_server_export_and_mount_point(value, mount):
         ("10.0.0.5:srv/gpuhub", "is not SERVER:/EXPORT=/MOUNTPOINT"),
         ("$(reboot):/srv/gpuhub", "is not SERVER:/EXPORT=/MOUNTPOINT"),
         ("10.0.0.5:/srv/our hub", "without spaces"),
+        # systemd would read a quote or a % in the drop-in's RequiresMountsFor= as its own
+        ("10.0.0.5:/srv/gpuhub=/srv/it's", "without spaces, quotes, backslashes or %"),
+        ('10.0.0.5:/srv/gpuhub=/srv/"hub"', "without spaces, quotes, backslashes or %"),
+        ("10.0.0.5:/srv/gpuhub=/srv/100%", "without spaces, quotes, backslashes or %"),
         ("10.0.0.5:/srv/gpuhub=srv/gpuhub", "'srv/gpuhub' is not an absolute path"),
         ("10.0.0.5:/srv/gpuhub=", "'' is not an absolute path"),
         ("fs-1.efs.eu-west-1.amazonaws.com:/", "cannot be mounted on /"),
@@ -299,3 +385,38 @@ def test_the_warning_autoscaling_md_shows_is_the_one_printed(capsys):
     ]
     cloud_init.main(["--repository", REPOSITORY], stdin=io.StringIO(printed(shared=SHARED)))
     assert shown == [capsys.readouterr().err.rstrip("\n")]
+
+
+RECIPES = Path(__file__).parents[2] / "docs" / "providers"
+
+
+def start_up_command(recipe: str) -> list[str]:
+    """The arguments of the start-up script's command a recipe's comments give (after
+    ``python3 -m deploy.cloud_init``, its continuation lines joined)."""
+    lines = [line.removeprefix("#").strip() for line in recipe.splitlines() if line[:1] == "#"]
+    first = next(i for i, line in enumerate(lines) if "python3 -m deploy.cloud_init" in line)
+    command = []
+    for line in lines[first:]:
+        command.append(line.removesuffix("\\"))
+        if not line.endswith("\\"):
+            break
+    words = shlex.split(" ".join(command))
+    return words[words.index("deploy.cloud_init") + 1 :]
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.env")), ids=lambda p: p.stem)
+def test_each_recipes_start_up_script_mounts_its_shared_homes(recipe, capsys):
+    """A fleet needs shared homes (a machine given back goes with its disk): the command each
+    recipe gives for the group's start-up script mounts its GPUHUB_HOMES_DIR before the join,
+    with no warning, and holds Docker back until it is mounted."""
+    text = recipe.read_text()
+    [homes] = re.findall(r"^GPUHUB_HOMES_DIR=(\S+)$", text, re.M)
+    argv = start_up_command(text)
+    assert "--nfs" in argv
+    assert ("--name-by-instance-id" in argv) == (recipe.stem == "aws")  # its remove command's
+    out = io.StringIO()
+    line = printed(shared=f" --shared-folder {homes}=5f0c1a2b3c4d5e6f")
+    assert cloud_init.main(argv, stdin=io.StringIO(line), stdout=out) == 0
+    assert capsys.readouterr().err == ""  # no shared folder left unmounted
+    held_back = "\n".join(cloud_init.docker_drop_in_lines(["/srv/gpuhub"]))
+    assert held_back in the_script(out.getvalue())
