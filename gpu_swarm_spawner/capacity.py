@@ -10,10 +10,12 @@ A machine's life, as the hub counts it (``STATES``):
        no machine seen yet)    not usable yet)    servers)           removes it)
 
 ``asked``, ``booting`` and ``joining`` are *on their way*: they are counted as the slices a new
-machine brings, so the hub never asks twice for the same people. A machine taken back by the
-cloud (spot) or lost is ``gone`` like one removed; gone machines count for nothing. A machine
-asked for that never reached the swarm is ``given up`` after ``join_within`` (rule 1): it brings
-nothing, but it is still in the cloud's group, so it counts in the group's size.
+machine brings, so the hub never asks twice for the same people. A machine whose swarm node is
+``down`` (its engine died, it hangs, it rebooted and its engine stayed stopped, or the cloud
+took it back) is ``gone``: it brings nothing, but a machine of the group is still in the
+cloud's group, and paid for, until it is removed, so it counts in the group's size (rule 6).
+A machine asked for that never reached the swarm is ``given up`` after ``join_within`` (rule
+1): it brings nothing, but it is still in the cloud's group, so it counts in the group's size.
 
 **The group's machines and the fixed ones.** A machine joined by the group's start-up script
 carries the engine label ``contract.FLEET_LABEL`` (the join's ``--fleet-group``,
@@ -55,8 +57,14 @@ The rules of ``decide``, in order:
    ``empty_for`` seconds, when the others' free slices still cover the margin and the fleet
    stays at or above its floor; one machine at a time (none while another drains or leaves).
 5. A draining machine that is still empty is **removed** through the provider.
+6. A machine of the group whose node has been down for longer than ``down_limit`` is
+   **removed** through the provider: a machine that stops answering is replaced, not repaired.
+   Until then, and until the removal is asked, it counts in the group's size like a machine
+   given up (a grow's target counts it, so that the cloud, which still has it, makes a new
+   one; the maximum holds), and nothing else. A fixed machine that is down is never removed.
 
-Never is a machine with a server on it drained to removal or removed.
+Never is a machine with a server on it drained to removal or removed (a machine down that long
+holds none the hub still counts: ``down_limit``).
 
 **The idle stop** (``idle_stop``; ``Settings.stop_idle_after``, GPUHUB_FLEET_STOP_IDLE_AFTER,
 0: off) is a decision of its own, over the hub's servers as well as the machines: the servers
@@ -242,6 +250,32 @@ def late_after(expected: float) -> float:
     return 1.5 * expected
 
 
+#: The least seconds a node may be down before its machine is given back (``down_limit``).
+DOWN_LEAST_S = 60.0
+
+
+def down_limit(settings: Settings) -> float:
+    """Seconds a group machine's node may be down before the machine is removed (``decide``'s
+    rule 6): the expected boot-and-join (``settings.boot_and_join``: the median of the last
+    joins seen, else GPUHUB_FLEET_BOOT_AND_JOIN, 5 minutes), at least ``DOWN_LEAST_S``. Waiting
+    longer for a machine to answer again than a new one takes to be ready is waiting for
+    nothing better, and a reboot that brings the engine back takes about a boot. A short
+    network blip must not destroy a machine whose servers still run: Swarm calls a node down
+    after 10 to 30 s without an answer, and the hub keeps that node's servers as running for
+    ``server_lost_after`` (30 s, docs/faults.md) before it reports them stopped and their
+    participants start again elsewhere; past ``DOWN_LEAST_S`` both have happened, so a machine
+    given back holds nothing the hub still counts. The bound costs twice: the machine's price
+    meanwhile, and, when it keeps the group at its maximum, the wait of those in line: the hub
+    cannot tell a machine the cloud took back (its place in the group already free) from one
+    whose engine died (still in the group), so it counts both until removed. On the replayed
+    day (tests/unit/fleet_day.py) with the busiest machine lost at 11:00 and the group at its
+    maximum, the p95 wait was 660 s with this bound, 810 s with half as long again, 1260 s with
+    GPUHUB_FLEET_JOIN_WITHIN (15 min); counting the machine for nothing, as before, waited 300 s
+    for one taken back, and for ever for one that died (the cloud saw its size met).
+    GPUHUB_FLEET_EMPTY_FOR was not taken: it may be 0."""
+    return max(settings.boot_and_join, DOWN_LEAST_S)
+
+
 def is_late(now: float, machine: Machine, expected: float) -> bool:
     """Whether ``machine``, on its way, was asked for longer ago than ``late_after(expected)``
     (one never asked for by the hub, ``asked`` 0, is never late)."""
@@ -341,8 +375,11 @@ def decide(
             coming.append(m)
     given_up = {d.machine for d in decisions}
     # still in the cloud's group though given up: those the swarm never saw (the hub cannot
-    # name them to the remove command; the organizer removes them)
+    # name them to the remove command; the organizer removes them); and the group's machines
+    # whose node is down, until their removal is asked (rule 6)
+    down = [m for m in fleet if m.state == "gone" and not m.fixed]
     stale = [m for m in fleet if m.state == GIVEN_UP or (m.name in given_up and m.state == "asked")]
+    stale += down
     counted = [m for m in fleet if m.state in COUNTED and m.name not in given_up]
     group = [m for m in counted if not m.fixed]
     ready = [m for m in counted if m.state == "ready"]  # the fixed ones' free slices count
@@ -408,6 +445,18 @@ def decide(
                 machine=m.name,
             )
         )
+    limit = down_limit(settings)
+    for m in down:
+        if now - m.since > limit:
+            decisions.append(
+                Decision(
+                    REMOVE,
+                    f"{m.name} has been down for {_minutes(now - m.since)} (limit "
+                    f"{_minutes(limit)}): given back, a machine that stops answering is "
+                    "replaced, not repaired",
+                    machine=m.name,
+                )
+            )
     if not decisions or all(d.action == NOTHING for d in decisions):
         return decisions or [Decision(NOTHING, _steady(now, counted, coming, line, settings))]
     return [d for d in decisions if d.action != NOTHING]
@@ -471,10 +520,16 @@ def _grow(
     if late_why:
         instead = "one more asked in its place" if len(late_why) == 1 else "one more for each"
         why.append(f"{'; '.join(late_why)}; {instead}")
-    if stale:
+    given_up = sum(m.state != "gone" for m in stale)
+    if given_up:
         why.append(
-            f"{len(stale)} machine(s) given up are still in the group until removed in the "
+            f"{given_up} machine(s) given up are still in the group until removed in the "
             "cloud's console"
+        )
+    if len(stale) > given_up:
+        why.append(
+            f"{len(stale) - given_up} machine(s) down are still in the group until the hub "
+            "gives them back"
         )
     if max(lowest, len(group) + for_slices) + len(stale) > settings.max_machines:
         why.append(f"held to the maximum, {settings.max_machines}")
@@ -482,7 +537,10 @@ def _grow(
 
 
 def _of_them_given_up(stale: list[Machine]) -> str:
-    return f", {len(stale)} of them given up but still in the group" if stale else ""
+    down = sum(m.state == "gone" for m in stale)
+    said = [f"{len(stale) - down} of them given up"] if len(stale) > down else []
+    said += [f"{down}{'' if said else ' of them'} down"] if down else []
+    return f", {' and '.join(said)} but still in the group" if stale else ""
 
 
 def _drain(

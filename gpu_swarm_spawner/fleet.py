@@ -192,6 +192,17 @@ def state_text(state: State) -> str:
     return json.dumps(asdict(state), ensure_ascii=False, indent=1)
 
 
+def group_size(state: State) -> int:
+    """The cloud's group as the hub counts it, what a grow's ``{count}`` starts from: the
+    group's machines counted (``capacity.COUNTED``) or down (in the group, and paid for, until
+    removed: ``capacity.decide``'s rule 6), those asked for, and those given up."""
+    there = sum(
+        not m.fixed and (m.state in capacity.COUNTED or m.state == "gone")
+        for m in state.memory.values()
+    )
+    return there + len(state.asked) + len(state.given_up)
+
+
 # ---- the snapshot -----------------------------------------------------------------------------
 
 
@@ -252,7 +263,8 @@ def snapshot(
         for h in state.history
         if h.get("fixed") is not True
     ]
-    spans += [cost.Span(m.start, m.since if m.state == "gone" else None, m.slices) for m in group]
+    # a group machine down is paid for until the hub removes it (then it is history)
+    spans += [cost.Span(m.start, None, m.slices) for m in group]
     spans += [cost.Span(a.at) for a in state.asked]
     spans += [cost.Span(g.asked) for g in state.given_up]  # paid for while in the group
     used = cost.usage(spans, [], now, price_per_hour)
@@ -264,10 +276,7 @@ def snapshot(
         "min": settings.min_machines,
         "max": settings.max_machines,
         "floor": capacity.floor(settings, now),
-        # the cloud's group as the hub counts it: what a grow's {count} starts from
-        "group": sum(m.state in capacity.COUNTED for m in group)
-        + len(state.asked)
-        + len(state.given_up),
+        "group": group_size(state),
         "machines": machines,
         "coming": {"machines": len(on_the_way), "ready_in": ready_in} if on_the_way else None,
         "provider": {
@@ -366,7 +375,13 @@ class FleetKeeper:
         if state.call is not None:
             # the hub stopped during a provider call: a grow's machines stay on their way (never
             # asked twice), a machine being removed is asked again if it is still there later
+            # (one down is down again: its node's being down says nothing of the removal)
             self.log.info("The fleet's provider call %s ended with the hub", state.call)
+            name = str(state.call.get("machine", ""))
+            down = state.memory.get(name)
+            if "down_since" in state.call and down is not None and down.hub == "leaving":
+                since = _number(state.call["down_since"])
+                state.memory[name] = replace(down, state="gone", since=since, hub="")
             state.call = None
         return state
 
@@ -588,10 +603,14 @@ class FleetKeeper:
         self.state.given_up = kept
 
     async def _forget_removed(self, now: float, nodes: list[dict]) -> None:
-        """Machines the provider removed whose node is down are removed from the swarm."""
+        """Machines the provider removed whose node is down are removed from the swarm (not
+        while the removal's call runs: a machine down before it was asked waits for the
+        cloud's answer, and stays if the cloud said no)."""
         status = {n.get("ID"): (n.get("Status") or {}).get("State") for n in nodes}
+        call = self.state.call or {}
+        asked = call.get("machine") if call.get("action") == "remove" else None
         for name, m in list(self.state.memory.items()):
-            if m.hub != "leaving" or status.get(m.node) != "down":
+            if m.hub != "leaving" or status.get(m.node) != "down" or name == asked:
                 continue
             try:
                 await self.engine("remove_node", m.node, force=True)
@@ -625,12 +644,8 @@ class FleetKeeper:
         if decision.action == capacity.GROW:
             if self.busy:
                 return  # the next round asks again, once the provider answered
-            # the group's machines decide counted (those given up this round no longer are),
-            # and those given up that are still in the group (this round's among them)
-            there = [
-                m for m in state.memory.values() if m.state in capacity.COUNTED and not m.fixed
-            ]
-            size = len(there) + len(state.asked) + len(state.given_up)
+            # as decide counted it: those given up this round are leaving or given up by now
+            size = group_size(state)
             asked_at = clock_time(now, self.settings.schedule.zone)
             new = []
             for _ in range(max(decision.target - size, 0)):
@@ -686,13 +701,17 @@ class FleetKeeper:
 
     async def _remove(self, decision: Decision, now: float) -> None:
         """The provider removes ``decision.machine`` if, read again right now, it holds no
-        server; one that got a server since the round's read is resumed instead."""
+        server; one that got a server since the round's read is resumed instead. A machine
+        down (``capacity.down_limit``) is removed whatever tasks Swarm still lists on it: the
+        hub reported its servers stopped long ago; the call says since when it is down."""
         name = decision.machine
         if self.busy or self.blocked("remove", now):
             return
         m = self.state.memory[name]
-        tasks = await self.engine("tasks", filters={"node": m.node})
-        if capacity.servers_on(tasks, m.node):
+        call = {"action": "remove", "at": now, "machine": name}
+        if m.state == "gone":
+            call["down_since"] = m.since
+        elif capacity.servers_on(await self.engine("tasks", filters={"node": m.node}), m.node):
             reason = f"{name} got a server while it was being given back; it stays"
             await self._resume(name, now, reason)
             self._decided(now, Decision(capacity.RESUME, reason, machine=name))
@@ -702,7 +721,7 @@ class FleetKeeper:
         )
         self._decided(now, decision)
         self.save()
-        self._start({"action": "remove", "at": now, "machine": name}, self.provider.remove(name))
+        self._start(call, self.provider.remove(name))
 
     def _ask_why(self, now: float) -> None:
         """The why command, while a machine asked for is later than expected."""
@@ -744,21 +763,26 @@ class FleetKeeper:
         if action == "why" and outcome.ok:
             self.save()
             return
+        machine, down_since = call.get("machine", ""), call.get("down_since")
+        # a machine down that the cloud no longer has (a spot machine taken back): removed
+        gone = down_since is not None and outcome.kind == provider.NOT_IN_GROUP
+        told = f"{outcome.what}: already gone in the cloud" if gone else outcome.told()
+        if down_since is not None and not (outcome.ok or gone):
+            told += self._down_failed(now, machine, _number(down_since))
         state.last = {
             "action": action,
             "at": now,
-            "ok": outcome.ok,
-            "kind": outcome.kind,
-            "told": outcome.told(),
+            "ok": outcome.ok or gone,
+            "kind": "" if gone else outcome.kind,
+            "told": told,
             "output": provider.last_line(outcome.output),
         }
-        machine = call.get("machine", "")
-        if outcome.ok:
+        if outcome.ok or gone:
             state.failures, state.blocked_until, state.line_note = 0, 0.0, ""
             state.blocked_action = state.blocked_why = ""
-            if action == "remove":
-                self.record(now, events.FLEET_REMOVE, machine, outcome.told())
-            self.log.info("The fleet's provider: %s", outcome.told())
+            if action == "remove":  # its node goes at the next round once it is down
+                self.record(now, events.FLEET_REMOVE, machine, told)
+            self.log.info("The fleet's provider: %s", told)
         else:
             state.failures += 1
             state.blocked_until = now + provider.backoff(outcome.kind, state.failures)
@@ -770,13 +794,32 @@ class FleetKeeper:
                 state.asked = [a for a in state.asked if a.name not in dropped]
             elif action == "why":
                 state.asked = []  # the cloud says it cannot make them: not on their way
-            elif machine in state.memory:  # still paused: removed once the cloud lets it
+            elif machine in state.memory and down_since is None:
+                # still paused: removed once the cloud lets it
                 state.memory[machine] = replace(
                     state.memory[machine], state="draining", since=now, hub="paused", hub_at=now
                 )
-            self.record(now, events.FLEET_FAILED, machine, outcome.told(), outcome.kind)
-            self.log.warning("The fleet's provider: %s", outcome.told())
+            self.record(now, events.FLEET_FAILED, machine, told, outcome.kind)
+            self.log.warning("The fleet's provider: %s", told)
         self.publish(now)
+
+    def _down_failed(self, now: float, machine: str, down_since: float) -> str:
+        """The removal of ``machine``, down since ``down_since``, failed: it is down again, to
+        be asked again once the back-off ends, for as long again as ``capacity.down_limit``;
+        past that the hub stops counting it (its node goes at the next round) and the
+        organizer is told, so that one the cloud took back in words the hub does not know is
+        neither asked for nor counted in the group's size for ever. What the organizer reads
+        after the failure."""
+        m = self.state.memory.get(machine)
+        if m is None:
+            return ""
+        if now - down_since <= 2 * capacity.down_limit(self.settings):
+            self.state.memory[machine] = replace(m, state="gone", since=down_since, hub="")
+            return f"; {machine} is down: asked again after the back-off"
+        return (
+            f"; {machine} has been down for {(now - down_since) / 60:.0f} min and is no longer "
+            "counted in the cloud's group: if it is still there, remove it in the cloud's console"
+        )
 
     # ---- what the others read ----
 

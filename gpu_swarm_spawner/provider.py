@@ -35,9 +35,10 @@ once from the settings (``fleet_provider``; ``fleet_provider_of`` from the typed
   GPUHUB_FLEET_MOUNTS' folders, never another volume nor the engine's socket; killed past
   ``timeout``, removed after, its output read from its logs.
 
-What the command printed is read by ``classify`` into one of ``KINDS``; each kind says whether
-an immediate retry helps (``RETRIED``: a hang, an unknown failure) and how long the hub waits
-before asking again (``backoff``).
+What the command printed is read by ``classify`` into one of ``KINDS`` (a removal's also by
+``not_in_group``: the cloud has no such machine, as when it took a spot machine back); each kind
+says whether an immediate retry helps (``RETRIED``: a hang, an unknown failure) and how long the
+hub waits before asking again (``backoff``).
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ AUTH = "sign-in expired"
 HUNG = "hung"
 SETUP = "not set up"
 UNKNOWN = "failed"
-KINDS = (QUOTA, NO_CAPACITY, AUTH, SETUP, HUNG, UNKNOWN)
+#: The remove command's only: the cloud has no such machine in the group (``not_in_group``).
+NOT_IN_GROUP = "not in the group"
+KINDS = (QUOTA, NO_CAPACITY, AUTH, SETUP, HUNG, UNKNOWN, NOT_IN_GROUP)
 #: Failures worth trying again at once (a network blip, a command that stalled once); the
 #: others need the cloud or the organizer to change something first.
 RETRIED = frozenset({HUNG, UNKNOWN})
@@ -108,6 +111,9 @@ ADVICE = {
     "GPUHUB_FLEET_MOUNTS say; do what the message says on the manager",
     HUNG: "the command did not finish in time and was stopped; check that it runs by hand",
     UNKNOWN: "the command failed; run it by hand to see why",
+    NOT_IN_GROUP: "the cloud's group has no machine of that name: removed already, or the remove "
+    "command names machines otherwise than the swarm's hostnames (docs/autoscaling.md, Machine "
+    "names); if it still runs, remove it in the cloud's console",
 }
 
 #: What people in line read while the cloud says no, by kind ("" : nothing beyond their place).
@@ -118,7 +124,31 @@ FOR_THE_LINE = {
     SETUP: "No more GPU machines can be added right now (the organizers have been told). ",
     HUNG: "",
     UNKNOWN: "",
+    NOT_IN_GROUP: "",
 }
+
+#: What the remove command prints when the group has no machine of that name (any more): the
+#: cloud took it back (a spot machine) or it was removed already. ``{machine}`` is the name
+#: asked for, so that only a line about that machine counts. As recorded in
+#: tests/unit/providers/ (SOURCES.md).
+NOT_IN_GROUP_PATTERNS = (
+    # AWS: terminate-instance-in-auto-scaling-group's ValidationError
+    r"No managed instance found for instance ID:? {machine}\b",
+    # Google: the instance's resource, by its path, "was not found"
+    r"The resource '[^'\n]*/instances/{machine}' was not found",
+    # Azure: the recipe's own line (docs/providers/azure.env) when the scale set has no such VM
+    r"no instance of the scale set has the computer name {machine}\b",
+)
+
+
+def not_in_group(output: str, machine: str) -> bool:
+    """Whether the remove command's ``output`` says the cloud's group has no machine
+    ``machine`` (``NOT_IN_GROUP_PATTERNS``)."""
+    name = re.escape(machine)
+    return any(
+        re.search(pattern.replace("{machine}", name), output, re.IGNORECASE)
+        for pattern in NOT_IN_GROUP_PATTERNS
+    )
 
 
 def classify(output: str) -> str:
@@ -372,8 +402,9 @@ class Provider:
         return await self._call(line, f"grow the group to {count}")
 
     async def remove(self, machine: str) -> Outcome:
+        """``NOT_IN_GROUP`` when the cloud says it has no such machine (not tried again)."""
         line = command_line(self.commands.remove, machine=machine)
-        return await self._call(line, f"remove {machine}")
+        return await self._call(line, f"remove {machine}", machine)
 
     async def why(self) -> Outcome:
         """The group's latest failure as the cloud tells it: ``ok`` False with its kind when the
@@ -387,7 +418,7 @@ class Provider:
             return Outcome(False, kind, ran.status, ran.output, ran.seconds, ran.attempts, "why")
         return ran
 
-    async def _call(self, line: str, what: str) -> Outcome:
+    async def _call(self, line: str, what: str, machine: str = "") -> Outcome:
         spent, attempt, delay = 0.0, 0, self.commands.retry_delay
         while True:
             attempt += 1
@@ -396,6 +427,8 @@ class Provider:
             if ran.status == 0:
                 return Outcome(True, "", 0, ran.output, spent, attempt, what)
             kind = HUNG if ran.status is None else classify(ran.output)
+            if machine and kind == UNKNOWN and not_in_group(ran.output, machine):
+                kind = NOT_IN_GROUP
             if kind not in RETRIED or attempt >= self.commands.attempts:
                 return Outcome(False, kind, ran.status, ran.output, spent, attempt, what)
             await self.sleep(delay)

@@ -220,6 +220,8 @@ class Box:
     servers: dict = field(default_factory=dict)  # who -> session end
     last_server: float | None = None
     gone_at: float | None = None
+    removed: bool = False  # out of the group and the swarm: the hub no longer sees it
+    taken: bool = False  # taken back by the cloud: out of its group, still a node down
 
     def view(self) -> Machine:
         used = len(self.servers)
@@ -317,6 +319,7 @@ def replay(
     start_machines: int = 0,
     slices: int = SLICES,
     take_back: tuple[float, str] | None = None,
+    dies: tuple[float, str] | None = None,
     policy: str = "spread",
     shared_homes: bool | None = None,
     people: list[Person] | None = None,
@@ -325,7 +328,9 @@ def replay(
     """The day ``sessions`` against a fixed fleet of ``fixed`` machines, or (``settings``)
     against the capacity policy starting with ``start_machines`` ready; servers placed by the
     hub's ``placement.choose`` under ``policy``; ``take_back``: (time, machine) the cloud takes
-    back (spot), ending its servers, whose participants start again.
+    back (spot), ending its servers, whose participants start again; ``dies``: (time, machine)
+    whose node goes down for good (its engine died), ending its servers likewise, while the
+    cloud keeps it in the group, and paid for, until the hub removes it.
 
     ``shared_homes``: None, as the hub: shared with the fleet on (it requires them,
     GPUHUB_HOMES_DIR), else local, a returning participant placed first on their home's machine.
@@ -394,18 +399,24 @@ def replay(
                 box.state, box.since = "ready", now
             # a machine given up is removed by the organizer when the hub stops counting it
             if box.state == capacity.GIVEN_UP and now - box.since > settings.join_within:
-                box.state, box.since, box.gone_at = "gone", now, now
+                box.state, box.since, box.gone_at, box.removed = "gone", now, now, True
             for who, end in list(box.servers.items()):
                 if end <= now:
                     del box.servers[who]
                     box.last_server = now
+        for lost in (take_back, dies):
+            if lost and lost[0] <= now:
+                victim = next(b for b in boxes if b.name == lost[1])
+                for who, end in end_servers(victim):
+                    line.append((Session(who, now, end), now))
+                    restarted += 1
+                victim.state, victim.since = "gone", now
+                if lost is take_back:  # the cloud ended it: no longer paid for
+                    victim.gone_at, victim.taken = now, True
         if take_back and take_back[0] <= now:
-            victim = next(b for b in boxes if b.name == take_back[1])
-            for who, end in end_servers(victim):
-                line.append((Session(who, now, end), now))
-                restarted += 1
-            victim.state, victim.since, victim.gone_at = "gone", now, now
             take_back = None
+        if dies and dies[0] <= now:
+            dies = None
         if fleet_idle and now >= next_cull:
             next_cull = now + CULL_EVERY
             for box in fleet_idle_stops(now, boxes, len(line), settings, by_who, fleet_idle):
@@ -442,7 +453,7 @@ def replay(
 
         if settings is not None and now >= next_round:
             next_round = now + ROUND_S
-            views = [b.view() for b in boxes]
+            views = [b.view() for b in boxes if not b.removed]
             # as the hub's keeper counts them: each server's start, each join of those waiting
             arrivals = [s.start for s in servers] + [joined for _, joined in line]
             for decision in capacity.decide(
@@ -451,10 +462,8 @@ def replay(
                 decisions.append((now, decision))
                 box = next((b for b in boxes if b.name == decision.machine), None)
                 if decision.action == capacity.GROW:
-                    # the group's size: a machine given up is in it until it is removed
-                    counted = sum(
-                        b.state in capacity.COUNTED or b.state == capacity.GIVEN_UP for b in boxes
-                    )
+                    # the cloud's group: a machine given up or dead is in it until removed
+                    counted = sum(not b.removed and not b.taken for b in boxes)
                     answer = provider.refuse(now)
                     if answer:
                         blocked_until, blocked_why = now + provider.backoff_s, answer
@@ -469,7 +478,9 @@ def replay(
                     box.state, box.since = capacity.GIVEN_UP, now  # never seen: not named
                 elif decision.action in (capacity.REMOVE, capacity.GIVE_UP):
                     ended_by_removal += len(end_servers(box))
-                    box.state, box.since, box.gone_at = "gone", now, now
+                    # one the cloud took back was paid for until then
+                    box.state, box.since = "gone", now
+                    box.gone_at, box.removed = box.gone_at or now, True
         now += TICK_S
 
     machines = [Span(b.asked or DAY_START, b.gone_at, b.slices) for b in boxes]

@@ -32,7 +32,7 @@ from gpu_swarm_spawner.schedule import Schedule, ScheduleError, read_schedule
 
 from . import fleet_day
 from .clusters import node, task
-from .fleet_day import HOUR, MINUTE, Provider, replay, workshop_day
+from .fleet_day import HOUR, MINUTE, ROUND_S, Provider, replay, workshop_day
 
 NOW = 1_800_000_000.0  # some epoch second
 SETTINGS = Settings(min_machines=0, max_machines=4, slices_per_machine=3, empty_for=600)
@@ -363,6 +363,46 @@ def test_a_machine_given_up_unseen_stays_in_the_groups_size_until_the_organizer_
     assert actions(decide(NOW + 10, fleet, [], SETTINGS)) == [(NOTHING, 0)]  # brings nothing
     [held] = decide(NOW + 10, fleet, [1], replace(SETTINGS, max_machines=2))
     assert held.reason.endswith("(2 machines, 1 of them given up but still in the group)")
+
+
+def test_a_group_machine_down_counts_in_the_groups_size_and_is_given_back_after_a_boot():
+    down = Machine("gpu-3", "gone", NOW - 200, asked=NOW - 5000)  # down for 200 s
+    fleet = [ready("gpu-0", free=0, servers=3), down]
+    assert actions(decide(NOW, fleet, [], SETTINGS)) == [(NOTHING, 0)]  # not yet
+    [grow] = decide(NOW, fleet, [1], SETTINGS)
+    # the cloud still has gpu-3: "grow to 2" would bring nothing
+    assert (grow.action, grow.target) == (GROW, 3)
+    assert grow.reason.endswith(
+        "1 machine(s) down are still in the group until the hub gives them back"
+    )
+    [held] = decide(NOW, fleet, [1], replace(SETTINGS, max_machines=2))
+    assert held.reason.endswith("(2 machines, 1 of them down but still in the group)")
+    # the bound: the expected boot-and-join, 300 s here
+    assert actions(decide(NOW + 100, fleet, [], SETTINGS)) == [(NOTHING, 0)]  # at it
+    [remove] = decide(NOW + 101, fleet, [], SETTINGS)
+    assert (remove.action, remove.machine) == (REMOVE, "gpu-3")
+    assert remove.reason == (
+        "gpu-3 has been down for 5 min (limit 5 min): given back, a machine that stops "
+        "answering is replaced, not repaired"
+    )
+    # people waiting: the grow first (the cloud makes a new one at once), counting it
+    assert actions(decide(NOW + 101, fleet, [1], SETTINGS)) == [(GROW, 3), (REMOVE, "gpu-3")]
+    # joins seen quicker than a minute: a blip of a minute still destroys nothing
+    quick = replace(SETTINGS, boot_and_join=40)
+    assert actions(decide(NOW - 140, fleet, [], quick)) == [(NOTHING, 0)]  # down 60 s
+    assert actions(decide(NOW - 139, fleet, [], quick)) == [(REMOVE, "gpu-3")]
+
+
+def test_a_machine_down_with_a_server_left_in_swarms_list_is_given_back_all_the_same():
+    down = Machine("gpu-3", "gone", NOW - 1000, servers=1)  # a task Swarm still lists
+    assert actions(decide(NOW, [down], [], SETTINGS)) == [(REMOVE, "gpu-3")]
+
+
+def test_a_fixed_machine_down_is_never_given_back_nor_in_the_groups_size():
+    own = Machine("own-1", "gone", NOW - 5000, fixed=True)
+    fleet = [ready("gpu-0", free=0, servers=3), own]
+    assert actions(decide(NOW, fleet, [], SETTINGS)) == [(NOTHING, 0)]
+    assert actions(decide(NOW, fleet, [1], SETTINGS)) == [(GROW, 2)]
 
 
 # ---- giving back ----------------------------------------------------------------------------
@@ -827,6 +867,24 @@ def test_a_machine_taken_back_is_a_machine_gone_and_its_participants_start_again
     assert driven.unserved == 0 and driven.servers_ended_by_removal == 0
     grown_after = [d for t, d in driven.decisions if d.action == GROW and t >= 11 * HOUR]
     assert grown_after  # a machine asked for in its place
+
+
+def test_a_machine_that_dies_is_given_back_and_a_grow_brings_a_real_machine_in_its_place():
+    sessions = workshop_day()
+    before = replay(sessions, settings=DAY, start_machines=1)
+    busy = max((b for b in before.boxes if b.asked and b.asked < 10 * HOUR), key=lambda b: b.slices)
+    driven = replay(sessions, settings=DAY, start_machines=1, dies=(11 * HOUR, busy.name))
+    dead = next(b for b in driven.boxes if b.name == busy.name)
+    assert driven.restarted > 0 and driven.unserved == 0  # its participants served elsewhere
+    (removed,) = [t for t, d in driven.decisions if d.action == REMOVE and d.machine == dead.name]
+    # given back a boot-and-join after it went down (at the next round), not before
+    assert 11 * HOUR + DAY.boot_and_join < removed <= 11 * HOUR + DAY.boot_and_join + ROUND_S
+    assert dead.gone_at == removed  # paid for until then
+    # the group was at its maximum with it: a real machine is asked at the next round
+    after = [b for b in driven.boxes if b.asked >= 11 * HOUR and b.ready_at <= 11 * HOUR + HOUR]
+    assert after and after[0].asked <= removed + ROUND_S
+    # those who lost their server waited the bound and a boot: 660 s
+    assert driven.p95_wait() <= 2 * DAY.boot_and_join + 2 * ROUND_S
 
 
 def test_the_fleet_requires_shared_homes_in_the_replay_as_in_the_hub():

@@ -391,6 +391,147 @@ async def test_a_machine_with_a_server_is_never_paused_nor_removed(tmp_path):
     assert ("remove", "gpu-1") in hub.cloud.calls  # the empty one went
 
 
+AWS_GONE = (
+    "An error occurred (ValidationError) when calling the TerminateInstanceInAutoScalingGroup "
+    "operation: Instance Id not found - No managed instance found for instance ID gpu-1"
+)
+
+
+def down(hub, name: str) -> None:
+    hub.engine.api_node(name)["Status"]["State"] = "down"
+
+
+async def test_a_group_machine_down_counts_in_the_group_then_is_removed_then_forgotten(tmp_path):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1"), gpu_node("gpu-2")]
+    hub.engine.swarm_tasks = [server("gpu-1")]  # Swarm still lists it once the node is down
+    await hub.round()
+    down(hub, "gpu-1")  # its engine died: the cloud still has it, and bills it
+    hub.now += 10
+    assert await hub.round() == [("nothing", 0)]
+    assert hub.snapshot()["group"] == 2
+    hub.line = Line([1, 1, 1, 1])  # gpu-2's 3 free slices do not cover them
+    hub.now += 10
+    assert await hub.round() == [("grow", 3)]  # gpu-1 is in the cloud's 2
+    hub.line = Line()
+    hub.now += 290  # down for 300 s, the expected boot-and-join: not yet
+    await hub.round()
+    assert ("remove", "gpu-1") not in hub.cloud.calls
+    # paid for while down: gpu-1's 310 s, gpu-2's, and asked-1's since NOW + 20
+    hours = (310 + 310 + 290) / 3600
+    assert hub.snapshot()["cost"]["machine_hours"] == pytest.approx(hours, abs=0.001)
+    hub.now += 1
+    hub.cloud.held["remove"] = asyncio.Event()
+    assert ("remove", "gpu-1") in await hub.round(settle=False)
+    assert hub.cloud.calls[-1] == ("remove", "gpu-1")  # with a server still listed on it
+    assert "id-gpu-1" not in hub.engine.node_task_reads  # its tasks not read again: it is down
+    reason = hub.snapshot()["decisions"][-1]["reason"]
+    assert reason.startswith("gpu-1 has been down for 5 min (limit 5 min): given back")
+    hub.now += 10
+    await hub.round(settle=False)  # its node stays while the cloud has not answered
+    assert ("node rm", "id-gpu-1") not in hub.engine.changes
+    hub.cloud.held["remove"].set()
+    await asyncio.wait_for(hub.keeper.call_task, 2)
+    hub.now += 10
+    await hub.round()
+    assert ("node rm", "id-gpu-1") in hub.engine.changes
+    assert hub.snapshot()["group"] == 2  # gpu-2 and the one asked for
+    assert hub.kinds()[-1] == events.FLEET_REMOVE
+    (ended,) = hub.keeper.state.history
+    assert (ended["name"], ended["end"]) == ("gpu-1", NOW + 331)  # paid for until removed
+
+
+async def test_a_machine_the_cloud_took_back_ends_cleanly_when_the_remove_says_not_found(
+    tmp_path,
+):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    await hub.round()
+    down(hub, "gpu-1")  # a spot machine taken back
+    hub.cloud.said["remove"] = [
+        provider.Outcome(False, provider.NOT_IN_GROUP, 254, AWS_GONE, 0.5, 1, "remove gpu-1")
+    ]
+    hub.now += 10
+    await hub.round()
+    hub.now += 301
+    assert await hub.round() == [("remove", "gpu-1")]
+    last = hub.snapshot()["provider"]["last"]
+    assert (last["ok"], last["kind"]) == (True, "")
+    assert last["told"] == "remove gpu-1: already gone in the cloud"
+    assert hub.snapshot()["provider"]["blocked_until"] is None  # no back-off
+    assert hub.kinds() == [events.FLEET_REMOVE]
+    assert hub.events()[-1].reason == "remove gpu-1: already gone in the cloud"
+    hub.now += 10
+    hub.line = Line([1])
+    assert await hub.round() == [("grow", 1)]  # forgotten, and a grow not held back
+    assert ("node rm", "id-gpu-1") in hub.engine.changes
+    assert hub.cloud.calls == [("remove", "gpu-1"), ("grow", 1)]
+
+
+async def test_a_failed_removal_of_a_machine_down_is_asked_again_then_left_to_the_organizer(
+    tmp_path,
+):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    await hub.round()
+    down(hub, "gpu-1")
+    failed = provider.Outcome(False, provider.UNKNOWN, 1, "boom", 0.5, 3, "remove gpu-1")
+    hub.cloud.said["remove"] = [failed] * 10
+    hub.now += 10
+    await hub.round()
+    hub.now += 301
+    assert await hub.round() == [("remove", "gpu-1")]
+    assert hub.kinds() == [events.FLEET_FAILED]
+    assert hub.events()[-1].reason.endswith("; gpu-1 is down: asked again after the back-off")
+    assert hub.snapshot()["group"] == 1  # still counted: the cloud may have it
+    hub.now += 10
+    await hub.round()
+    assert len(hub.cloud.calls) == 1  # the back-off (30 s) first
+    hub.now += 30
+    await hub.round()
+    assert len(hub.cloud.calls) == 2
+    hub.now += 600  # down for twice the bound
+    await hub.round()
+    assert hub.events()[-1].reason.endswith(
+        "gpu-1 has been down for 16 min and is no longer counted in the cloud's group: if it "
+        "is still there, remove it in the cloud's console"
+    )
+    hub.now += 10
+    await hub.round()
+    assert ("node rm", "id-gpu-1") in hub.engine.changes and hub.snapshot()["group"] == 0
+    assert len(hub.cloud.calls) == 3
+
+
+async def test_a_fixed_machine_down_is_never_removed_nor_in_the_groups_count(tmp_path):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("own-1", group=False)]
+    await hub.round()
+    down(hub, "own-1")
+    for _ in range(3):
+        hub.now += 3600
+        await hub.round()
+    assert hub.cloud.calls == [] and hub.snapshot()["group"] == 0
+    assert ("node rm", "id-own-1") not in hub.engine.changes
+
+
+async def test_a_restart_during_the_removal_of_a_machine_down_asks_again(tmp_path):
+    hub = Hub(tmp_path)
+    hub.engine.node_list = [gpu_node("gpu-1")]
+    await hub.round()
+    down(hub, "gpu-1")
+    hub.now += 10
+    await hub.round()
+    hub.now += 301
+    hub.cloud.hang.add("remove")
+    await hub.round(settle=False)
+    hub.keeper.call_task.cancel()
+    hub.cloud.hang.clear()
+    hub.start()  # the hub restarts: the removal's answer never came
+    hub.now += 10
+    assert await hub.round() == [("remove", "gpu-1")]
+    assert hub.cloud.calls == [("remove", "gpu-1"), ("remove", "gpu-1")]
+
+
 class PlacedMeanwhile(FakeAPI):
     """Swarm places a server on the paused machine between the round's read and the removal's
     (a spawn that chose it before the pause)."""

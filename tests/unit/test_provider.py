@@ -48,11 +48,16 @@ CASES = [
     ("azure/quota.txt", QUOTA, 1),
     ("azure/expired-login.txt", AUTH, 1),
 ]
+#: What the remove command printed for a machine the group no longer has, and that machine.
+NOT_THERE = [
+    ("aws/instance-not-found.txt", "i-0abc123", 254),
+    ("gcp/instance-not-found.txt", "gpu-workshop-x7k2", 1),
+]
 
 
 def test_every_recorded_text_is_a_case_and_has_its_source():
     files = sorted(str(p.relative_to(RECORDED)) for p in RECORDED.rglob("*.txt"))
-    assert files == sorted(name for name, _, _ in CASES)
+    assert files == sorted([name for name, _, _ in CASES] + [name for name, _, _ in NOT_THERE])
     sources = (RECORDED / "SOURCES.md").read_text()
     assert all(f"`{name}`" in sources for name in files)
 
@@ -60,6 +65,23 @@ def test_every_recorded_text_is_a_case_and_has_its_source():
 @pytest.mark.parametrize(("name", "kind", "status"), CASES)
 def test_each_clouds_refusal_is_read_as_its_kind(name, kind, status):
     assert classify((RECORDED / name).read_text()) == kind
+
+
+@pytest.mark.parametrize(("name", "machine", "status"), NOT_THERE)
+async def test_a_removal_the_cloud_answers_with_no_such_machine_is_not_in_the_group(
+    cli, name, machine, status
+):
+    tool, _ = cli
+    sleeps = Sleeps()
+    commands = Commands(grow="x {count}", remove=f"{tool} {RECORDED / name} {status} {{machine}}")
+    outcome = await Provider(commands, env={}, sleep=sleeps).remove(machine)
+    assert (outcome.ok, outcome.kind, outcome.attempts) == (False, provider.NOT_IN_GROUP, 1)
+    assert sleeps.delays == []  # asking again changes nothing
+    assert outcome.told().endswith(provider.ADVICE[provider.NOT_IN_GROUP])
+    # the words are about that machine only; a grow's failure is never read so
+    other = await Provider(commands, env={}, sleep=Sleeps()).remove("gpu-other")
+    assert other.kind == UNKNOWN
+    assert classify((RECORDED / name).read_text()) == UNKNOWN
 
 
 def test_text_no_pattern_knows_is_unknown():
@@ -618,7 +640,7 @@ async def test_a_recipes_remove_takes_out_the_named_machine(name, tmp_path):
 async def test_azures_remove_of_a_machine_it_does_not_have_says_so(tmp_path):
     removes, log = recipe_provider("azure", tmp_path)
     outcome = await removes.remove("gpuvm000009")
-    assert (outcome.ok, outcome.kind) == (False, UNKNOWN)
+    assert (outcome.ok, outcome.kind, outcome.attempts) == (False, provider.NOT_IN_GROUP, 1)
     assert "no instance of the scale set has the computer name gpuvm000009" in outcome.told()
     assert not any("delete-instances" in c for c in calls(log))
 
