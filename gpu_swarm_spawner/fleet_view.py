@@ -43,7 +43,7 @@ STATE_WORDS = {
     "ready": "taking servers",
     "draining": "paused (given back if it stays empty)",
     "leaving": "being given back",
-    "gone": "gone",
+    "gone": "down (no answer; one of the group is given back)",
     "given up": "given up (never joined; still in the cloud's group)",
 }
 #: Added to a fixed machine's state words.

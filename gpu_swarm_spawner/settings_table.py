@@ -892,10 +892,11 @@ SETTINGS: tuple[Setting, ...] = (
         Seconds from asking the cloud to a machine ready in the swarm before any join was seen (then
         the median of those seen; people in line are told "about N minutes"; a machine not ready
         half as long again after it was asked is late, and while people wait one more is asked in
-        its place), and after which a machine that has not joined is given up (no longer counted as
-        on its way; the organizer is told to look at its /var/log/gpuhub-join.log; one the swarm
-        never saw is still counted in the group's size for as long again, for the organizer to
-        remove it in the cloud's console).
+        its place; a group machine whose node is down that long, at least 60 s, is given back
+        through the remove command), and after which a machine that has not joined is given up
+        (no longer counted as on its way; the organizer is told to look at its
+        /var/log/gpuhub-join.log; one the swarm never saw is still counted in the group's size
+        for as long again, for the organizer to remove it in the cloud's console).
         """,
     ),
     Setting(

@@ -27,7 +27,7 @@ def test_the_keepers_snapshot_reads_in_the_organizers_words():
         ("gpu-6", "joining the swarm", False, False),
         ("own-1", "taking servers (fixed: yours, never given back)", True, False),
         ("asked-3", "given up (never joined; still in the cloud's group)", False, True),
-        ("gpu-1", "gone", False, True),  # the day's history, after the fleet of now
+        ("gpu-1", "down (no answer; one of the group is given back)", False, True),  # last
     ]
     assert [m["fixed"] for m in fleet["machines"]] == [None] * 6 + [True, False, None]
     assert fleet["group"] == 6
