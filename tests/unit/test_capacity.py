@@ -856,12 +856,18 @@ def test_issue_41s_wait_goal_with_a_machine_that_never_joins(day, lunch_culled):
         assert stuck.p95_wait() <= days["fixed"].p95_wait() + DAY.boot_and_join
 
 
-def test_a_machine_taken_back_is_a_machine_gone_and_its_participants_start_again():
+def lost_at_eleven(how: str):
+    """The day with its busiest machine of the morning lost at 11:00, ``how`` ("take_back" or
+    "dies", ``replay``'s): the day and that machine."""
     sessions = workshop_day()
     before = replay(sessions, settings=DAY, start_machines=1)
     busy = max((b for b in before.boxes if b.asked and b.asked < 10 * HOUR), key=lambda b: b.slices)
-    driven = replay(sessions, settings=DAY, start_machines=1, take_back=(11 * HOUR, busy.name))
-    taken = next(b for b in driven.boxes if b.name == busy.name)
+    driven = replay(sessions, settings=DAY, start_machines=1, **{how: (11 * HOUR, busy.name)})
+    return driven, next(b for b in driven.boxes if b.name == busy.name)
+
+
+def test_a_machine_taken_back_is_a_machine_gone_and_its_participants_start_again():
+    driven, taken = lost_at_eleven("take_back")
     assert taken.state == "gone" and taken.gone_at == pytest.approx(11 * HOUR, abs=15)
     assert driven.restarted > 0  # its participants were in line again
     assert driven.unserved == 0 and driven.servers_ended_by_removal == 0
@@ -870,11 +876,7 @@ def test_a_machine_taken_back_is_a_machine_gone_and_its_participants_start_again
 
 
 def test_a_machine_that_dies_is_given_back_and_a_grow_brings_a_real_machine_in_its_place():
-    sessions = workshop_day()
-    before = replay(sessions, settings=DAY, start_machines=1)
-    busy = max((b for b in before.boxes if b.asked and b.asked < 10 * HOUR), key=lambda b: b.slices)
-    driven = replay(sessions, settings=DAY, start_machines=1, dies=(11 * HOUR, busy.name))
-    dead = next(b for b in driven.boxes if b.name == busy.name)
+    driven, dead = lost_at_eleven("dies")
     assert driven.restarted > 0 and driven.unserved == 0  # its participants served elsewhere
     (removed,) = [t for t, d in driven.decisions if d.action == REMOVE and d.machine == dead.name]
     # given back a boot-and-join after it went down (at the next round), not before
