@@ -375,8 +375,14 @@ def test_a_group_machine_down_counts_in_the_groups_size_and_is_given_back_after_
     assert grow.reason.endswith(
         "1 machine(s) down are still in the group until the hub gives them back"
     )
-    [held] = decide(NOW, fleet, [1], replace(SETTINGS, max_machines=2))
+    # at the maximum with people waiting, the machine down stands between them and a new one:
+    # given back once its servers are surely lost (DOWN_LEAST_S), not a boot-and-join later
+    at_most = replace(SETTINGS, max_machines=2)
+    just_down = replace(down, since=NOW - capacity.DOWN_LEAST_S)
+    [held] = decide(NOW, [fleet[0], just_down], [1], at_most)
     assert held.reason.endswith("(2 machines, 1 of them down but still in the group)")
+    assert actions(decide(NOW + 1, [fleet[0], just_down], [1], at_most)) == [(REMOVE, "gpu-3")]
+    assert actions(decide(NOW, fleet, [], at_most)) == [(NOTHING, 0)]  # nobody waits: the bound
     # the bound: the expected boot-and-join, 300 s here
     assert actions(decide(NOW + 100, fleet, [], SETTINGS)) == [(NOTHING, 0)]  # at it
     [remove] = decide(NOW + 101, fleet, [], SETTINGS)
@@ -879,14 +885,18 @@ def test_a_machine_that_dies_is_given_back_and_a_grow_brings_a_real_machine_in_i
     driven, dead = lost_at_eleven("dies")
     assert driven.restarted > 0 and driven.unserved == 0  # its participants served elsewhere
     (removed,) = [t for t, d in driven.decisions if d.action == REMOVE and d.machine == dead.name]
-    # given back a boot-and-join after it went down (at the next round), not before
-    assert 11 * HOUR + DAY.boot_and_join < removed <= 11 * HOUR + DAY.boot_and_join + ROUND_S
+    # its participants wait in line and the group is at its maximum with it: given back once
+    # its servers are surely lost (at the next round), not before, not a boot-and-join later
+    assert (
+        11 * HOUR + capacity.DOWN_LEAST_S < removed <= 11 * HOUR + capacity.DOWN_LEAST_S + ROUND_S
+    )
     assert dead.gone_at == removed  # paid for until then
-    # the group was at its maximum with it: a real machine is asked at the next round
+    # a real machine is asked at the next round
     after = [b for b in driven.boxes if b.asked >= 11 * HOUR and b.ready_at <= 11 * HOUR + HOUR]
     assert after and after[0].asked <= removed + ROUND_S
-    # those who lost their server waited the bound and a boot: 660 s
-    assert driven.p95_wait() <= 2 * DAY.boot_and_join + 2 * ROUND_S
+    # those who lost their server waited the bound and a boot: 420 s (660 s with the bound a
+    # boot-and-join)
+    assert driven.p95_wait() <= capacity.DOWN_LEAST_S + DAY.boot_and_join + 2 * ROUND_S
 
 
 def test_the_fleet_requires_shared_homes_in_the_replay_as_in_the_hub():
