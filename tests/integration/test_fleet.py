@@ -10,8 +10,10 @@ way; the cloud is asked once, for one machine, which joins, and their server sta
 They stop; after EMPTY_FOR_S the machine is paused, then removed through the cloud, and no
 server was ended. Then the idle stop (GPUHUB_FLEET_STOP_IDLE_AFTER): a second participant served
 on a second machine does nothing, their server is stopped, the machine given back, their file
-kept in their shared home. Last, the cloud refuses a grow with Google Cloud's recorded quota
-error: the dashboard shows it within a round (10 s) and the person in line is told.
+kept in their shared home. Then a machine whose Docker engine dies (still in the cloud's
+group) is given back through the cloud, and a real new machine serves its participant. Last,
+the cloud refuses a grow with Google Cloud's recorded quota error: the dashboard shows it within
+a round (10 s) and the person in line is told.
 
 The bed as the test finds it is 3 GPU machines (the manager and w1, w2; 18 slices), joined by
 hand: fixed machines (docs/autoscaling.md), never given back, whose free slices would serve the
@@ -24,7 +26,7 @@ given back; the manager runs the hub). Nothing is started or stopped for it; the
 GPU slice at all, and the participant's request must still be able to wait in line for the
 machine the fleet asks for. Afterwards the hub is scaled to nothing first, then the three are
 resumed and the suite's own stack deployed again. Two fresh machines are made, one after the
-other (2 simulated GPUs, 6 slices each).
+other, then two more (2 simulated GPUs, 6 slices each).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import pytest
 import requests
 
 from gpu_swarm_spawner.capacity import ASKING_MESSAGE as ASKING
-from gpu_swarm_spawner.capacity import on_its_way_message
+from gpu_swarm_spawner.capacity import DOWN_LEAST_S, on_its_way_message
 from gpu_swarm_spawner.contract import USER_LABEL
 from gpu_swarm_spawner.events import FLEET_STOP_IDLE, read_events
 from gpu_swarm_spawner.provider import QUOTA, last_line
@@ -381,8 +383,66 @@ def test_idle_servers_are_stopped_so_that_their_machine_is_given_back_files_kept
     assert kept.read_text() == "kept\n"
 
 
+def test_a_machine_whose_docker_dies_is_given_back_and_a_new_one_serves_its_participant(hub, fleet):
+    """PARTICIPANT is served on a machine the hub asks for; that machine's Docker engine is
+    killed (the machine still runs, and is still in the cloud's group). The hub reports the
+    server stopped; PARTICIPANT asks again and waits in line. The grow counts the dead machine
+    in the group's size, so the cloud makes a real new machine (the bed's cloud, like the
+    clouds' groups, makes none for a size it already has), and PARTICIPANT is served on it;
+    the dead machine is given back through the cloud, not before capacity.DOWN_LEAST_S, and
+    its node leaves the swarm. Then PARTICIPANT stops and the new machine is given back."""
+    cloud = fleet.cloud
+    start(hub, PARTICIPANT, line="join")
+    hub.wait_ready(PARTICIPANT, timeout=300)
+    dead = user_state(hub, PARTICIPANT).get("gpu_node")
+    assert dead in cloud.instances, (dead, cloud.listing())
+    grows = len(cloud.asked("grow"))
+    fleet.bed.run("on", dead, "pkill -KILL -x dockerd")
+    killed = time.time()
+    wait_for(
+        f"{PARTICIPANT}'s server on {dead} reported stopped",
+        lambda: hub.server(PARTICIPANT) is None,
+        180,
+        seen=lambda: hub.server(PARTICIPANT),
+        every=2,
+    )
+    lost = time.time()
+    start(hub, PARTICIPANT, line="join")
+    hub.wait_ready(PARTICIPANT, timeout=420)
+    served = time.time()
+    again = user_state(hub, PARTICIPANT).get("gpu_node")
+    assert again in cloud.instances and again != dead, (again, dead, cloud.listing())
+    # one grow, by one machine past the dead one: the cloud still counted it
+    new_grows = cloud.asked("grow")[grows:]
+    assert [(r.args, r.status) for r in new_grows] == [(["2"], 0)], new_grows
+    removal = wait_for(
+        f"{dead} removed through the cloud",
+        lambda: [r for r in cloud.asked("remove") if r.args == [dead]],
+        DOWN_LEAST_S + 4 * ROUND_S + 60,
+        seen=lambda: (cloud.listing(), [(r.op, r.args, r.status) for r in cloud.requests]),
+    )
+    assert removal[0].status == 0, removal
+    print(
+        f"{dead}'s engine killed: the server reported stopped {lost - killed:.0f} s later, the "
+        f"machine given back {removal[0].at - killed:.0f} s after the kill, {PARTICIPANT} "
+        f"served again on {again} {served - lost:.0f} s after asking again"
+    )
+    assert removal[0].at - killed >= DOWN_LEAST_S, "given back before it was surely lost"
+    wait_forgotten(dead)
+    hub.stop(PARTICIPANT)
+    wait_for(
+        f"{again} removed through the cloud",
+        lambda: [r for r in cloud.asked("remove") if r.args == [again]],
+        EMPTY_FOR_S + 4 * ROUND_S + 30,
+        seen=lambda: (cloud.listing(), [(r.op, r.args, r.status) for r in cloud.requests]),
+    )
+    wait_forgotten(again)
+    assert cloud.size == 0, cloud.listing()
+
+
 def test_a_refused_grow_is_on_the_dashboard_within_a_round_and_the_line_is_told(hub, fleet):
     cloud = fleet.cloud
+    made = len(cloud.instances)  # none made for the refused grow
     text = recorded(bed_cloud.QUOTA_TEXT)
     said = last_line(text)  # what the organizer's line quotes of the cloud's answer
     assert said not in dashboard_state(hub, fleet)
@@ -417,4 +477,4 @@ def test_a_refused_grow_is_on_the_dashboard_within_a_round_and_the_line_is_told(
         ROUND_S + 10,
         seen=lambda: progress(hub, LATER),
     )
-    assert cloud.size == 0 and len(cloud.instances) == 2, cloud.listing()
+    assert cloud.size == 0 and len(cloud.instances) == made, cloud.listing()
