@@ -259,8 +259,7 @@ class AccessCheck:
             if spawner.pending:  # starting or stopping: stopped at the next round
                 self.log.info("%s: %s, so the next check stops it", spawner.pending, user.name)
                 continue
-            await self.hub.proxy.delete_user(user, server_name)
-            await user.stop(server_name)
+            await internals.stop_server(self.hub, user, server_name)
             stopped.append(server_name or "their server")
         self.ended[user.name] = datetime.now(timezone.utc)
         self.log.warning(

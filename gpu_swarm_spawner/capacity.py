@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -705,6 +706,19 @@ def on_its_way_message(seconds: float | None, late: bool = False) -> str:
     if seconds is None:
         return ""
     return LATE_MESSAGE if late else f"A GPU machine is on its way ({about(seconds)})."
+
+
+def idle_stop_message(stopped_at: float, idle_s: float) -> str:
+    """What a participant whose server the idle stop ended reads on their page until their
+    next start: when (the hub's clock, as its other messages there), after how long without
+    activity (``idle_s``, whole minutes), and why."""
+    at = time.strftime("%H:%M", time.localtime(stopped_at))
+    minutes = max(int(idle_s // 60), 1)
+    return (
+        f"Your server was stopped at {at} after {minutes} minute{'s' if minutes != 1 else ''} "
+        "without activity, so that its GPU machine could be given back. Your files are kept; "
+        "start your server again when you are back."
+    )
 
 
 # ---- the swarm read into machines ------------------------------------------------------------

@@ -361,13 +361,12 @@ class DiskCheck:
         return made
 
     async def stop(self, stop: Stop) -> None:
-        """Stop ``stop``'s server as JupyterHub does (route, then server; files kept), its
-        participant told why."""
+        """Stop ``stop``'s server as JupyterHub does (``internals.stop_server``: route, then
+        server; files kept), its participant told why."""
         user = self.hub.users[stop.user]
         spawner = user.spawners[stop.server]
         spawner.stopped_for_disk(stop.reason, stop.machine)
-        await self.hub.proxy.delete_user(user, stop.server)
-        await user.stop(stop.server)
+        await internals.stop_server(self.hub, user, stop.server)
         self.log.warning(
             "Stopped %s of %s for the disk of %s (files kept): %s",
             stop.server or "the server",

@@ -27,7 +27,8 @@ and at once when someone joins the waiting line (``broker.line_joined``; at most
    is later) are placed on their machines by the swarm's tasks, ``capacity.idle_stop`` names
    at most one machine whose servers are all idle, and each is stopped as JupyterHub's REST
    API stops it (``internals.stop_idle_server``, which
-   checks again that it is still idle); the machine, emptied, is given back by rule 4 later.
+   checks again that it is still idle), its participant told why on their page until their
+   next start (``capacity.idle_stop_message``); the machine, emptied, is given back by rule 4 later.
    The stop is a decision like the others (the dashboard and ``make status``) and an event
    (``events.FLEET_STOP_IDLE``);
 5. while a machine is overdue, the provider's ``why`` command is asked (at most every
@@ -328,7 +329,7 @@ class FleetKeeper:
         soonest: float = SOONEST_S,
         kind_prefix=KIND_PREFIXES,
         hub_servers: Callable[[], list[HubServer]] | None = None,
-        stop_server: Callable[[HubServer, float], Awaitable[bool]] | None = None,
+        stop_server: Callable[[HubServer, float, str], Awaitable[bool]] | None = None,
     ):
         self.settings = settings
         self.provider = provider_
@@ -536,7 +537,7 @@ class FleetKeeper:
             for t in tasks
             if capacity.is_server(t)
         }
-        by_name, servers = {}, []
+        by_name, idle_from, servers = {}, {}, []
         for s in self.hub_servers():
             if s.service_id not in where:
                 continue
@@ -547,14 +548,20 @@ class FleetKeeper:
             if seen is not None and since is not None:
                 seen = max(seen, since)
             name = f"{s.user}/{s.server}" if s.server else s.user
-            by_name[name] = s
+            by_name[name], idle_from[name] = s, seen
             servers.append(capacity.Server(name, machine, seen))
         decision = capacity.idle_stop(now, machines, servers, line, settings, self.emptied)
         if decision is None:
             return None
         idle_since = now - settings.stop_idle_after
+        # each participant reads why on their page (capacity.idle_stop_message)
         done = await asyncio.gather(
-            *(self.stop_server(by_name[n], idle_since) for n in decision.servers),
+            *(
+                self.stop_server(
+                    by_name[n], idle_since, capacity.idle_stop_message(now, now - idle_from[n])
+                )
+                for n in decision.servers
+            ),
             return_exceptions=True,
         )
         stopped = []
@@ -906,7 +913,9 @@ def install(
             learn_slices=learn_slices,
             price_per_hour=price_per_hour,
             hub_servers=lambda: internals.running_servers(hub),
-            stop_server=lambda s, since: internals.stop_idle_server(hub, s.user, s.server, since),
+            stop_server=lambda s, since, why: internals.stop_idle_server(
+                hub, s.user, s.server, since, why
+            ),
         )
         hub.gpuhub_fleet = keeper
         hub.gpuhub_fleet_task = asyncio.ensure_future(keeper.keep())

@@ -36,8 +36,9 @@ The reach-ins:
   JupyterHub's ``BaseHandler`` the gate replaces (``spawn_single_user``, ``find_user``), each
   handing over to a method of ours; and small readers of JupyterHub's objects
   (``server_rows``, ``held_user``, ``oauthenticator_check_allowed``);
-- the hub's servers read with their last activity and stopped as JupyterHub stops them
-  (``running_servers``, ``stop_idle_server``: the fleet's idle stop, fleet.py).
+- the hub's servers read with their last activity (``running_servers``) and stopped as
+  JupyterHub's REST API stops them (``stop_server``: the disk check's, the access check's and
+  the fleet's idle stop's, ``stop_idle_server``).
 
 Each entry of ``RELIES_ON`` has a contract test of the same name (``contract_<name>``) that
 checks it against the installed library; a library that changes what it relies on fails there,
@@ -68,11 +69,11 @@ by name, before any hub runs it. Why there is no public way, per entry:
   so the spawner's default must have that name. If dockerspawner renames it, service names are
   no longer fitted to Swarm's limit: ``contract_object_name``.
 - ``idle servers``: JupyterHub has no call that stops a server from inside the hub but its REST
-  API's handler (``BaseHandler.stop_single_user``, bound to a request); the fleet's idle stop
-  does what it does (the route removed, then ``User.stop``) and reads each server's last
-  activity from its row, as the idle culler reads it through the REST API. If the column or
-  the calls change, the idle stop fails with an AttributeError and stops nothing:
-  ``contract_idle_servers``.
+  API's handler (``BaseHandler.stop_single_user``, bound to a request); ``stop_server`` does
+  what it does (the route removed, then ``User.stop``) for the hub's own stops (disk.py,
+  access.py, fleet.py), and the fleet's idle stop reads each server's last activity from its
+  row, as the idle culler reads it through the REST API. If the column or the calls change,
+  those stops fail with an AttributeError and stop nothing: ``contract_idle_servers``.
 """
 
 from __future__ import annotations
@@ -574,7 +575,7 @@ def end_sessions(user) -> int:
     return len(tokens)
 
 
-# ---- the hub's servers, for the fleet's idle stop ---------------------------------------------
+# ---- the hub's servers, read and stopped ------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -611,11 +612,22 @@ def running_servers(hub) -> list[HubServer]:
     return found
 
 
-async def stop_idle_server(hub, user_name: str, server_name: str, idle_since: float) -> bool:
-    """Stop ``user_name``'s ``server_name`` as JupyterHub's REST API does
-    (``BaseHandler.stop_single_user``: its route first, then ``User.stop``; the home is kept),
-    only if it is still running, neither starting nor stopping, and had no activity after
-    ``idle_since`` (epoch seconds). Returns whether it was stopped."""
+async def stop_server(hub, user, server_name: str) -> None:
+    """Stop JupyterHub's ``user``'s ``server_name`` ("" for the default server) as its REST
+    API does (``BaseHandler.stop_single_user``): its route removed first, then ``User.stop``,
+    which stops the spawner and writes its state; the home is kept. The hub's own stops (the
+    disk check, the access check, the fleet's idle stop) all go through here."""
+    await hub.proxy.delete_user(user, server_name)
+    await user.stop(server_name)
+
+
+async def stop_idle_server(
+    hub, user_name: str, server_name: str, idle_since: float, why: str = ""
+) -> bool:
+    """Stop ``user_name``'s ``server_name`` (``stop_server``) only if it is still running,
+    neither starting nor stopping, and had no activity after ``idle_since`` (epoch seconds);
+    its participant reads ``why`` on their page until their next start (the spawner's
+    ``stopped_by_hub``; "": nothing said). Returns whether it was stopped."""
     user = next((u for u in list(hub.users.values()) if u.name == user_name), None)
     spawner = dict.get(user.spawners, server_name) if user is not None else None
     if spawner is None or not spawner.active or spawner.pending:
@@ -623,6 +635,7 @@ async def stop_idle_server(hub, user_name: str, server_name: str, idle_since: fl
     last = _epoch(getattr(spawner.orm_spawner, "last_activity", None))
     if last is None or last > idle_since:
         return False
-    await hub.proxy.delete_user(user, server_name)
-    await user.stop(server_name)
+    if why:
+        spawner.stopped_by_hub(why)
+    await stop_server(hub, user, server_name)
     return True

@@ -120,9 +120,10 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     home_node = Unicode("")  # the machine of the user's last server (its home volume); kept
     task_ip = Unicode("")  # the server's address on the network, once its task has one
     line_lost = Float(0)  # loaded from the database: waiting since then when the hub stopped
-    # why the hub stopped the server for the disk of its machine (disk.py), as its participant
-    # reads it on their page until their next start; persisted
-    disk_stopped = Unicode("")
+    # why the hub stopped the server (``stopped_by_hub``: for its machine's disk, or idle so
+    # that its machine could be given back), as its participant reads it on their page until
+    # their next start; persisted
+    stopped_why = Unicode("")
     #: the reservation refusal_before_spawn made, until start takes it (or the gate forgets it)
     _gate_reservation: broker.Reservation | None = None
     _away_since = None  # when (time.monotonic) poll first found the server away (recovering)
@@ -294,7 +295,7 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         handed, self._gate_reservation = self._gate_reservation, None
         attempt = self.attempt = Attempt.begin(handed)
         self.line_lost = 0  # a new start: the message about a line lost to a restart goes
-        self.disk_stopped = ""  # ... and the one about a stop for the disk
+        self.stopped_why = ""  # ... and the one about a stop the hub made
         self._away_since = None
         gpus = self.gpu_chooser()
         try:
@@ -895,21 +896,29 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
     @property
     def failure_heading(self) -> str:
         """The heading of ``failure_message`` on the hub's home page."""
-        return spawner_page.failure_heading(self.disk_stopped, self.active)
+        return spawner_page.failure_heading(self.stopped_why, self.active)
 
     @property
     def failure_message(self) -> str:
         """What the participant reads on the hub's home page (templates/hub) about this
-        server's latest start, or its stop for the disk (``spawner_page.failure_message``)."""
+        server's latest start, or the hub's stop of it (``spawner_page.failure_message``)."""
         return spawner_page.failure_message(
-            self.disk_stopped, self.line_lost, self.active, self.last_start_error
+            self.stopped_why, self.line_lost, self.active, self.last_start_error
         )
+
+    def stopped_by_hub(self, reason: str) -> None:
+        """The hub, not its participant, is stopping this server (for its machine's disk,
+        ``stopped_for_disk``; idle, so that its GPU machine can be given back, fleet.py's idle
+        stop through ``internals.stop_idle_server``): its participant reads ``reason`` on their
+        page until their next start, after a hub restart too. Called before JupyterHub's stop,
+        which writes the state."""
+        self.stopped_why = reason
 
     def stopped_for_disk(self, reason: str, machine: str) -> None:
         """The hub is stopping this server for the disk of ``machine`` (``disk.py``): its
-        participant reads ``reason`` on their page until their next start, and the dashboard
-        lists the stop."""
-        self.disk_stopped = reason
+        participant is told ``reason`` (``stopped_by_hub``), and the dashboard lists the
+        stop."""
+        self.stopped_by_hub(reason)
         self._record(events.DISK_STOP, node=machine, reason=reason)
 
     @property
@@ -948,8 +957,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
             # kept through the stop JupyterHub makes at its start for a spawn that was pending
             # ("appears to have stopped while the Hub was down"), until the next start
             state["line_lost"] = self.line_lost
-        if self.disk_stopped:
-            state["disk_stopped"] = self.disk_stopped  # kept through the stop, as line_lost
+        if self.stopped_why:
+            state["stopped_why"] = self.stopped_why  # kept through the stop, as line_lost
         state.update(self.holding.state())  # under the keys servers running since 0.1 have
         return state
 
@@ -959,7 +968,8 @@ class GPUSwarmSpawner(GPUSwarmSpawnerTraits):
         self.home_node = state.get("home_node", "")
         # only a hub that stopped while this spawn waited finds it in the database
         self.line_lost = state.get("line_joined") or state.get("line_lost", 0)
-        self.disk_stopped = state.get("disk_stopped", "")
+        # (written as "disk_stopped" before the idle stop said why too)
+        self.stopped_why = state.get("stopped_why") or state.get("disk_stopped", "")
 
     def _save_state(self) -> None:
         """Write this spawner's state to the hub's database now (JupyterHub itself writes it

@@ -70,23 +70,24 @@ def read_choice(user_options: dict, offered: profiles.Offer) -> tuple[bool, bool
 # ---- the hub's home page after a start ---------------------------------------------------------
 
 
-def failure_heading(disk_stopped: str, active: bool) -> str:
-    """The heading of ``failure_message``: the server did not start, or it was stopped (for its
-    machine's disk: ``disk_stopped`` says why)."""
-    if disk_stopped and not active:
+def failure_heading(stopped_why: str, active: bool) -> str:
+    """The heading of ``failure_message``: the server did not start, or the hub stopped it
+    (``stopped_why`` says why)."""
+    if stopped_why and not active:
         return "Your server was stopped."
     return "Your server did not start."
 
 
 def failure_message(
-    disk_stopped: str, line_lost: float, active: bool, error: BaseException | None
+    stopped_why: str, line_lost: float, active: bool, error: BaseException | None
 ) -> str:
     """What the participant reads on the hub's home page (templates/hub) about their server,
-    not ``active``: why the hub stopped it for the disk of its machine (``disk_stopped``,
-    ``disk.py``); that a hub restart emptied the line they waited in since ``line_lost`` (epoch
-    s; 0: it did not); or what the latest start's ``error`` told them. "" when none applies."""
-    if disk_stopped and not active:
-        return disk_stopped
+    not ``active``: why the hub stopped it (``stopped_why``: for the disk of its machine,
+    ``disk.py``, or idle, the fleet's idle stop); that a hub restart emptied the line they
+    waited in since ``line_lost`` (epoch s; 0: it did not); or what the latest start's
+    ``error`` told them. "" when none applies."""
+    if stopped_why and not active:
+        return stopped_why
     if line_lost and not active:
         since = time.strftime("%H:%M", time.localtime(line_lost))
         return (

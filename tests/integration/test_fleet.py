@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,7 +50,7 @@ from gpu_swarm_spawner.provider import QUOTA, last_line
 from gpu_swarm_spawner.tasks import is_live, running_since
 
 from . import bed_cloud
-from .aftermath import token_of
+from .aftermath import log_in, token_of
 from .bed_cloud import Bed, BedCloud, recorded
 from .conftest import HOMES
 from .hub import BED_HOST, container_of, deploy
@@ -339,8 +340,9 @@ def test_idle_servers_are_stopped_so_that_their_machine_is_given_back_files_kept
     """GPUHUB_FLEET_STOP_IDLE_AFTER (IDLE_S): LATER, in line with no GPU machine (the first one
     was given back), is served on the machine the hub asks for (a second fresh machine).
     They write a file and do nothing more: IDLE_S after their server began running it is
-    stopped (a 'fleet stop idle' naming them), the machine is given back after EMPTY_FOR_S,
-    paused first with no server on it, and the file is in their shared home."""
+    stopped (a 'fleet stop idle' naming them; their hub home page says why), the machine is
+    given back after EMPTY_FOR_S, paused first with no server on it, and the file is in their
+    shared home."""
     cloud = fleet.cloud
     start(hub, LATER, line="join")
     waited = hub.wait_ready(LATER, timeout=300)
@@ -368,6 +370,20 @@ def test_idle_servers_are_stopped_so_that_their_machine_is_given_back_files_kept
     assert stop.time - began >= IDLE_S, "stopped before it was idle for IDLE_S"
     assert stop.reason.endswith(f"(files kept, kernels lost): {LATER}"), stop.reason
     assert hub.server(LATER) is None  # their next visit: the spawn page
+    # ... and their hub home page says why (capacity.idle_stop_message), as a browser of
+    # theirs reads it after a login
+    session, _ = log_in(hub, LATER, hub.password)
+    home = session.get(f"{hub.url}/hub/home", timeout=30, verify=hub.verify)
+    told = re.search(r'id="last-start-failed">(.*?)<br>', home.text, re.S)
+    assert told is not None, home.text[-2000:]
+    said = " ".join(re.sub(r"<[^>]+>", " ", told.group(1)).split())
+    print(f"{LATER}'s home page: {said}")
+    assert re.fullmatch(
+        r"Your server was stopped\. Your server was stopped at \d\d:\d\d after \d+ minutes? "
+        r"without activity, so that its GPU machine could be given back\. Your files are kept; "
+        r"start your server again when you are back\.",
+        said,
+    ), said
     removal = wait_for(
         f"{machine} removed through the cloud",
         lambda: [r for r in cloud.asked("remove") if r.args == [machine]],

@@ -5,6 +5,7 @@ a machine that never joins and a machine taken back."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from datetime import datetime, timezone
 
@@ -570,6 +571,30 @@ def test_one_machine_a_round_the_one_idle_longest_and_never_one_already_emptied(
     # gpu-2's servers were stopped; its tasks may still show: it counts as given back
     assert stops(fleet, servers, going={"gpu-2"}) == ("gpu-1", ("al",))
     assert stops(fleet, servers, settings=replace(IDLE, min_machines=1), going={"gpu-2"}) is None
+
+
+@pytest.fixture
+def hub_clock_in_berlin(monkeypatch):
+    """The hub's clock (its process's local time, TZ) on Berlin's winter time."""
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_a_participant_whose_idle_server_was_stopped_reads_when_after_how_long_and_why(
+    hub_clock_in_berlin,
+):
+    # NOW is 08:00 UTC, 09:00 in Berlin; 20 min 59 s without activity: 20 minutes
+    told = capacity.idle_stop_message(NOW + 3 * 60, 20 * 60 + 59)
+    assert told == (
+        "Your server was stopped at 09:03 after 20 minutes without activity, so that its GPU "
+        "machine could be given back. Your files are kept; start your server again when you "
+        "are back."
+    )
+    assert "after 1 minute without activity" in capacity.idle_stop_message(NOW, 60)
+    assert "after 1 minute without activity" in capacity.idle_stop_message(NOW, 30)
 
 
 # ---- what the line is told ------------------------------------------------------------------

@@ -806,6 +806,7 @@ class Servers:
         self.hub, self.linger = hub, linger
         self.idle = dict(idle)  # user: last activity
         self.stops: list[tuple[str, float]] = []
+        self.told: dict[str, str] = {}  # user: what their page reads, once stopped
         self.reads = 0
         hub.engine.swarm_tasks = hub.engine.swarm_tasks or []
 
@@ -822,11 +823,12 @@ class Servers:
         self.reads += 1
         return [fleet.HubServer(u, "", f"svc-{u}", seen) for u, seen in self.idle.items()]
 
-    async def stop(self, running, idle_since: float) -> bool:
+    async def stop(self, running, idle_since: float, why: str) -> bool:
         self.stops.append((running.user, idle_since))
         if (self.idle[running.user] or idle_since + 1) > idle_since:
             return False  # active again since the round read it
         del self.idle[running.user]
+        self.told[running.user] = why
         if not self.linger:
             gone = f"svc-{running.user}"
             self.hub.engine.swarm_tasks = [
@@ -853,6 +855,13 @@ async def test_a_machine_whose_servers_are_all_idle_is_emptied_then_given_back(t
     servers.place("gpu-2", "cy")
     assert await hub.round() == [("stop idle", "gpu-1")]
     assert servers.stops == [("al", NOW - 1200), ("bo", NOW - 1200)]  # cy is at work
+    # each told on their page why, with their own time without activity
+    assert servers.told == {
+        "al": capacity.idle_stop_message(NOW, 1300),
+        "bo": capacity.idle_stop_message(NOW, 1250),
+    }
+    assert "after 21 minutes without activity" in servers.told["al"]
+    assert "after 20 minutes without activity" in servers.told["bo"]
     last = hub.snapshot()["decisions"][-1]
     assert (last["action"], last["machine"]) == ("stop idle", "gpu-1")
     assert last["reason"].startswith("gpu-1's 2 servers idle for 20+ min")
@@ -925,6 +934,7 @@ async def test_a_server_active_again_before_its_stop_is_kept_and_said(tmp_path):
     hub.kwargs = {"hub_servers": servers.running, "stop_server": servers.stop}
     hub.start()
     assert await hub.round() == [("stop idle", "gpu-1")]
+    assert list(servers.told) == ["al"]  # bo's page says nothing: still running
     (event,) = hub.events()
     assert event.reason.endswith("al, bo; kept, active again or not stopped: bo")
     assert "bo" in servers.idle and "al" not in servers.idle

@@ -549,7 +549,9 @@ class Stopping:
 
     def spawner(self, service, seen, pending=None, active=True):
         row = SimpleNamespace(last_activity=seen)
-        return SimpleNamespace(object_id=service, orm_spawner=row, pending=pending, active=active)
+        made = SimpleNamespace(object_id=service, orm_spawner=row, pending=pending, active=active)
+        made.stopped_by_hub = lambda why: self.calls.append(("told", why))
+        return made
 
 
 def test_the_hubs_servers_are_read_with_their_last_activity_and_an_idle_one_stopped():
@@ -564,8 +566,23 @@ def test_the_hubs_servers_are_read_with_their_last_activity_and_an_idle_one_stop
     assert asyncio.run(internals.stop_idle_server(hub, "bo", "", nine + 60)) is False
     assert asyncio.run(internals.stop_idle_server(hub, "nobody", "", nine + 60)) is False
     assert hub.calls == []
-    assert asyncio.run(internals.stop_idle_server(hub, "ada", "", nine)) is True
-    assert hub.calls == [("route", "ada", ""), ("stop", "ada", "")]  # the REST API's order
+    assert (
+        asyncio.run(internals.stop_idle_server(hub, "ada", "", nine, "Idle, so stopped.")) is True
+    )
+    # told first (JupyterHub's stop writes the state, the reason with it), then the REST API's
+    # order: the route, then the server
+    assert hub.calls == [("told", "Idle, so stopped."), ("route", "ada", ""), ("stop", "ada", "")]
+
+
+def test_the_hubs_stops_go_as_the_rest_apis_route_then_server_and_say_nothing_themselves():
+    hub = Stopping()
+    ada = hub.users[1]
+    asyncio.run(internals.stop_server(hub, ada, ""))
+    assert hub.calls == [("route", "ada", ""), ("stop", "ada", "")]
+    hub.calls.clear()
+    nine = datetime(2026, 11, 28, 9, 0, tzinfo=timezone.utc).timestamp()
+    assert asyncio.run(internals.stop_idle_server(hub, "ada", "", nine)) is True  # no why
+    assert hub.calls == [("route", "ada", ""), ("stop", "ada", "")]
 
 
 # ---- versions ---------------------------------------------------------------------------------

@@ -228,10 +228,30 @@ async def test_a_stop_for_the_disk_is_told_until_the_next_start_and_outlives_a_r
     assert again.failure_message == recorded.reason
     again.nodes, again.tasks = [node("n1", "alpha", {"GPU-a0": 3})], []
     await asyncio.wait_for(again.start(), 3)  # a new start forgets it
-    assert "disk_stopped" not in again.get_state()
+    assert "stopped_why" not in again.get_state()
     again._spawn_future = None
     assert again.failure_message == ""
     assert again.failure_heading == "Your server did not start."
+
+
+def test_an_idle_stop_is_told_as_a_stop_and_a_reason_written_by_an_older_hub_is_read(tmp_path):
+    from gpu_swarm_spawner import capacity, events
+
+    spawner = make_fake("alice", dashboard_dir=str(tmp_path))
+    why = capacity.idle_stop_message(1_800_000_000, 1200)
+    spawner.stopped_by_hub(why)
+    assert spawner.failure_message == why
+    assert spawner.failure_heading == "Your server was stopped."
+    # the fleet records its own event, one a machine: the spawner adds none
+    assert not (tmp_path / events.EVENTS_FILE).exists()
+    spawner.clear_state()
+    again = make_fake("alice")
+    again.load_state(spawner.get_state())
+    assert (again.get_state()["stopped_why"], again.failure_message) == (why, why)
+    # a server a hub of an earlier version stopped for the disk ("disk_stopped")
+    older = make_fake("alice")
+    older.load_state({"disk_stopped": "Stopped for the disk. Start again."})
+    assert older.failure_message == "Stopped for the disk. Start again."
 
 
 def test_mounts_use_volumes_for_names_and_binds_for_paths():
