@@ -715,7 +715,7 @@ def idle_stop_message(stopped_at: float, idle_s: float) -> str:
     at = time.strftime("%H:%M", time.localtime(stopped_at))
     minutes = max(int(idle_s // 60), 1)
     return (
-        f"Your server was stopped at {at} after {minutes} minute{'s' if minutes != 1 else ''} "
+        f"Stopped at {at} after {minutes} minute{'s' if minutes != 1 else ''} "
         "without activity, so that its GPU machine could be given back. Your files are kept; "
         "start your server again when you are back."
     )

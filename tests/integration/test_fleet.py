@@ -379,7 +379,7 @@ def test_idle_servers_are_stopped_so_that_their_machine_is_given_back_files_kept
     said = " ".join(re.sub(r"<[^>]+>", " ", told.group(1)).split())
     print(f"{LATER}'s home page: {said}")
     assert re.fullmatch(
-        r"Your server was stopped\. Your server was stopped at \d\d:\d\d after \d+ minutes? "
+        r"Your server was stopped\. Stopped at \d\d:\d\d after \d+ minutes? "
         r"without activity, so that its GPU machine could be given back\. Your files are kept; "
         r"start your server again when you are back\.",
         said,

@@ -589,7 +589,7 @@ def test_a_participant_whose_idle_server_was_stopped_reads_when_after_how_long_a
     # NOW is 08:00 UTC, 09:00 in Berlin; 20 min 59 s without activity: 20 minutes
     told = capacity.idle_stop_message(NOW + 3 * 60, 20 * 60 + 59)
     assert told == (
-        "Your server was stopped at 09:03 after 20 minutes without activity, so that its GPU "
+        "Stopped at 09:03 after 20 minutes without activity, so that its GPU "
         "machine could be given back. Your files are kept; start your server again when you "
         "are back."
     )
