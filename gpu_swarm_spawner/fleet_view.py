@@ -43,11 +43,13 @@ STATE_WORDS = {
     "ready": "taking servers",
     "draining": "paused (given back if it stays empty)",
     "leaving": "being given back",
-    "gone": "down (no answer; one of the group is given back)",
+    "gone": "down (no answer; given back if it stays down)",
     "given up": "given up (never joined; still in the cloud's group)",
 }
 #: Added to a fixed machine's state words.
 FIXED_WORDS = " (fixed: yours, never given back)"
+#: A fixed machine's, where the group's say what the hub does (it never gives a fixed one back).
+FIXED_STATE_WORDS = {"gone": "down (no answer)"}
 #: The states that take no servers and are not on their way: the views mark them.
 NOT_TAKING = frozenset({"draining", "leaving", "gone", "given up"})
 
@@ -70,6 +72,8 @@ def _machine(entry: dict) -> dict:
     fixed = entry.get("fixed")
     fixed = fixed if isinstance(fixed, bool) else None
     words = STATE_WORDS.get(state, state) if state else None
+    if fixed and state in FIXED_STATE_WORDS:
+        words = FIXED_STATE_WORDS[state]
     return {
         "name": _text(entry.get("name")),
         "state": state,

@@ -27,7 +27,7 @@ def test_the_keepers_snapshot_reads_in_the_organizers_words():
         ("gpu-6", "joining the swarm", False, False),
         ("own-1", "taking servers (fixed: yours, never given back)", True, False),
         ("asked-3", "given up (never joined; still in the cloud's group)", False, True),
-        ("gpu-1", "down (no answer; one of the group is given back)", False, True),  # last
+        ("gpu-1", "down (no answer; given back if it stays down)", False, True),  # last
     ]
     assert [m["fixed"] for m in fleet["machines"]] == [None] * 6 + [True, False, None]
     assert fleet["group"] == 6
@@ -155,3 +155,11 @@ def test_the_cost_without_a_price_names_the_setting_that_gives_an_estimate():
 def test_no_machine_on_its_way_is_no_coming_line():
     assert fleet_view.read(text(coming={"machines": 0, "ready_in": None}), now=AT)["coming"] is None
     assert fleet_view.read(text(coming=None), now=AT)["coming"] is None
+
+
+def test_a_fixed_machine_down_is_not_said_to_be_given_back():
+    snapshot = json.loads(text())
+    snapshot["machines"] = [{"name": "own-1", "state": "gone", "fixed": True}]
+    (own,) = fleet_view.read(json.dumps(snapshot), now=AT)["machines"]
+    assert own["words"] == "down (no answer) (fixed: yours, never given back)"
+    assert own["out"] is True
