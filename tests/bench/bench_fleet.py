@@ -490,7 +490,12 @@ def injections(
         threading.Thread(target=known, daemon=True).start()
 
     def take_back() -> None:
-        running = [i for i in cloud.instances.values() if i.state == bed_cloud.RUNNING]
+        # a machine that joined (the one that never did is running too, in the cloud's books)
+        running = [
+            i
+            for i in cloud.instances.values()
+            if i.state == bed_cloud.RUNNING and i.startup == "joined"
+        ]
         if not running:
             watcher.failures.append(Failure("taken back", time.time(), note="(no machine)"))
             return
