@@ -677,11 +677,17 @@ def boot_and_join(samples: Sequence[float], default: float) -> float:
     return statistics.median(recent) if recent else default
 
 
+def awaited(fleet: Sequence[Machine]) -> list[Machine]:
+    """The machines of ``fleet`` the line waits for: the group's on their way (a fixed machine
+    not ready yet is not the cloud's to wait for)."""
+    return [m for m in fleet if m.state in ON_ITS_WAY and not m.fixed]
+
+
 def arrival(now: float, fleet: Sequence[Machine], expected: float) -> float | None:
     """Seconds until the first machine on its way is likely ready (at least a minute while it
     is not); None when none is on its way. A late machine (``is_late``) is counted only while
     no other is on its way: the one asked in its place is the one to wait for."""
-    coming = [m for m in fleet if m.state in ON_ITS_WAY and not m.fixed]
+    coming = awaited(fleet)
     if not coming:
         return None
     timely = [m for m in coming if not is_late(now, m, expected)] or coming
@@ -944,7 +950,7 @@ def for_the_line(
     ready, else ``ASKING_MESSAGE`` while the grow command runs (``asking``), else nothing."""
     if refused:
         return refused
-    coming = [m for m in fleet if m.state in ON_ITS_WAY and not m.fixed]
+    coming = awaited(fleet)
     late = all(is_late(now, m, expected) for m in coming)
     said = on_its_way_message(arrival(now, coming, expected), late)
     return said or (ASKING_MESSAGE if asking else "")
