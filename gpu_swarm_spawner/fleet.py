@@ -204,6 +204,13 @@ def group_size(state: State) -> int:
     return there + len(state.asked) + len(state.given_up)
 
 
+def down_again(state: State, name: str, since: float) -> None:
+    """Machine ``name``, down since ``since``, whose removal did not end (the cloud said no,
+    or the hub stopped during the call): down again as it was, for ``capacity.decide``'s rule
+    6 to give back once more."""
+    state.memory[name] = replace(state.memory[name], state="gone", since=since, hub="")
+
+
 # ---- the snapshot -----------------------------------------------------------------------------
 
 
@@ -381,8 +388,7 @@ class FleetKeeper:
             name = str(state.call.get("machine", ""))
             down = state.memory.get(name)
             if "down_since" in state.call and down is not None and down.hub == "leaving":
-                since = _number(state.call["down_since"])
-                state.memory[name] = replace(down, state="gone", since=since, hub="")
+                down_again(state, name, _number(state.call["down_since"]))
             state.call = None
         return state
 
@@ -821,7 +827,7 @@ class FleetKeeper:
         if m is None:
             return ""
         if now - down_since <= 2 * capacity.down_limit(self.settings):
-            self.state.memory[machine] = replace(m, state="gone", since=down_since, hub="")
+            down_again(self.state, machine, down_since)
             return f"; {machine} is down: asked again after the back-off"
         return (
             f"; {machine} has been down for {(now - down_since) / 60:.0f} min and is no longer "
